@@ -1,0 +1,39 @@
+# Two set-up commands: `make demo` and `make test`. Both create .venv when it is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench accuracy clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first: keep a torch that is already there (a user's CUDA build); otherwise take the
+# pinned CPU build so that a CPU-only machine never downloads multi-GB CUDA wheels.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/frugal estimate meta-llama/Llama-3.1-8B --method qlora --gpu "RTX 4090"
+	$(BIN)/frugal estimate meta-llama/Llama-3.1-8B --method lora --batch 4 --seq 2048 --gpu L40S
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/estimate_speed.py
+
+accuracy: $(STAMP)
+	$(BIN)/python benchmarks/estimate_accuracy.py --write docs/accuracy.md
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

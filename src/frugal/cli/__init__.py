@@ -1,0 +1,1 @@
+"""The `frugal` command line: thin commands that parse, call the library and print."""

@@ -1,0 +1,151 @@
+"""`frugal estimate MODEL`: per-GPU peak memory and FLOPs of one training step."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from frugal.estimate.job import TrainJob
+
+
+def _help(field: str) -> str:
+    return TrainJob.model_fields[field].description or ""
+
+
+def estimate(
+    model: str = typer.Argument(..., help="Bundled hub id, local dir or config.json, or hub id."),
+    method: str = typer.Option("lora", help=_help("method")),
+    precision: str = typer.Option("bf16-mixed", help=_help("precision")),
+    optimizer: str = typer.Option("adamw", help=_help("optimizer")),
+    lora_r: int | None = typer.Option(None, help=_help("lora_r") + " [default: 16]"),
+    lora_alpha: int | None = typer.Option(None, help=_help("lora_alpha")),
+    lora_targets: str | None = typer.Option(
+        None, help=_help("lora_targets") + " [default: all-linear]"
+    ),
+    lora_dropout: float | None = typer.Option(None, help=_help("lora_dropout") + " [default: 0]"),
+    batch: int = typer.Option(1, help=_help("batch")),
+    seq: int = typer.Option(2048, help=_help("seq")),
+    grad_accum: int = typer.Option(1, help=_help("grad_accum")),
+    grad_checkpointing: bool = typer.Option(True, help=_help("grad_checkpointing")),
+    attention: str = typer.Option("sdpa", help=_help("attention")),
+    gpus: int = typer.Option(1, help=_help("gpus")),
+    sharding: str = typer.Option("ddp", help=_help("sharding")),
+    gpu: str | None = typer.Option(None, help="GPU to check the fit on (see gpus.csv names)."),
+    gpu_memory: float | None = typer.Option(None, help="Or: usable GPU memory in GiB."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Exact per-GPU training memory and FLOPs of one step, without a GPU or weights."""
+    from frugal.errors import FrugalError
+    from frugal.estimate.core import estimate as run_estimate
+    from frugal.estimate.job import make_job
+    from frugal.hardware.gpus import find_gpu
+    from frugal.models.specs import load_spec
+
+    job = make_job(
+        method=method,
+        precision=precision,
+        optimizer=optimizer,
+        lora_r=lora_r,
+        lora_alpha=lora_alpha,
+        lora_targets=lora_targets,
+        lora_dropout=lora_dropout,
+        batch=batch,
+        seq=seq,
+        grad_accum=grad_accum,
+        grad_checkpointing=grad_checkpointing,
+        attention=attention,
+        gpus=gpus,
+        sharding=sharding,
+    )
+    if gpu is not None and gpu_memory is not None:
+        raise FrugalError("give --gpu or --gpu-memory, not both")
+    if gpu_memory is not None and gpu_memory <= 0:
+        raise FrugalError("--gpu-memory must be a positive number of GiB (e.g. 24)")
+    spec = load_spec(model)
+    card = find_gpu(gpu) if gpu else None
+    est = run_estimate(spec, job, gpu=card, gpu_memory_gib=gpu_memory)
+    if json_out:
+        print(json.dumps(est.to_json()))
+    else:
+        render(est.to_json())
+
+
+LABELS = {
+    "frozen_weights": "frozen weights",
+    "trainable_weights": "trainable weights",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "activations": "activations",
+    "logits_and_loss": "logits and loss",
+    "temporaries": "temporaries (casts, 4-bit dequant, optimizer)",
+    "cuda_context_and_workspace": "CUDA context and workspace",
+    "allocator_reserve": "allocator reserve",
+}
+PEAK_AT = {
+    "fwd": "end of forward",
+    "bwd_head": "backward through loss and LM head",
+    "bwd_layers": "backward through the decoder layers",
+    "bwd_tail": "backward through the embeddings",
+    "opt": "optimizer step",
+}
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f} {unit}"
+    return f"{x:.0f}"
+
+
+def render(d: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    j = d["job"]
+    what = j["method"]
+    if j["method"] != "full":
+        alpha = j["lora_alpha"] or 2 * j["lora_r"]
+        what += f" r{j['lora_r']}/α{alpha} on {j['lora_targets']}"
+    par = f" · {j['gpus']} GPUs {j['sharding']}" if j["gpus"] > 1 else ""
+    c.print(
+        f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']} · "
+        f"batch {j['batch']} x seq {j['seq']} · checkpointing "
+        f"{'on' if j['grad_checkpointing'] else 'off'} · {j['attention']}{par}"
+    )
+    share = d["trainable_params"] / d["total_params"] if d["total_params"] else 0
+    c.print(
+        f"parameters: {d['total_params']:,} total, {d['trainable_params']:,} trainable "
+        f"({share:.2%})"
+    )
+    t = Table(title=f"memory per GPU at its peak ({PEAK_AT.get(d['peak_at'], d['peak_at'])})")
+    t.add_column("component")
+    t.add_column("GiB", justify="right")
+    for k, v in d["breakdown_gib"].items():
+        t.add_row(LABELS.get(k, k), f"{v:.2f}")
+    t.add_section()
+    t.add_row(
+        "[bold]peak allocated[/] (max_memory_allocated)", f"[bold]{d['peak_allocated_gib']:.2f}"
+    )
+    t.add_row("[bold]peak reserved[/] (max_memory_reserved)", f"[bold]{d['peak_reserved_gib']:.2f}")
+    t.add_row("[bold]device total[/] (nvidia-smi)", f"[bold]{d['device_total_gib']:.2f}")
+    c.print(t)
+    f = d["flops_per_step"]
+    c.print(
+        f"FLOPs per step: forward {_si(f['forward'])}, backward {_si(f['backward'])}, "
+        f"recompute {_si(f['recompute'])} = {_si(f['total'])}FLOP for "
+        f"{d['tokens_per_step']:,} tokens"
+    )
+    if "fits" in d:
+        verdict = "[green]fits[/]" if d["fits"] else "[red]does not fit[/]"
+        c.print(
+            f"{d['gpu']} ({d['gpu_memory_gib']:.1f} GiB): {verdict}, headroom "
+            f"{d['headroom_gib']:.2f} GiB; largest micro-batch at seq {j['seq']}: "
+            f"{d['max_batch']}; longest seq at batch {j['batch']}: {d['max_seq']:,}"
+        )
+    for w in d["warnings"]:
+        c.print(f"[yellow]warning:[/] {w}")
+    for n in d["notes"]:
+        c.print(f"[dim]note: {n}[/]")

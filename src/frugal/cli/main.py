@@ -1,0 +1,81 @@
+"""Entry point: `frugal` with its sub-commands, and the one place errors become exit codes.
+
+Exit codes: 0 ok; 2 bad input or no feasible answer (one line on stderr naming the fix);
+1 a bug (a traceback only with --debug).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from frugal.cli import estimate_cmd, models_cmd
+from frugal.errors import FrugalError
+
+app = typer.Typer(
+    help="frugal: exact memory, FLOPs and cost for fine-tuning LLMs, before you spend.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("estimate")(estimate_cmd.estimate)
+app.command("models")(models_cmd.models)
+
+_DEBUG = False
+
+
+def _click_exceptions():  # type: ignore[no-untyped-def]
+    """typer >= 0.2x vendors click as typer._click; older ones use click itself."""
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    global _DEBUG
+    _DEBUG = debug
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    cx = _click_exceptions()
+    try:
+        app(args=args, prog_name="frugal", standalone_mode=False)
+    except FrugalError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except cx.NoArgsIsHelpError:
+        return 0
+    except cx.UsageError as e:
+        if debug:
+            raise
+        where = f" (see: frugal {e.ctx.info_name} --help)" if e.ctx and e.ctx.parent else ""
+        print(f"error: {e.format_message()}{where}", file=sys.stderr)
+        return 2
+    except cx.Exit as e:
+        return e.exit_code
+    except cx.Abort:
+        return 130
+    except Exception as e:
+        if debug:
+            raise
+        print(
+            f"internal error ({type(e).__name__}: {e}); this is a bug in frugal, "
+            "rerun with --debug for the traceback",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Profiles cached in the user cache dir, so a new (batch, seq) needs no simulation.
+
+A profile is keyed by the model's config, the job settings it depends on, the fitting
+regime, and the versions of frugal, torch, transformers and peft that produced it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frugal.estimate.profile import LayerFit, Profile
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("FRUGAL_CACHE_DIR")
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("frugal")) / "profiles"
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("frugal", "torch", "transformers", "peft"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "?"
+    return out
+
+
+def profile_key(config: dict[str, Any], job_key: dict[str, Any], regime: str) -> str:
+    blob = json.dumps(
+        {"config": config, "job": job_key, "regime": regime, "versions": _versions()},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def load(key: str) -> Profile | None:
+    path = cache_dir() / f"{key}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            fits = []
+            for i, f in enumerate(meta["fits"]):
+                fits.append(
+                    LayerFit(
+                        n_layers=f["n_layers"],
+                        coef=z[f"coef{i}"],
+                        segments=z[f"segments{i}"],
+                        flop_coef=z[f"flop_coef{i}"],
+                        attn_coef=z[f"attn_coef{i}"],
+                        total_params=f["total_params"],
+                        trainable_params=f["trainable_params"],
+                    )
+                )
+    except (OSError, KeyError, ValueError):
+        return None  # missing or unreadable: simulate again
+    return Profile(meta["basis"], meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
+
+
+def save(key: str, profile: Profile) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    fits_meta = []
+    for i, f in enumerate(profile.fits):
+        arrays[f"coef{i}"] = f.coef
+        arrays[f"segments{i}"] = f.segments
+        arrays[f"flop_coef{i}"] = f.flop_coef
+        arrays[f"attn_coef{i}"] = f.attn_coef
+        fits_meta.append(
+            {
+                "n_layers": f.n_layers,
+                "total_params": f.total_params,
+                "trainable_params": f.trainable_params,
+            }
+        )
+    meta = {
+        "basis": profile.basis,
+        "n_layers": profile.n_layers,
+        "lora_targets": profile.lora_targets,
+        "fits": fits_meta,
+    }
+    arrays["meta"] = np.array(json.dumps(meta))
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)  # type: ignore[arg-type]
+        tmp = d / f".{key}.{os.getpid()}.tmp"
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, d / f"{key}.npz")  # atomic: readers never see half a file
+    except OSError:
+        pass  # a read-only cache dir only costs speed

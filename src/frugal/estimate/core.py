@@ -1,0 +1,292 @@
+"""`estimate()`: per-GPU peak memory and FLOPs of one training step, and what fits a GPU."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from frugal.errors import FrugalError
+from frugal.estimate import cache
+from frugal.estimate.categories import CATEGORIES, SEGMENTS
+from frugal.estimate.job import TrainJob
+from frugal.estimate.overheads import MIB, Overheads, load_overheads
+from frugal.estimate.profile import LINEAR, QUADRATIC, LayerFit, Profile, grid
+from frugal.hardware.gpus import GIB, GPU
+from frugal.models.specs import ModelSpec
+
+BREAKDOWN = (*CATEGORIES, "cuda_context_and_workspace", "allocator_reserve")
+TRANSIENT = ("activations", "logits_and_loss", "temporaries")
+MAX_BATCH = 1 << 16
+
+
+@dataclass
+class Memory:
+    """Per-GPU memory of one step at its peak, in bytes."""
+
+    breakdown: dict[str, float]
+    peak_allocated: float
+    peak_reserved: float
+    device_total: float
+    peak_at: str
+    paged: float = 0.0  # optimizer state in CUDA unified memory (paged optimizers)
+
+
+@dataclass
+class Estimate:
+    model: str
+    job: TrainJob
+    memory: Memory
+    total_params: int
+    trainable_params: int
+    flops_per_step: dict[str, float]
+    tokens_per_step: int
+    lora_targets: list[str]
+    gpu: str | None = None
+    gpu_memory_gib: float | None = None
+    fits: bool | None = None
+    headroom_gib: float | None = None
+    max_batch: int | None = None
+    max_seq: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.memory
+        out: dict[str, Any] = {
+            "model": self.model,
+            "job": self.job.model_dump(),
+            "peak_allocated_gib": round(m.peak_allocated / GIB, 3),
+            "peak_reserved_gib": round(m.peak_reserved / GIB, 3),
+            "device_total_gib": round(m.device_total / GIB, 3),
+            "breakdown_gib": {k: round(v / GIB, 3) for k, v in m.breakdown.items()},
+            "peak_at": m.peak_at,
+            "paged_optimizer_gib": round(m.paged / GIB, 3),
+            "total_params": self.total_params,
+            "trainable_params": self.trainable_params,
+            "flops_per_step": {k: float(f"{v:.6g}") for k, v in self.flops_per_step.items()},
+            "tokens_per_step": self.tokens_per_step,
+            "lora_targets": self.lora_targets,
+            "warnings": self.warnings,
+            "notes": self.notes,
+        }
+        if self.gpu_memory_gib is not None:
+            out.update(
+                gpu=self.gpu,
+                gpu_memory_gib=round(self.gpu_memory_gib, 2),
+                fits=self.fits,
+                headroom_gib=round(self.headroom_gib or 0.0, 3),
+                max_batch=self.max_batch,
+                max_seq=self.max_seq,
+            )
+        return out
+
+
+# -- profiles ------------------------------------------------------------------------
+
+
+def regime(spec: ModelSpec, job: TrainJob, seq: int) -> tuple[str, int]:
+    """The fitting basis and base length valid for `seq` (see profile.py)."""
+    w = spec.sliding_window
+    if w and seq > w:
+        return QUADRATIC, w + 64  # sliding-window masks are materialized: s² terms
+    basis = QUADRATIC if job.attention == "eager" else LINEAR
+    s0 = 64 if not w else max(4, min(64, w // 3))
+    return basis, s0
+
+
+def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
+    basis, s0 = regime(spec, job, seq)
+    key = cache.profile_key(spec.config, job.profile_key(), f"{basis}:{s0}")
+    prof = cache.load(key)
+    if prof is not None:
+        return prof
+    from frugal.estimate.simulate import distinct_layer_kinds, simulate
+
+    k = min(distinct_layer_kinds(spec.config), spec.num_layers)
+    depths = (k, k + 1) if k < spec.num_layers else (k - 1, k)
+    depths = (max(depths[0], 1), max(depths[1], 2))
+    shapes = grid(basis, s0)
+    fits = []
+    targets: list[str] = []
+    for n in depths:
+        traces = simulate(spec.config, job, n, shapes)
+        fits.append(LayerFit.from_traces(n, basis, shapes, traces))
+        targets = traces[0].lora_targets
+    prof = Profile(basis, spec.num_layers, (fits[0], fits[1]), targets)
+    cache.save(key, prof)
+    return prof
+
+
+# -- memory --------------------------------------------------------------------------
+
+
+def _shard(seg: np.ndarray, job: TrainJob, prof: Profile) -> np.ndarray:
+    """Per-GPU bytes of each segment's peak under data parallelism or sharding.
+
+    DDP keeps a full replica and a flat bucket copy of all gradients (PyTorch DDP with
+    gradient_as_bucket_view=False, the default). ZeRO-2 splits gradients and optimizer
+    state; FSDP full-shard and ZeRO-3 also split weights, and hold the unsharded weights
+    of two layers at a time (the running one and the prefetched one) plus the unsharded
+    gradients of one layer before reduce-scatter.
+    """
+    n = job.gpus
+    if n == 1:
+        return seg
+    c = {name: i for i, name in enumerate(CATEGORIES)}
+    out = seg.copy()
+    if job.sharding == "ddp":
+        out[:, c["gradients"]] += seg[0, c["trainable_weights"]] * _grad_ratio(job)
+        return out
+    out[:, c["gradients"]] /= n
+    out[:, c["optimizer_state"]] /= n
+    if job.sharding in ("fsdp", "zero3"):
+        layer_w = prof.per_layer_bytes("frozen_weights") + prof.per_layer_bytes("trainable_weights")
+        layer_g = prof.per_layer_bytes("trainable_weights") * _grad_ratio(job)
+        out[:, c["frozen_weights"]] = out[:, c["frozen_weights"]] / n + 2 * layer_w * (1 - 1 / n)
+        out[:, c["trainable_weights"]] /= n
+        out[:, c["gradients"]] += layer_g
+    return out
+
+
+def _grad_ratio(job: TrainJob) -> float:
+    return 1.0  # gradients have their parameter's dtype in every supported precision
+
+
+def memory_at(
+    prof: Profile, job: TrainJob, batch: int, seq: int, ov: Overheads | None = None
+) -> Memory:
+    ov = ov or load_overheads()
+    seg = _shard(prof.segment_peaks(batch, seq), job, prof)
+    opt_i = CATEGORIES.index("optimizer_state")
+    paged = 0.0
+    if job.optimizer == "paged-adamw-8bit":
+        paged = float(seg[0, opt_i])  # lives in unified memory, outside the allocator
+        seg[:, opt_i] = 0.0
+    totals = seg.sum(axis=1)
+    k = int(np.argmax(totals))
+    cats = dict(zip(CATEGORIES, (float(x) for x in seg[k]), strict=True))
+    sim_peak = float(totals[k])
+    workspace = ov.cublas_workspace_mib * MIB + ov.kernel_slack * sim_peak
+    allocated = sim_peak + workspace
+    transient = sum(cats[t] for t in TRANSIENT)
+    reserve = ov.reserve_transient_frac * transient + ov.reserve_fixed_mib * MIB
+    reserved = allocated + reserve
+    context = ov.cuda_context_gib * GIB
+    breakdown = {
+        **cats,
+        "cuda_context_and_workspace": workspace + context,
+        "allocator_reserve": reserve,
+    }
+    return Memory(breakdown, allocated, reserved, reserved + context + paged, SEGMENTS[k], paged)
+
+
+# -- the public entry point ----------------------------------------------------------
+
+
+def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str], list[str]]:
+    warnings: list[str] = []
+    notes = list(spec.notes)
+    if gpu is not None and not gpu.bf16 and job.compute_dtype == "bf16":
+        raise FrugalError(f"{gpu.name} has no bf16 support: use --precision fp16-mixed (or fp32)")
+    if spec.max_positions and job.seq > spec.max_positions:
+        warnings.append(
+            f"--seq {job.seq} is longer than the model's {spec.max_positions} positions: "
+            "quality degrades unless you extend its context (e.g. rope scaling)"
+        )
+    if job.compute_dtype == "fp16" and spec.trained_dtype == "bfloat16":
+        warnings.append(
+            f"{spec.id} was trained in bf16; fp16 can overflow its activations: "
+            "prefer --precision bf16-mixed on a GPU that supports it"
+        )
+    if job.gpus == 1 and job.sharding != "ddp":
+        notes.append(f"--sharding {job.sharding} has no effect on one GPU")
+    if spec.is_moe and job.method != "full":
+        notes.append(
+            "MoE experts are fused 3D parameters in transformers 5: LoRA 'all-linear' "
+            "adapts attention (and routers), not the experts"
+        )
+    if job.optimizer == "paged-adamw-8bit":
+        notes.append(
+            "paged optimizer state lives in CUDA unified memory: it counts in "
+            "device_total_gib (nvidia-smi) but not in PyTorch's allocated/reserved"
+        )
+    return warnings, notes
+
+
+def estimate(
+    spec: ModelSpec,
+    job: TrainJob,
+    gpu: GPU | None = None,
+    gpu_memory_gib: float | None = None,
+) -> Estimate:
+    """Per-GPU peak memory, FLOPs and (with a GPU) fit of one training step of `job`."""
+    t0 = time.perf_counter()
+    warnings, notes = _checks(spec, job, gpu)
+    ov = load_overheads()
+    prof = get_profile(spec, job, job.seq)
+    mem = memory_at(prof, job, job.batch, job.seq, ov)
+    micro = prof.flops(job.batch, job.seq)
+    scale = job.grad_accum * job.gpus
+    flops = {k: v * scale for k, v in micro.items()}
+    flops["total"] = sum(flops.values())
+    est = Estimate(
+        model=spec.id,
+        job=job,
+        memory=mem,
+        total_params=prof.total_params,
+        trainable_params=prof.trainable_params,
+        flops_per_step=flops,
+        tokens_per_step=job.tokens_per_step,
+        lora_targets=prof.lora_targets,
+        warnings=warnings,
+        notes=notes,
+    )
+    cap_gib = gpu_memory_gib if gpu_memory_gib is not None else (gpu.usable_gib if gpu else None)
+    if cap_gib is not None:
+        cap = cap_gib * GIB
+        est.gpu = gpu.name if gpu else f"{cap_gib:g} GiB"
+        est.gpu_memory_gib = cap_gib
+        est.fits = mem.device_total <= cap
+        est.headroom_gib = (cap - mem.device_total) / GIB
+        est.max_batch = max_batch(spec, job, prof, cap, ov)
+        est.max_seq = max_seq(spec, job, cap, ov)
+    est.seconds = time.perf_counter() - t0
+    return est
+
+
+def _largest(ok: Any, lo: int, hi: int) -> int:
+    """Largest n in [lo, hi] with ok(n), for monotone ok; lo - 1 if none."""
+    if not ok(lo):
+        return lo - 1
+    n = lo
+    while n * 2 <= hi and ok(n * 2):
+        n *= 2
+    a, b = n, min(n * 2, hi + 1)  # ok(a), not ok(b) (or b beyond hi)
+    while b - a > 1:
+        mid = (a + b) // 2
+        a, b = (mid, b) if ok(mid) else (a, mid)
+    return a
+
+
+def max_batch(spec: ModelSpec, job: TrainJob, prof: Profile, cap: float, ov: Overheads) -> int:
+    return _largest(
+        lambda b: memory_at(prof, job, b, job.seq, ov).device_total <= cap, 1, MAX_BATCH
+    )
+
+
+def max_seq(spec: ModelSpec, job: TrainJob, cap: float, ov: Overheads) -> int:
+    """Longest sequence that fits at the job's micro-batch, up to the model's positions."""
+    limit = spec.max_positions or 1 << 20
+    profiles: dict[tuple[str, int], Profile] = {}
+
+    def ok(s: int) -> bool:
+        key = regime(spec, job, s)
+        if key not in profiles:
+            profiles[key] = get_profile(spec, job, s)
+        return memory_at(profiles[key], job, job.batch, s, ov).device_total <= cap
+
+    return _largest(ok, 1, limit)

@@ -1,0 +1,117 @@
+"""What one training step looks like: the settings that decide its memory and FLOPs.
+
+`TrainJob` is plain, serializable data. Its field descriptions are the CLI's help text, and
+the run config of `frugal train` embeds the same model, so there is one schema.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from frugal.errors import FrugalError
+
+Method = Literal["full", "lora", "qlora"]
+Precision = Literal["bf16-mixed", "fp16-mixed", "bf16-true", "fp32"]
+Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor"]
+Attention = Literal["sdpa", "eager"]
+Sharding = Literal["ddp", "fsdp", "zero2", "zero3"]
+
+LORA_FIELDS = ("lora_r", "lora_alpha", "lora_targets", "lora_dropout")
+
+
+class TrainJob(BaseModel):
+    """One training step of one model: method, precision, optimizer, shapes and parallelism."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Method = Field("lora", description="full fine-tuning, LoRA, or QLoRA (4-bit NF4 base)")
+    precision: Precision = Field(
+        "bf16-mixed",
+        description="bf16-mixed/fp16-mixed: fp32 trainable weights with autocast; "
+        "bf16-true: everything in bf16; fp32: no autocast",
+    )
+    optimizer: Optimizer = Field("adamw", description="optimizer whose state is counted")
+    lora_r: int = Field(16, description="LoRA rank")
+    lora_alpha: int | None = Field(None, description="LoRA alpha (default: 2 x rank)")
+    lora_targets: str = Field(
+        "all-linear", description="module names, comma separated, or all-linear"
+    )
+    lora_dropout: float = Field(0.0, description="LoRA dropout (adds a copy of each input)")
+    batch: int = Field(1, description="micro-batch size (sequences per GPU per step)")
+    seq: int = Field(2048, description="sequence length in tokens")
+    grad_accum: int = Field(1, description="gradient accumulation steps")
+    grad_checkpointing: bool = Field(True, description="recompute activations in backward")
+    attention: Attention = Field("sdpa", description="attention kernel: sdpa (flash) or eager")
+    gpus: int = Field(1, description="number of GPUs")
+    sharding: Sharding = Field("ddp", description="how state is split across GPUs")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainJob:
+        for name in ("batch", "seq", "grad_accum", "gpus"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_flag(name)} must be at least 1")
+        if self.method != "full":
+            if self.lora_r < 1:
+                raise ValueError("--lora-r must be a positive rank (e.g. 8, 16, 64)")
+            if self.lora_alpha is not None and self.lora_alpha <= 0:
+                raise ValueError("--lora-alpha must be positive (default: 2 x rank)")
+            if not 0.0 <= self.lora_dropout < 1.0:
+                raise ValueError("--lora-dropout must be in [0, 1)")
+            if not self.target_modules:
+                raise ValueError("--lora-targets is empty: give module names or all-linear")
+        return self
+
+    @property
+    def alpha(self) -> int:
+        return self.lora_alpha if self.lora_alpha is not None else 2 * self.lora_r
+
+    @property
+    def target_modules(self) -> str | list[str]:
+        t = self.lora_targets.strip()
+        if t in ("all-linear", "all_linear"):
+            return "all-linear"
+        return [m.strip() for m in t.split(",") if m.strip()]
+
+    @property
+    def compute_dtype(self) -> str:
+        return {"bf16-mixed": "bf16", "bf16-true": "bf16", "fp16-mixed": "fp16"}.get(
+            self.precision, "fp32"
+        )
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step over all GPUs (micro-batch x seq x accum x GPUs)."""
+        return self.batch * self.seq * self.grad_accum * self.gpus
+
+    def profile_key(self) -> dict[str, object]:
+        """The settings a memory profile depends on (not batch, seq or parallelism)."""
+        return self.model_dump(exclude={"batch", "seq", "gpus", "sharding"})
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def make_job(**kwargs: object) -> TrainJob:
+    """Build a TrainJob, turning validation errors into one line that names the flag."""
+    given_lora = [k for k in LORA_FIELDS if kwargs.get(k) is not None]
+    if kwargs.get("method") == "full" and given_lora:
+        raise FrugalError(
+            f"{_flag(given_lora[0])} applies to --method lora or qlora, not full: "
+            "drop it or pick a LoRA method"
+        )
+    try:
+        return TrainJob(**{k: v for k, v in kwargs.items() if v is not None})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = err.get("loc") or ()
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        if loc:
+            flag = _flag(str(loc[0]))
+            if err.get("type") == "literal_error":
+                msg = f"{flag}: {msg.lower()}"
+            elif flag not in msg:
+                msg = f"{flag}: {msg}"
+        raise FrugalError(msg) from e

@@ -1,0 +1,178 @@
+"""From a few simulated steps to the memory and FLOPs of any depth, batch and length.
+
+Two facts make a handful of small simulations exact for the whole model:
+
+* Shapes. Every tensor a step allocates has a size that is a polynomial in the tokens
+  t = b·s, with terms 1 and t (and t·s when attention scores or masks are materialized).
+  So the live bytes after each op are that same polynomial, and solving for its
+  coefficients from as many runs as there are terms predicts every op of a run with any
+  other shape. Runs are aligned op by op first (a longer run can add a view or a copy).
+* Depth. Decoder layers are identical, so within each segment of the step (forward;
+  backward through the loss and LM head; through the layers; through the embeddings;
+  optimizer) the peak grows linearly with the number of layers: the forward peak adds one
+  layer's saved activations per layer, the backward-through-layers peak sits either at the
+  top or the bottom layer and adds max(saved activations, gradients) per layer. Running
+  k and k + 1 layers gives that line, and the model's depth is read off it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from frugal.estimate.categories import CATEGORIES, PHASES, SEGMENTS
+
+LINEAR = "linear"  # terms 1, t, with t = b·s tokens
+QUADRATIC = "quadratic"  # plus t·s (attention scores, masks)
+
+
+def features(basis: str, b: int, s: int) -> np.ndarray:
+    """Polynomial terms of a (batch, seq) shape.
+
+    Runs use batch 1, so a size that grows with s alone (rotary tables, position ids) is
+    fitted as if it grew with b·s: exact at batch 1, a few MiB conservative above it.
+    """
+    f = [1.0, float(b * s)]
+    if basis == QUADRATIC:
+        f.append(float(b * s * s))
+    return np.array(f)
+
+
+def grid(basis: str, s0: int) -> list[tuple[int, int]]:
+    """The (batch, seq) runs whose features are independent for `basis`."""
+    pts = [(1, s0), (1, 2 * s0)]
+    if basis == QUADRATIC:
+        pts.append((1, 3 * s0))
+    return pts
+
+
+def align(ref: np.ndarray, other: np.ndarray, window: int = 64, run: int = 6) -> np.ndarray:
+    """For each op of `ref`, the index of the same op in `other`.
+
+    Sequences differ by a few inserted ops; after a mismatch, the smallest skip on either
+    side that brings `run` ops back into agreement resynchronizes them. Ops of `ref` with no
+    partner map to the last matched op of `other`.
+    """
+    n, m = len(ref), len(other)
+    out = np.empty(n, dtype=np.int64)
+    i = j = 0
+    while i < n:
+        if j < m and ref[i] == other[j]:
+            out[i] = j
+            i += 1
+            j += 1
+            continue
+        found = None
+        for d in range(1, window + 1):
+            for di in range(d + 1):
+                dj = d - di
+                a, b = ref[i + di : i + di + run], other[j + dj : j + dj + run]
+                if len(a) and len(a) == len(b) and np.array_equal(a, b):
+                    found = (di, dj)
+                    break
+            if found:
+                break
+        if found is None:  # give up: map the rest onto the tail
+            out[i:] = min(max(j - 1, 0), m - 1)
+            break
+        di, dj = found
+        out[i : i + di] = max(j - 1, 0)
+        i += di
+        j += dj
+    return out
+
+
+@dataclass
+class LayerFit:
+    """Per-op live bytes and per-phase FLOPs as polynomials of (b, s), for one depth."""
+
+    n_layers: int
+    coef: np.ndarray  # (ops, categories, terms)
+    segments: np.ndarray  # (ops,) segment index
+    flop_coef: np.ndarray  # (phases, terms): matmul-like FLOPs of one micro-step
+    attn_coef: np.ndarray  # (phases,): fused-attention FLOPs per b·s²
+    total_params: int
+    trainable_params: int
+
+    @classmethod
+    def from_traces(
+        cls, n_layers: int, basis: str, shapes: list[tuple[int, int]], traces: list[Any]
+    ) -> LayerFit:
+        ref = traces[0]
+        samples = [ref.live]
+        for t in traces[1:]:
+            samples.append(t.live[align(ref.op_ids, t.op_ids)])
+        phi = np.stack([features(basis, b, s) for b, s in shapes])  # (points, terms)
+        y = np.stack(samples)  # (points, ops, categories)
+        coef = np.linalg.solve(phi, y.reshape(len(shapes), -1))  # (terms, ops*categories)
+        coef = coef.reshape(phi.shape[1], *ref.live.shape).transpose(1, 2, 0)
+        fl = np.array([[t.flops[p] for p in PHASES] for t in traces], dtype=np.float64)
+        flop_coef = np.linalg.solve(phi, fl).T
+        b0, s0 = shapes[0]
+        attn = np.array([ref.attn_flops[p] for p in PHASES], dtype=np.float64) / (b0 * s0 * s0)
+        seg_index = {s: i for i, s in enumerate(SEGMENTS)}
+        segs = np.array([seg_index.get(s, -1) for s in ref.segments])
+        return cls(n_layers, coef, segs, flop_coef, attn, ref.total_params, ref.trainable_params)
+
+    def peaks(self, phi: np.ndarray) -> np.ndarray:
+        """Category bytes at the peak of each segment: (segments, categories)."""
+        live = self.coef @ phi  # (ops, categories)
+        total = live.sum(axis=1)
+        out = np.zeros((len(SEGMENTS), len(CATEGORIES)))
+        for k in range(len(SEGMENTS)):
+            idx = np.flatnonzero(self.segments == k)
+            if len(idx):
+                out[k] = live[idx[np.argmax(total[idx])]]
+        return out
+
+    def flops(self, phi: np.ndarray, b: int, s: int) -> np.ndarray:
+        return self.flop_coef @ phi + self.attn_coef * (b * s * s)
+
+
+@dataclass
+class Profile:
+    """Everything needed to answer any (batch, seq) for one model and job, without torch."""
+
+    basis: str
+    n_layers: int  # the model's depth
+    fits: tuple[LayerFit, LayerFit]  # depths k and k + 1
+    lora_targets: list[str]
+
+    def _extrapolate(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        k = self.fits[0].n_layers
+        return a + (self.n_layers - k) * (b - a)
+
+    def segment_peaks(self, batch: int, seq: int) -> np.ndarray:
+        """(segments, categories) bytes at each segment's peak for the full depth."""
+        phi = features(self.basis, batch, seq)
+        lo, hi = (f.peaks(phi) for f in self.fits)
+        return np.maximum(self._extrapolate(lo, hi), 0.0)
+
+    def flops(self, batch: int, seq: int) -> dict[str, float]:
+        """FLOPs of one micro-step (forward, backward, recompute) for the full depth."""
+        phi = features(self.basis, batch, seq)
+        lo, hi = (f.flops(phi, batch, seq) for f in self.fits)
+        return dict(zip(PHASES, (float(x) for x in self._extrapolate(lo, hi)), strict=True))
+
+    @property
+    def total_params(self) -> int:
+        lo, hi = self.fits
+        return int(
+            lo.total_params + (self.n_layers - lo.n_layers) * (hi.total_params - lo.total_params)
+        )
+
+    @property
+    def trainable_params(self) -> int:
+        lo, hi = self.fits
+        return int(
+            lo.trainable_params
+            + (self.n_layers - lo.n_layers) * (hi.trainable_params - lo.trainable_params)
+        )
+
+    def per_layer_bytes(self, category: str) -> float:
+        """Bytes of one decoder layer's `category` (e.g. its weights), from the two fits."""
+        c = CATEGORIES.index(category)
+        lo, hi = (f.coef[0, c, 0] for f in self.fits)
+        return float(hi - lo)

@@ -1,0 +1,257 @@
+"""Live-storage and FLOP accounting under fake tensors.
+
+`StepTracker` is a TorchDispatchMode stacked above a FakeTensorMode. Every aten op the
+forward, backward and optimizer run passes through it; each new storage is recorded with the
+op that created it, and a weakref finalizer records the op after which it died. From those
+intervals `timeline()` rebuilds the live bytes per category after every op — what
+`torch.cuda.memory_allocated()` would read at that moment, before allocator rounding.
+
+FLOPs use PyTorch's own formulas (`torch.utils.flop_counter`, the table FlopCounterMode
+uses), with two additions registered below: the CPU flash-attention kernel that fake
+tensors on CPU dispatch to, and grouped GEMMs (MoE experts).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+aten = torch.ops.aten
+
+from frugal.estimate.categories import CAT_INDEX, CATEGORIES, PHASES, SEGMENTS
+
+__all__ = ["CATEGORIES", "PHASES", "SEGMENTS", "StepTracker"]
+
+ATTENTION_OPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_efficient_attention_backward,
+}
+_OP_IDS: dict[object, int] = {}
+# ops that never allocate: skip the storage bookkeeping for them
+_NO_ALLOC = {
+    torch.ops.prim.device.default,
+    aten.detach.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.t.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.slice.Tensor,
+    aten.select.int,
+    aten.alias.default,
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
+    aten.as_strided.default,
+    aten.sym_size.int,
+    aten.sym_stride.int,
+    aten.sym_numel.default,
+    aten.sym_storage_offset.default,
+    aten.is_same_size.default,
+}
+
+
+def _sdpa_cpu_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:  # type: ignore[no-untyped-def]
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query, key, value)
+
+
+def _sdpa_cpu_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:  # type: ignore[no-untyped-def]
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:  # type: ignore[no-untyped-def]
+    # (tokens, k) x (experts, k, n) -> (tokens, n): every token meets one expert's matrix
+    return 2 * int(np.prod(out_shape)) * a_shape[-1]
+
+
+def _register_formulas() -> None:
+    extra = {
+        aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flops,
+        aten._grouped_mm: _grouped_mm_flops,
+    }
+    for op, fn in extra.items():
+        if op not in flop_registry:
+            register_flop_formula(op)(fn)
+
+
+_register_formulas()
+
+
+@dataclass(slots=True)
+class _Storage:
+    nbytes: int
+    born: int  # index of the op that created it (0: existed before tracking)
+    died: int  # first op index at which it is gone
+    kind: str  # category, refined after backward and optimizer steps
+    vocab_last: bool  # created with the vocabulary as its last dimension
+
+
+class StepTracker(TorchDispatchMode):
+    """Records storage lifetimes and FLOPs of every op run under it."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.op = 0
+        self.segment = "fwd"
+        self.segment_of_op: list[str] = ["setup"]
+        self.op_ids: list[int] = [-1]  # which aten op each op was (to align runs)
+        self.records: list[_Storage] = []
+        self._live: dict[int, _Storage] = {}
+        self.flops = dict.fromkeys(PHASES, 0)  # matmul-like FLOPs, grow with b x s
+        self.attn_flops = dict.fromkeys(PHASES, 0)  # fused attention, grows with b x s^2
+        self.forward_region = 0  # >0 inside a custom autograd Function's forward
+        self.temp_depth = 0  # >0 inside a dequantize / weight-cast region
+        self.param_storages: set[int] = set()
+        self.count_flops = True
+
+    # -- recording ---------------------------------------------------------------
+    def _record(self, st: torch.UntypedStorage, kind: str, vocab_last: bool) -> None:
+        key = id(st)
+        if key in self._live:
+            return
+        rec = _Storage(st.nbytes(), self.op, -1, kind, vocab_last)
+        self._live[key] = rec
+        self.records.append(rec)
+        weakref.finalize(st, self._free, key)
+
+    def _free(self, key: int) -> None:
+        rec = self._live.pop(key, None)
+        if rec is not None:
+            rec.died = self.op + 1
+
+    def adopt(self, tensor: torch.Tensor, kind: str) -> None:
+        """Record a tensor that existed before tracking began (weights, buffers)."""
+        st = tensor.untyped_storage()
+        self._record(st, kind, False)
+        if kind.endswith("weights"):
+            self.param_storages.add(id(st))
+
+    def relabel(self, tensors: Iterator[torch.Tensor] | list[torch.Tensor], kind: str) -> None:
+        for t in tensors:
+            rec = self._live.get(id(t.untyped_storage()))
+            if rec is not None:
+                rec.kind = kind
+
+    @contextmanager
+    def temporary(self) -> Iterator[None]:
+        """Storages made inside are temporaries (dequantization buffers)."""
+        self.temp_depth += 1
+        try:
+            yield
+        finally:
+            self.temp_depth -= 1
+
+    @contextmanager
+    def in_forward(self) -> Iterator[None]:
+        """Ops inside a custom autograd Function's forward (grad mode is off there)."""
+        self.forward_region += 1
+        try:
+            yield
+        finally:
+            self.forward_region -= 1
+
+    def set_segment(self, name: str) -> None:
+        self.segment = name
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func in _NO_ALLOC:  # views and metadata: nothing to record, keep it cheap
+            return func(*args, **kwargs)
+        self.op += 1
+        self.segment_of_op.append(self.segment)
+        self.op_ids.append(_OP_IDS.setdefault(func, len(_OP_IDS)))
+        out = func(*args, **kwargs)
+        if self.count_flops:
+            packet = func._overloadpacket
+            if packet in flop_registry:
+                n = flop_registry[packet](*args, **kwargs, out_val=out)
+                book = self.attn_flops if packet in ATTENTION_OPS else self.flops
+                if self.segment == "fwd":
+                    book["forward"] += n
+                elif torch.is_grad_enabled() or self.forward_region:
+                    # backward runs with grad mode off; checkpointing re-runs the forward
+                    # with it on, so an op seen in backward with grad enabled is recompute
+                    book["recompute"] += n
+                else:
+                    book["backward"] += n
+        kind = "temporaries" if self.temp_depth or self.segment == "opt" else "activations"
+        if func in (aten._to_copy.default, aten.clone.default) and args:
+            src = args[0]
+            if isinstance(src, torch.Tensor) and id(src.untyped_storage()) in self.param_storages:
+                kind = "temporaries"  # autocast's low-precision copy of a weight
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                vocab_last = t.dim() >= 2 and t.shape[-1] == self.vocab_size
+                self._record(t.untyped_storage(), kind, vocab_last)
+        return out
+
+    # -- results -----------------------------------------------------------------
+    def timeline(self) -> np.ndarray:
+        """Live bytes per category after each op: shape (ops + 1, categories)."""
+        n = self.op + 2
+        delta = np.zeros((n, len(CATEGORIES)), dtype=np.float64)
+        for r in self.records:
+            kind = r.kind
+            if kind == "activations" and r.vocab_last:
+                kind = "logits_and_loss"
+            c = CAT_INDEX[kind]
+            delta[r.born, c] += r.nbytes
+            died = r.died if r.died >= 0 else n - 1
+            delta[died, c] -= r.nbytes
+        return np.cumsum(delta, axis=0)[: self.op + 1]
+
+    def segments(self) -> np.ndarray:
+        return np.array(self.segment_of_op)
+
+
+_ACTIVE: list[StepTracker] = []
+
+
+@contextmanager
+def function_forward() -> Iterator[None]:
+    """Mark ops of a custom autograd Function's forward, so a re-run counts as recompute."""
+    if not _ACTIVE:
+        yield
+        return
+    with _ACTIVE[-1].in_forward():
+        yield
+
+
+@contextmanager
+def as_temporaries() -> Iterator[None]:
+    """Mark storages made inside as temporaries on the active tracker, if any."""
+    if not _ACTIVE:
+        yield
+        return
+    with _ACTIVE[-1].temporary():
+        yield
+
+
+@contextmanager
+def tracking(tracker: StepTracker) -> Iterator[StepTracker]:
+    _ACTIVE.append(tracker)
+    try:
+        with tracker:
+            yield tracker
+    finally:
+        _ACTIVE.pop()

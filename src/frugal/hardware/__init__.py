@@ -1,0 +1,1 @@
+"""GPU specs and (later) offer catalogs: dated, sourced data files."""

@@ -1,0 +1,191 @@
+"""Where a model's architecture comes from: a bundled config, a local file, or the hub.
+
+Only `config.json` is ever read: no weights, no tokenizer. Bundled configs live in
+`configs/<org>--<name>.json` and carry a `_frugal_source` object (hub id, url, date).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from frugal.errors import FrugalError, closest
+
+SOURCE_KEY = "_frugal_source"
+REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's architecture as its Hugging Face config, reduced to the text decoder."""
+
+    id: str
+    config: dict[str, Any]  # the text decoder's config.json (no frugal keys)
+    origin: str  # "bundled", "local <path>" or "hub"
+    source: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config["model_type"])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config["hidden_size"])
+
+    @property
+    def max_positions(self) -> int | None:
+        v = self.config.get("max_position_embeddings")
+        return int(v) if v else None
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The sliding-attention window, when some layers use one."""
+        w = self.config.get("sliding_window")
+        if not w:
+            return None
+        if self.config.get("use_sliding_window") is False:
+            return None
+        return int(w)
+
+    @property
+    def trained_dtype(self) -> str | None:
+        return self.config.get("torch_dtype") or self.config.get("dtype")
+
+    @property
+    def is_moe(self) -> bool:
+        return any(
+            self.config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
+        )
+
+    def cache_key(self) -> str:
+        return json.dumps(self.config, sort_keys=True)
+
+
+def _config_dir() -> Any:
+    return resources.files("frugal.models") / "configs"
+
+
+@cache
+def _bundled_index() -> dict[str, str]:
+    """hub id -> file name, for every bundled config."""
+    out = {}
+    for entry in _config_dir().iterdir():
+        if entry.name.endswith(".json"):
+            out[entry.name[: -len(".json")].replace("--", "/")] = entry.name
+    return dict(sorted(out.items(), key=lambda kv: kv[0].lower()))
+
+
+def bundled_model_ids() -> list[str]:
+    return list(_bundled_index())
+
+
+def read_bundled(model_id: str) -> dict[str, Any]:
+    text = (_config_dir() / _bundled_index()[model_id]).read_text()
+    return dict(json.loads(text))
+
+
+def _text_decoder(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Strip frugal keys and, for a multimodal config, keep its text decoder."""
+    cfg = {k: v for k, v in raw.items() if not k.startswith("_frugal")}
+    notes: tuple[str, ...] = ()
+    text = cfg.get("text_config")
+    if isinstance(text, dict) and "model_type" in cfg and "vision_config" in cfg:
+        inner = dict(text)
+        inner.setdefault("model_type", f"{cfg['model_type']}_text")
+        if "torch_dtype" in cfg or "dtype" in cfg:
+            inner.setdefault("torch_dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
+        missing = [k for k in REQUIRED if k not in inner]
+        if missing:  # multimodal text configs often rely on their class defaults
+            from transformers import CONFIG_MAPPING
+
+            defaults = CONFIG_MAPPING[inner["model_type"]]().to_dict()
+            inner.update({k: defaults[k] for k in missing if k in defaults})
+        notes = (
+            f"{cfg['model_type']} is multimodal: only its text decoder is estimated "
+            "(the vision tower is left out, as in text-only fine-tuning)",
+        )
+        cfg = inner
+    if "model_type" not in cfg:
+        raise FrugalError(f"{where} has no 'model_type': pass a Hugging Face config.json")
+    missing = [k for k in REQUIRED if k not in cfg and k != "num_attention_heads"]
+    if missing:
+        raise FrugalError(
+            f"{where} lacks {', '.join(repr(m) for m in missing)}: the file is incomplete; "
+            "download the model's full config.json again"
+        )
+    return cfg, notes
+
+
+def _load_json_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise FrugalError(
+            f"{path} is not valid JSON (line {e.lineno}, column {e.colno}): "
+            "download the model's config.json again"
+        ) from e
+    except OSError as e:
+        raise FrugalError(f"cannot read {path}: {e.strerror}") from e
+    if not isinstance(data, dict):
+        raise FrugalError(f"{path} does not hold a JSON object: pass a Hugging Face config.json")
+    return data
+
+
+def _from_hub(model_id: str) -> dict[str, Any] | None:
+    """config.json from the hub (cached by huggingface_hub), or None when not reachable."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        return None
+    try:
+        path = hf_hub_download(model_id, "config.json")
+    except Exception:
+        return None
+    return _load_json_file(Path(path))
+
+
+def load_spec(name: str) -> ModelSpec:
+    """Resolve a bundled hub id, a local directory or config.json, or (online) a hub id."""
+    path = Path(name).expanduser()
+    if path.exists():
+        file = path / "config.json" if path.is_dir() else path
+        if not file.exists():
+            raise FrugalError(f"{path} has no config.json: pass the model's directory or file")
+        cfg, notes = _text_decoder(_load_json_file(file), str(file))
+        return ModelSpec(id=str(path), config=cfg, origin=f"local {file}", notes=notes)
+
+    index = _bundled_index()
+    lower = {k.lower(): k for k in index}
+    short = {k.split("/", 1)[1].lower(): k for k in index}
+    key = lower.get(name.lower()) or short.get(name.lower())
+    if key:
+        raw = read_bundled(key)
+        cfg, notes = _text_decoder(raw, f"bundled config {key}")
+        return ModelSpec(
+            id=key, config=cfg, origin="bundled", source=raw.get("_frugal_source", {}), notes=notes
+        )
+
+    if "/" in name and not name.startswith((".", "/")):
+        raw_hub = _from_hub(name)
+        if raw_hub is not None:
+            cfg, notes = _text_decoder(raw_hub, f"hub config {name}")
+            return ModelSpec(id=name, config=cfg, origin="hub", notes=notes)
+    hint = closest(name, index)
+    tail = f"; closest bundled: {', '.join(hint)}" if hint else "; see `frugal models`"
+    raise FrugalError(
+        f"unknown model {name!r} (not bundled, not a local path, and the hub is not reachable)"
+        f"{tail}"
+    )
