@@ -93,7 +93,7 @@ def regime(spec: ModelSpec, job: TrainJob, seq: int) -> tuple[str, int]:
     w = spec.sliding_window
     if w and seq > w:
         return QUADRATIC, w + 64  # sliding-window masks are materialized: s² terms
-    basis = QUADRATIC if job.attention == "eager" else LINEAR
+    basis = QUADRATIC if spec.attention(job.attention) == "eager" else LINEAR
     s0 = 64 if not w else max(4, min(64, w // 3))
     return basis, s0
 
@@ -201,6 +201,11 @@ def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str],
         warnings.append(
             f"{spec.id} was trained in bf16; fp16 can overflow its activations: "
             "prefer --precision bf16-mixed on a GPU that supports it"
+        )
+    if spec.attention(job.attention) != job.attention:
+        notes.append(
+            f"{spec.model_type} has no SDPA path in transformers: eager attention is "
+            "simulated (it stores the attention scores)"
         )
     if job.gpus == 1 and job.sharding != "ddp":
         notes.append(f"--sharding {job.sharding} has no effect on one GPU")

@@ -16,6 +16,10 @@ from typing import Any
 from frugal.errors import FrugalError, closest
 
 SOURCE_KEY = "_frugal_source"
+# transformers has no SDPA path for these (Gemma 2: attention logit soft-capping); they run
+# eager attention, which stores the full score matrix. A test checks this list against
+# transformers' own `_supports_sdpa` flags.
+NO_SDPA = frozenset({"gemma2"})
 REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
 
 
@@ -59,6 +63,10 @@ class ModelSpec:
         if self.config.get("use_sliding_window") is False:
             return None
         return int(w)
+
+    def attention(self, wanted: str) -> str:
+        """The attention kernel the model really runs when `wanted` is asked for."""
+        return "eager" if wanted == "sdpa" and self.model_type in NO_SDPA else wanted
 
     @property
     def trained_dtype(self) -> str | None:
@@ -107,12 +115,13 @@ def _text_decoder(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], tupl
         inner.setdefault("model_type", f"{cfg['model_type']}_text")
         if "torch_dtype" in cfg or "dtype" in cfg:
             inner.setdefault("torch_dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
-        missing = [k for k in REQUIRED if k not in inner]
-        if missing:  # multimodal text configs often rely on their class defaults
-            from transformers import CONFIG_MAPPING
+        # multimodal text configs rely on their class defaults (vocab, head_dim, ...): make
+        # them explicit so every reader of the spec sees the same numbers
+        from transformers import CONFIG_MAPPING
 
-            defaults = CONFIG_MAPPING[inner["model_type"]]().to_dict()
-            inner.update({k: defaults[k] for k in missing if k in defaults})
+        defaults = CONFIG_MAPPING[inner["model_type"]]().to_dict()
+        keep = {k: v for k, v in defaults.items() if not k.startswith("_") and v is not None}
+        inner = {**keep, **inner}
         notes = (
             f"{cfg['model_type']} is multimodal: only its text decoder is estimated "
             "(the vision tower is left out, as in text-only fine-tuning)",

@@ -1,0 +1,79 @@
+"""The closed form and the simulation agree where both are exact: parameters and state bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from frugal.estimate.categories import CATEGORIES, SEGMENTS
+from frugal.estimate.closed_form import lora_params, model_params, state_bytes
+from frugal.estimate.core import get_profile
+from frugal.estimate.job import TrainJob
+from frugal.estimate.simulate import build_model, count_params
+from frugal.models.specs import bundled_model_ids, load_spec
+
+DENSE = [
+    m
+    for m in bundled_model_ids()
+    if load_spec(m).model_type not in ("phi",) and "405B" not in m and "70B" not in m
+]
+
+
+@pytest.mark.parametrize("model_id", DENSE)
+def test_parameter_count_matches_simulated_model(model_id: str) -> None:
+    spec = load_spec(model_id)
+    total, _ = count_params(build_model(spec.config, TrainJob(method="full"), spec.num_layers))
+    assert model_params(spec.config) == total
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "q_proj,v_proj", "k_proj,down_proj"])
+def test_lora_count_matches_peft(targets: str) -> None:
+    spec = load_spec("meta-llama/Llama-3.1-8B")
+    job = TrainJob(method="lora", lora_r=16, lora_targets=targets)
+    _, trainable = count_params(build_model(spec.config, job, spec.num_layers))
+    assert lora_params(spec.config, job) == trainable
+
+
+@pytest.mark.parametrize(
+    ("model_id", "job"),
+    [
+        ("HuggingFaceTB/SmolLM2-135M", TrainJob(method="full")),
+        ("HuggingFaceTB/SmolLM2-135M", TrainJob(method="full", precision="bf16-true")),
+        ("Qwen/Qwen2.5-0.5B", TrainJob(method="full", optimizer="sgd")),
+        ("meta-llama/Llama-3.1-8B", TrainJob(method="lora")),
+        ("meta-llama/Llama-3.1-8B", TrainJob(method="qlora", lora_targets="q_proj,v_proj")),
+    ],
+)
+def test_state_bytes_match_simulation(model_id: str, job: TrainJob) -> None:
+    spec = load_spec(model_id)
+    prof = get_profile(spec, job, job.seq)
+    opt = prof.segment_peaks(1, 256)[SEGMENTS.index("opt")]
+    sim = dict(zip(CATEGORIES, opt, strict=True))
+    trainable = prof.trainable_params
+    expect = state_bytes(trainable, job)
+    assert sim["trainable_weights"] == pytest.approx(expect["trainable_weights"], rel=1e-12)
+    # torch's AdamW also keeps a 4-byte step counter per tensor (a few KiB in all)
+    assert sim["optimizer_state"] == pytest.approx(expect["optimizer_state"], rel=1e-9, abs=4096)
+    # gradients are alive during the optimizer step (clipping, step)
+    assert sim["gradients"] == pytest.approx(expect["gradients"], rel=1e-9, abs=64)
+
+
+def test_eight_bit_optimizer_state_is_a_quarter() -> None:
+    spec = load_spec("meta-llama/Llama-3.1-8B")
+    full = get_profile(spec, TrainJob(method="lora"), 2048)
+    small = get_profile(spec, TrainJob(method="lora", optimizer="adamw-8bit"), 2048)
+    i = CATEGORIES.index("optimizer_state")
+    ratio = small.segment_peaks(1, 2048)[-1][i] / full.segment_peaks(1, 2048)[-1][i]
+    assert 0.24 < ratio < 0.27  # 2 bytes + absmax/256 vs 8 bytes
+
+
+def test_no_sdpa_list_matches_transformers() -> None:
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from frugal.models.specs import NO_SDPA
+
+    types = {load_spec(m).model_type for m in bundled_model_ids()}
+    lacking = {
+        t for t in types if not MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[t]]._supports_sdpa
+    }
+    assert lacking == NO_SDPA & types
