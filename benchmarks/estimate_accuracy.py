@@ -54,7 +54,8 @@ def predict(r: dict[str, str]) -> tuple[float, float]:
 
 def table() -> tuple[str, list[tuple[str, float]]]:
     out = [
-        "| row | model | method | batch x seq | GPUs | kind | scope | measured GiB | predicted GiB | error |",
+        "| row | model | method | batch x seq | GPUs | kind | scope | measured GiB "
+        "| predicted GiB | error |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     errors = []
@@ -65,7 +66,8 @@ def table() -> tuple[str, list[tuple[str, float]]]:
         out.append(
             f"| {r['id']} | {r['model'].split('/')[-1]} | {r['method']} r{r['rank']} "
             f"{r['targets']} {r['precision']} | {r['batch']} x {r['seq']} | "
-            f"{r['gpus']} {r['sharding'] if int(r['gpus']) > 1 else ''} | {r['kind']} | {r['scope']} | "
+            f"{r['gpus']} {r['sharding'] if int(r['gpus']) > 1 else ''} | "
+            f"{r['kind']} | {r['scope']} | "
             f"{meas:.2f} | {pred:.2f} | {err:+.1%} |"
         )
     return "\n".join(out), errors

@@ -2,8 +2,9 @@
 
 This is the textbook count the simulation must agree with where both are exact
 (parameters, weight, gradient and optimizer bytes); `tests/test_closed_form.py` checks it.
-It covers decoder-only transformers with gated MLPs: the Llama family (Llama, Mistral, Qwen2/3, Gemma,
-Phi-3, SmolLM, TinyLlama, Yi) and their MoE variants (Mixtral, Qwen3-MoE). Not Phi-1.5/2 (parallel blocks, plain MLP).
+It covers decoder-only transformers with gated MLPs: the Llama family (Llama, Mistral,
+Qwen2/3, Gemma, Phi-3, SmolLM, TinyLlama, Yi) and their MoE variants (Mixtral, Qwen3-MoE).
+Not Phi-1.5/2 (parallel blocks, plain MLP).
 
 Per layer (h = hidden, d = head_dim, a = heads, k = KV heads, f = MLP width):
   attention  h·a·d (q) + 2·h·k·d (k, v) + a·d·h (o)  [+ biases a·d + 2·k·d when present]

@@ -143,9 +143,9 @@ def count_params(model: nn.Module) -> tuple[int, int]:
 def _decoder_layers(model: nn.Module) -> nn.ModuleList | None:
     best: nn.ModuleList | None = None
     for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and name.endswith("layers") and len(m) > 0:
-            if best is None or len(m) > len(best):
-                best = m
+        is_layers = isinstance(m, nn.ModuleList) and name.endswith("layers") and len(m) > 0
+        if is_layers and (best is None or len(m) > len(best)):
+            best = m
     return best
 
 
@@ -220,7 +220,7 @@ def simulate(
             try:
                 with tracking(tracker):
                     ids = torch.zeros((batch, seq), dtype=torch.long)
-                    for micro in range(min(job.grad_accum, 2)):
+                    for _micro in range(min(job.grad_accum, 2)):
                         tracker.set_segment("fwd")
                         with torch.autocast("cpu", dtype=compute, enabled=autocast):
                             loss = model(input_ids=ids, labels=ids).loss

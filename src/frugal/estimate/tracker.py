@@ -24,9 +24,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
-aten = torch.ops.aten
-
 from frugal.estimate.categories import CAT_INDEX, CATEGORIES, PHASES, SEGMENTS
+
+aten = torch.ops.aten
 
 __all__ = ["CATEGORIES", "PHASES", "SEGMENTS", "StepTracker"]
 
