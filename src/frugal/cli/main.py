@@ -7,6 +7,7 @@ Exit codes: 0 ok; 2 bad input or no feasible answer (one line on stderr naming t
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
@@ -25,13 +26,14 @@ app.command("models")(models_cmd.models)
 _DEBUG = False
 
 
-def _click_exceptions():  # type: ignore[no-untyped-def]
+def _click_exceptions() -> Any:
     """typer >= 0.2x vendors click as typer._click; older ones use click itself."""
+    import importlib
+
     try:
-        from typer._click import exceptions
+        return importlib.import_module("typer._click.exceptions")
     except ImportError:
-        from click import exceptions
-    return exceptions
+        return importlib.import_module("click.exceptions")
 
 
 @app.callback()

@@ -6,7 +6,7 @@ the run config of `frugal train` embeds the same model, so there is one schema.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -94,7 +94,7 @@ def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def make_job(**kwargs: object) -> TrainJob:
+def make_job(**kwargs: Any) -> TrainJob:
     """Build a TrainJob, turning validation errors into one line that names the flag."""
     given_lora = [k for k in LORA_FIELDS if kwargs.get(k) is not None]
     if kwargs.get("method") == "full" and given_lora:

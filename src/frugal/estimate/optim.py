@@ -15,6 +15,7 @@ paged variant allocates the same state in CUDA unified memory, outside PyTorch's
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ class AdamW8bitState(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr})
 
     @torch.no_grad()
-    def step(self, closure: object = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:

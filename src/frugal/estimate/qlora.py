@@ -70,7 +70,7 @@ class Linear4bitSim(nn.Linear):
         )
         extra = packed_bytes(numel) - numel // 2
         self.register_buffer("quant_state", torch.empty(extra, dtype=torch.uint8, device=device))
-        self.bias = None
+        self.bias: nn.Parameter | None = None  # type: ignore[assignment]
         self.original_numel = numel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
