@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f" (see: frugal {e.ctx.info_name} --help)" if e.ctx and e.ctx.parent else ""
         print(f"error: {e.format_message()}{where}", file=sys.stderr)
         return 2
-    except cx.Exit as e:
-        return e.exit_code
-    except cx.Abort:
+    except (typer.Exit, getattr(cx, "Exit", typer.Exit)) as e:
+        return int(getattr(e, "exit_code", 0))
+    except (typer.Abort, getattr(cx, "Abort", typer.Abort)):
         return 130
     except Exception as e:
         if debug:

@@ -14,7 +14,7 @@ def gather() -> list[dict[str, object]]:
     rows = []
     for mid in bundled_model_ids():
         raw = read_bundled(mid)
-        cfg, _ = _text_decoder(raw, mid)
+        cfg, _ = _text_decoder(raw, mid, resolve_defaults=False)
         src = raw.get("_frugal_source", {})
         experts = cfg.get("num_local_experts") or cfg.get("num_experts")
         rows.append(
@@ -24,7 +24,7 @@ def gather() -> list[dict[str, object]]:
                 "params": src.get("params"),
                 "layers": cfg["num_hidden_layers"],
                 "hidden": cfg["hidden_size"],
-                "vocab": cfg["vocab_size"],
+                "vocab": cfg.get("vocab_size"),
                 "experts": experts,
                 "max_positions": cfg.get("max_position_embeddings"),
                 "source": src.get("url"),

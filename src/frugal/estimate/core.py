@@ -211,8 +211,8 @@ def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str],
         notes.append(f"--sharding {job.sharding} has no effect on one GPU")
     if spec.is_moe and job.method != "full":
         notes.append(
-            "MoE experts are fused 3D parameters in transformers 5: LoRA 'all-linear' "
-            "adapts attention (and routers), not the experts"
+            "MoE experts are fused 3D parameters in transformers 5; see lora_targets for "
+            "what PEFT adapted (memory follows transformers' grouped-GEMM path)"
         )
     if job.optimizer == "paged-adamw-8bit":
         notes.append(

@@ -15,6 +15,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -197,7 +198,24 @@ def simulate(
     compute = DTYPES[job.compute_dtype]
     autocast = "mixed" in job.precision
     traces = []
-    with FakeTensorMode(allow_non_fake_inputs=False), warnings.catch_warnings():
+    # transformers cannot tell fake position ids from traced ones and would build a
+    # packed-sequence mask (b x s x s) that a real run with unpacked inputs never makes
+    import transformers.masking_utils as masking
+
+    unpacked = patch.object(masking, "find_packed_sequence_indices", lambda *a, **k: None)
+    # torch's grouped GEMM takes bf16 only; fp32 expert weights (full fine-tuning's fp32
+    # masters) go through transformers' fallback grouped GEMM, as they would on a GPU
+    import transformers.integrations.moe as moe
+
+    bf16_only = patch.object(
+        moe, "_can_use_grouped_mm", lambda inp, weight, offs: weight.dtype == torch.bfloat16
+    )
+    with (
+        unpacked,
+        bf16_only,
+        FakeTensorMode(allow_non_fake_inputs=False),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")
         _materialize(model)
         model.train()

@@ -105,8 +105,14 @@ def read_bundled(model_id: str) -> dict[str, Any]:
     return dict(json.loads(text))
 
 
-def _text_decoder(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Strip frugal keys and, for a multimodal config, keep its text decoder."""
+def _text_decoder(
+    raw: dict[str, Any], where: str, resolve_defaults: bool = True
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Strip frugal keys and, for a multimodal config, keep its text decoder.
+
+    `resolve_defaults` fills the text decoder's class defaults (imports transformers);
+    listings that only show a few fields skip it.
+    """
     cfg = {k: v for k, v in raw.items() if not k.startswith("_frugal")}
     notes: tuple[str, ...] = ()
     text = cfg.get("text_config")
@@ -117,11 +123,12 @@ def _text_decoder(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], tupl
             inner.setdefault("torch_dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
         # multimodal text configs rely on their class defaults (vocab, head_dim, ...): make
         # them explicit so every reader of the spec sees the same numbers
-        from transformers import CONFIG_MAPPING
+        if resolve_defaults:
+            from transformers import CONFIG_MAPPING
 
-        defaults = CONFIG_MAPPING[inner["model_type"]]().to_dict()
-        keep = {k: v for k, v in defaults.items() if not k.startswith("_") and v is not None}
-        inner = {**keep, **inner}
+            defaults = CONFIG_MAPPING[inner["model_type"]]().to_dict()
+            keep = {k: v for k, v in defaults.items() if not k.startswith("_") and v is not None}
+            inner = {**keep, **inner}
         notes = (
             f"{cfg['model_type']} is multimodal: only its text decoder is estimated "
             "(the vision tower is left out, as in text-only fine-tuning)",
@@ -130,7 +137,7 @@ def _text_decoder(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], tupl
     if "model_type" not in cfg:
         raise FrugalError(f"{where} has no 'model_type': pass a Hugging Face config.json")
     missing = [k for k in REQUIRED if k not in cfg and k != "num_attention_heads"]
-    if missing:
+    if missing and (resolve_defaults or not notes):
         raise FrugalError(
             f"{where} lacks {', '.join(repr(m) for m in missing)}: the file is incomplete; "
             "download the model's full config.json again"

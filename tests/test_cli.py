@@ -1,0 +1,274 @@
+"""The `frugal` command line: JSON output, one-line errors with exit code 2, lazy torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frugal.cli.main import main
+from frugal.models import specs
+
+ESTIMATE_KEYS = {
+    "peak_allocated_gib",
+    "peak_reserved_gib",
+    "device_total_gib",
+    "breakdown_gib",
+    "trainable_params",
+    "total_params",
+    "flops_per_step",
+    "tokens_per_step",
+}
+FIT_KEYS = {"fits", "max_batch", "max_seq"}
+
+
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(specs, "_from_hub", lambda model_id: None)
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1, out
+    obj = json.loads(lines[0])
+    assert isinstance(obj, dict)
+    return obj
+
+
+def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc == 2, (rc, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error:")
+    return lines[0]
+
+
+def _subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["FRUGAL_CACHE_DIR"] = os.environ["FRUGAL_CACHE_DIR"]
+    env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+# -- estimate --json ----------------------------------------------------------------------
+
+
+def test_estimate_json(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
+    d = run_json(capsys, "estimate", str(tiny_llama_dir), "--seq", "128", "--json")
+    assert set(d) >= ESTIMATE_KEYS
+    assert not FIT_KEYS & set(d)  # no GPU given: no fit
+    assert 0 < d["peak_allocated_gib"] <= d["peak_reserved_gib"] <= d["device_total_gib"]
+    assert sum(d["breakdown_gib"].values()) == pytest.approx(d["device_total_gib"], abs=0.01)
+    assert d["tokens_per_step"] == 128
+    assert 0 < d["trainable_params"] < d["total_params"]
+    f = d["flops_per_step"]
+    assert f["total"] == pytest.approx(f["forward"] + f["backward"] + f["recompute"], rel=1e-4)
+    assert d["job"]["method"] == "lora" and d["job"]["seq"] == 128
+    assert d["warnings"] == []
+
+
+def test_estimate_json_with_gpu_memory(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
+) -> None:
+    path = str(tiny_llama_dir)
+    d = run_json(capsys, "estimate", path, "--seq", "128", "--gpu-memory", "24", "--json")
+    assert set(d) >= ESTIMATE_KEYS | FIT_KEYS
+    assert d["fits"] is True
+    assert d["gpu_memory_gib"] == 24
+    assert d["headroom_gib"] == pytest.approx(24 - d["device_total_gib"], abs=0.01)
+    assert d["max_seq"] == 512  # a tiny model fits up to its positions
+    mb = d["max_batch"]
+    assert isinstance(mb, int) and 1 <= mb < 1 << 16
+    # max_batch is the boundary: it fits, one more does not
+    at = run_json(
+        capsys, "estimate", path, "--seq", "128", "--batch", str(mb), "--gpu-memory", "24", "--json"
+    )
+    over = run_json(
+        capsys,
+        "estimate",
+        path,
+        "--seq",
+        "128",
+        "--batch",
+        str(mb + 1),
+        "--gpu-memory",
+        "24",
+        "--json",
+    )
+    assert at["fits"] is True and at["device_total_gib"] <= 24
+    assert over["fits"] is False and over["device_total_gib"] > 24 - 0.001
+
+
+def test_estimate_with_named_gpu(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
+    d = run_json(capsys, "estimate", str(tiny_llama_dir), "--seq", "128", "--gpu", "H100", "--json")
+    assert d["gpu"] == "H100 SXM"
+    assert d["gpu_memory_gib"] == pytest.approx(81559 / 1024, abs=0.01)
+    assert d["fits"] is True
+
+
+def test_seq_beyond_positions_warns(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
+) -> None:
+    d = run_json(capsys, "estimate", str(tiny_llama_dir), "--seq", "600", "--json")
+    assert len(d["warnings"]) == 1
+    assert "--seq 600" in d["warnings"][0] and "512 positions" in d["warnings"][0]
+
+
+def test_human_output(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
+    rc = main(["estimate", str(tiny_llama_dir), "--seq", "128", "--gpu-memory", "24"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "peak allocated" in out and "fits" in out
+    assert "FLOPs per step" in out
+
+
+# -- bad inputs: exit 2, one line ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["nosuch/model"], "unknown model 'nosuch/model'"),
+        (["no-such-model-anywhere"], "unknown model"),
+        (["{tiny}", "--lora-r", "0"], "--lora-r"),
+        (["{tiny}", "--method", "qlora-x"], "--method"),
+        (["{tiny}", "--method", "full", "--lora-r", "8"], "--lora-r applies to --method lora"),
+        (["{tiny}", "--batch", "0"], "--batch must be at least 1"),
+        (["{tiny}", "--batch", "x"], "--batch"),
+        (["{tiny}", "--seq", "0"], "--seq must be at least 1"),
+        (["{tiny}", "--gpu", "nosuchgpu"], "unknown GPU 'nosuchgpu'"),
+        (["{tiny}", "--gpu", "t4"], "--precision fp16-mixed"),
+        (["{tiny}", "--gpu", "h100", "--gpu-memory", "80"], "not both"),
+        (["{tiny}", "--gpu-memory", "-1"], "--gpu-memory"),
+        (["{corrupt}"], "not valid JSON"),
+    ],
+)
+def test_bad_input(
+    capsys: pytest.CaptureFixture[str],
+    tiny_llama_dir: Path,
+    tmp_path: Path,
+    args: list[str],
+    needle: str,
+) -> None:
+    corrupt = tmp_path / "config.json"
+    corrupt.write_text('{"model_type": ')
+    argv = [a.format(tiny=tiny_llama_dir, corrupt=corrupt) for a in args]
+    line = run_error(capsys, "estimate", "--seq", "128", "--json", *argv)
+    assert needle in line
+
+
+def test_fp16_on_t4_is_accepted(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
+    d = run_json(
+        capsys,
+        "estimate",
+        str(tiny_llama_dir),
+        "--seq",
+        "128",
+        "--gpu",
+        "t4",
+        "--precision",
+        "fp16-mixed",
+        "--json",
+    )
+    assert d["gpu"] == "T4" and d["fits"] is True
+
+
+def test_internal_error_is_one_line_exit_1(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import frugal.estimate.core as core
+
+    def broken(*a: object, **k: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(core, "estimate", broken)
+    rc = main(["estimate", str(tiny_llama_dir), "--seq", "128", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.strip().startswith("internal error (RuntimeError: boom)")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_no_args_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    assert main(["estimate", "--help"]) == 0
+    out, _ = capsys.readouterr()
+    assert "--lora-r" in out and "--gpu-memory" in out
+
+
+# -- models -------------------------------------------------------------------------------
+
+
+def test_models_json(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "models", "--json")
+    rows = d["models"]
+    assert len(rows) >= 30
+    ids = {r["id"] for r in rows}
+    assert "meta-llama/Llama-3.1-8B" in ids and "mistralai/Mixtral-8x7B-v0.1" in ids
+    llama = next(r for r in rows if r["id"] == "meta-llama/Llama-3.1-8B")
+    assert (llama["type"], llama["layers"], llama["hidden"], llama["vocab"]) == (
+        "llama",
+        32,
+        4096,
+        128256,
+    )
+    assert llama["params"] == 8030261248
+    mixtral = next(r for r in rows if r["id"] == "mistralai/Mixtral-8x7B-v0.1")
+    assert mixtral["experts"] == 8
+
+
+# -- torch stays out of the light paths ---------------------------------------------------
+
+
+def _python(code: str) -> str:
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_subprocess_env(),
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_cli_import_does_not_import_torch() -> None:
+    code = (
+        "import sys; from frugal.cli.main import app; import frugal.estimate.core; "
+        "print('torch' in sys.modules)"
+    )
+    assert _python(code) == "False"
+
+
+def test_cached_estimate_does_not_import_torch(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
+) -> None:
+    path = str(tiny_llama_dir)
+    run_json(capsys, "estimate", path, "--json")  # fills the profile cache (seq 2048, lora)
+    code = (
+        "import sys; from frugal.cli.main import main; "
+        f"rc = main(['estimate', {path!r}, '--batch', '3', '--json']); "
+        "print(rc, 'torch' in sys.modules)"
+    )
+    assert _python(code) == "0 False"
+
+
+def test_models_does_not_import_torch() -> None:
+    code = (
+        "import sys; from frugal.cli.main import main; rc = main(['models', '--json']); "
+        "print(rc, 'torch' in sys.modules)"
+    )
+    assert _python(code) == "0 False"

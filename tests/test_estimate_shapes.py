@@ -1,0 +1,283 @@
+"""How estimates move with shapes and settings, and that a profile reproduces a direct run.
+
+A profile is fitted on 1-2 layer runs at two or three short lengths; evaluated at the model's
+full depth and another (batch, seq), it must give what simulating that step directly gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import write_config
+
+from frugal.estimate import core
+from frugal.estimate.categories import CATEGORIES, PHASES
+from frugal.estimate.core import estimate, get_profile, memory_at, regime
+from frugal.estimate.job import make_job
+from frugal.estimate.overheads import MIB, Overheads
+from frugal.estimate.profile import LINEAR, QUADRATIC
+from frugal.estimate.qlora import packed_bytes
+from frugal.estimate.simulate import build_model, count_params, simulate
+from frugal.models.specs import ModelSpec, load_spec
+
+TINY_GEMMA2 = {
+    "model_type": "gemma2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "sliding_window": 32,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "query_pre_attn_scalar": 16,
+}
+
+TINY_MOE = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
+    return load_spec(str(write_config(tmp_path_factory.mktemp("gemma2"), TINY_GEMMA2)))
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
+    return load_spec(str(write_config(tmp_path_factory.mktemp("moe"), TINY_MOE)))
+
+
+# -- (a) monotone in batch and sequence length --------------------------------------------
+
+
+def test_memory_grows_with_batch(tiny_llama: ModelSpec) -> None:
+    peaks = [
+        estimate(tiny_llama, make_job(batch=b, seq=128)).memory.peak_allocated for b in (1, 2, 4)
+    ]
+    assert peaks[0] < peaks[1] < peaks[2]
+
+
+def test_memory_grows_with_seq(tiny_llama: ModelSpec) -> None:
+    peaks = [estimate(tiny_llama, make_job(seq=s)).memory.peak_allocated for s in (128, 256, 512)]
+    assert peaks[0] < peaks[1] < peaks[2]
+
+
+def test_flops_and_tokens_scale_with_batch(tiny_llama: ModelSpec) -> None:
+    one = estimate(tiny_llama, make_job(batch=1, seq=128))
+    two = estimate(tiny_llama, make_job(batch=2, seq=128, grad_accum=1))
+    assert two.tokens_per_step == 2 * one.tokens_per_step == 256
+    assert two.flops_per_step["total"] == pytest.approx(2 * one.flops_per_step["total"], rel=1e-9)
+    f = one.flops_per_step
+    assert f["total"] == pytest.approx(f["forward"] + f["backward"] + f["recompute"], rel=1e-12)
+    # backward of a matmul is two matmuls; checkpointing recomputes the layers' forward
+    assert 1.5 * f["forward"] < f["backward"] < 2.5 * f["forward"]
+    assert 0 < f["recompute"] <= f["forward"]
+
+
+# -- (b) activation checkpointing ---------------------------------------------------------
+
+
+def test_checkpointing_saves_activations(tiny_llama: ModelSpec) -> None:
+    on = estimate(tiny_llama, make_job(method="full", batch=2, seq=256, grad_checkpointing=True))
+    off = estimate(tiny_llama, make_job(method="full", batch=2, seq=256, grad_checkpointing=False))
+    assert off.memory.breakdown["activations"] > on.memory.breakdown["activations"]
+    assert off.memory.peak_allocated > on.memory.peak_allocated
+    # nothing is recomputed without checkpointing
+    assert off.flops_per_step["recompute"] == 0
+    assert on.flops_per_step["recompute"] > 0
+    # the same parameters and state either way
+    for k in ("frozen_weights", "trainable_weights"):
+        assert off.memory.breakdown[k] == pytest.approx(on.memory.breakdown[k], rel=1e-9)
+
+
+# -- (c) QLoRA keeps the base model in 4 bits ---------------------------------------------
+
+
+def test_qlora_frozen_weights_are_a_quarter() -> None:
+    spec = load_spec("meta-llama/Llama-3.1-8B")
+    lora = estimate(spec, make_job(method="lora")).memory.breakdown["frozen_weights"]
+    qlora = estimate(spec, make_job(method="qlora")).memory.breakdown["frozen_weights"]
+    emb_bytes = spec.vocab_size * spec.hidden_size * 2  # embedding and LM head stay bf16
+    ratio = (qlora - 2 * emb_bytes) / (lora - 2 * emb_bytes)
+    assert 0.24 < ratio < 0.30
+
+    # and exactly: LoRA's frozen base is the bf16 model; QLoRA's is bitsandbytes' layout
+    h, kv, f, n = 4096, 1024, 14336, spec.num_layers
+    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)]
+    norms = 2 * (2 * h * n + h)  # two RMSNorms per layer and the final one, bf16
+    expect_q = n * sum(packed_bytes(i * o) for i, o in linears) + 2 * emb_bytes + norms
+    assert lora == pytest.approx(2 * 8030261248, abs=4096)  # + rotary inv_freq buffers
+    assert qlora == pytest.approx(expect_q, abs=4096)
+
+
+# -- (d) the profile reproduces a direct simulation ---------------------------------------
+
+
+@cache
+def _compare(
+    config_json: str, method: str, attention: str, shapes: tuple[tuple[int, int], ...]
+) -> list[dict[str, Any]]:
+    """For each shape: the profile's prediction and a direct full-depth simulation."""
+    config = json.loads(config_json)
+    spec = ModelSpec(id="t", config=config, origin="test")
+    job = make_job(method=method, attention=attention)  # batch and seq are not in a profile
+    traces = simulate(config, job, spec.num_layers, list(shapes))
+    out = []
+    for (b, s), trace in zip(shapes, traces, strict=True):
+        prof = get_profile(spec, job, s)
+        direct_flops = {p: trace.flops[p] + trace.attn_flops[p] for p in PHASES}
+        out.append(
+            {
+                "profile": prof,
+                "pred": float(prof.segment_peaks(b, s).sum(axis=1).max()),
+                "direct": float(trace.live.sum(axis=1).max()),
+                "pred_flops": prof.flops(b, s),
+                "direct_flops": direct_flops,
+                "total_params": trace.total_params,
+                "trainable_params": trace.trainable_params,
+            }
+        )
+    return out
+
+
+def _key(spec: ModelSpec) -> str:
+    return json.dumps(spec.config, sort_keys=True)
+
+
+CASES = [("full", "sdpa"), ("lora", "sdpa"), ("qlora", "sdpa"), ("full", "eager")]
+SHAPES = ((3, 200), (1, 200))
+
+
+def _check_close(r: dict[str, Any], batch: int) -> None:
+    rel = r["pred"] / r["direct"] - 1
+    if batch == 1:
+        # every size is a polynomial in b·s (and b·s²) at batch 1: the fit is exact
+        assert abs(rel) < 1e-6, f"profile {r['pred']:.0f} vs direct {r['direct']:.0f} ({rel:+.4%})"
+    else:
+        # per-sequence tensors (rotary tables, position ids) are fitted as if they grew with
+        # b·s: a little conservative above batch 1, never below
+        assert -0.001 <= rel <= 0.01, f"profile vs direct: {rel:+.4%}"
+    for p in PHASES:
+        assert r["pred_flops"][p] == pytest.approx(r["direct_flops"][p], rel=5e-3, abs=1), p
+    assert sum(r["pred_flops"].values()) == pytest.approx(sum(r["direct_flops"].values()), rel=5e-3)
+    prof = r["profile"]
+    assert (prof.total_params, prof.trainable_params) == (r["total_params"], r["trainable_params"])
+
+
+@pytest.mark.parametrize(("method", "attention"), CASES)
+def test_profile_matches_direct_simulation(
+    tiny_llama: ModelSpec, method: str, attention: str
+) -> None:
+    job = make_job(method=method, attention=attention, batch=3, seq=200)
+    r = _compare(_key(tiny_llama), method, attention, SHAPES)[0]
+    _check_close(r, batch=3)
+    # memory_at reports that peak plus the modelled workspace
+    ov = Overheads()
+    mem = memory_at(r["profile"], job, 3, 200, ov)
+    assert sum(mem.breakdown[c] for c in CATEGORIES) == pytest.approx(r["pred"], rel=1e-12)
+    expect_alloc = r["pred"] * (1 + ov.kernel_slack) + ov.cublas_workspace_mib * MIB
+    assert mem.peak_allocated == pytest.approx(expect_alloc, rel=1e-12)
+
+
+@pytest.mark.parametrize(("method", "attention"), CASES)
+def test_profile_exact_at_batch_one(tiny_llama: ModelSpec, method: str, attention: str) -> None:
+    _check_close(_compare(_key(tiny_llama), method, attention, SHAPES)[1], batch=1)
+
+
+def test_profile_exact_at_long_seq(tiny_llama: ModelSpec) -> None:
+    """Far outside the fitted lengths (64, 128) the linear fit must still be exact."""
+    _check_close(_compare(_key(tiny_llama), "lora", "sdpa", ((1, 480),))[0], batch=1)
+
+
+# -- (e) sliding-window attention ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("seq", [100, 24])  # beyond the 32-token window, and within it
+def test_sliding_window_profile_matches_direct(tiny_gemma2: ModelSpec, seq: int) -> None:
+    job = make_job(method="lora", seq=seq)
+    basis, s0 = regime(tiny_gemma2, job, seq)
+    assert basis == QUADRATIC  # Gemma 2 runs eager attention: scores are b·s²
+    assert s0 == (32 + 64 if seq > 32 else 32 // 3)
+    (r,) = _compare(_key(tiny_gemma2), "lora", "sdpa", ((1, seq),))
+    assert r["profile"].basis == QUADRATIC
+    _check_close(r, batch=1)
+
+
+def test_regimes_of_dense_model(tiny_llama: ModelSpec) -> None:
+    assert regime(tiny_llama, make_job(), 4096) == (LINEAR, 64)
+    assert regime(tiny_llama, make_job(attention="eager"), 4096) == (QUADRATIC, 64)
+
+
+# -- (f) mixture of experts ---------------------------------------------------------------
+
+
+def test_moe_lora_estimate(tiny_moe: ModelSpec) -> None:
+    job = make_job(method="lora", seq=128)
+    est = estimate(tiny_moe, job)
+    total_full, _ = count_params(build_model(tiny_moe.config, make_job(method="full"), 4))
+    _, trainable = count_params(build_model(tiny_moe.config, job, 4))
+    assert est.trainable_params > 0
+    assert est.trainable_params == trainable
+    assert est.total_params == total_full
+    assert est.trainable_params < est.total_params
+    assert est.memory.peak_allocated > 0
+    assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(est.lora_targets)
+
+
+def test_moe_full_finetune(tiny_moe: ModelSpec) -> None:
+    est = estimate(tiny_moe, make_job(method="full", seq=128))
+    total, trainable = count_params(build_model(tiny_moe.config, make_job(method="full"), 4))
+    assert est.total_params == total == trainable == est.trainable_params
+    # fp32 master weights, gradients and two AdamW moments
+    b = est.memory.breakdown
+    assert b["trainable_weights"] >= 4 * total
+    assert b["optimizer_state"] >= 8 * total
+
+
+def test_moe_full_finetune_bf16_true(tiny_moe: ModelSpec) -> None:
+    est = estimate(tiny_moe, make_job(method="full", precision="bf16-true", seq=128))
+    total, _ = count_params(build_model(tiny_moe.config, make_job(method="full"), 4))
+    assert est.total_params == est.trainable_params == total
+
+
+def test_profile_is_reused_from_cache(
+    tiny_llama: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = make_job(method="lora", seq=128)
+    first = get_profile(tiny_llama, job, 128)
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("simulated again despite a cached profile")
+
+    import frugal.estimate.simulate as sim
+
+    monkeypatch.setattr(sim, "simulate", boom)
+    again = get_profile(tiny_llama, make_job(method="lora", seq=999, batch=7, gpus=2), 999)
+    assert again.n_layers == first.n_layers == 4
+    assert np.array_equal(again.segment_peaks(2, 300), first.segment_peaks(2, 300))
+    # the cache is the test session's private dir, never the user's
+    d = core.cache.cache_dir()
+    assert d == Path(os.environ["FRUGAL_CACHE_DIR"])
+    assert any(d.glob("*.npz"))

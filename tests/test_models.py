@@ -1,0 +1,182 @@
+"""Model specs: bundled configs, short names, local files, and errors that name the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY_LLAMA, write_config
+
+from frugal.errors import FrugalError
+from frugal.models import specs
+from frugal.models.specs import bundled_model_ids, load_spec
+
+REQUIRED_MODELS = (
+    "meta-llama/Llama-3.1-8B",
+    "meta-llama/Llama-3.1-70B",
+    "mistralai/Mixtral-8x7B-v0.1",
+    "Qwen/Qwen3-30B-A3B",
+    "google/gemma-3-27b-pt",
+    "HuggingFaceTB/SmolLM2-135M",
+    "microsoft/phi-4",
+    "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+)
+
+
+@pytest.fixture
+def no_hub(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the hub unreachable without touching the network; record what was asked."""
+    asked: list[str] = []
+
+    def fake(model_id: str) -> None:
+        asked.append(model_id)
+        return None
+
+    monkeypatch.setattr(specs, "_from_hub", fake)
+    return asked
+
+
+def test_every_bundled_model_loads() -> None:
+    from transformers import CONFIG_MAPPING
+
+    ids = bundled_model_ids()
+    assert len(ids) >= 30
+    assert len(set(ids)) == len(ids)
+    missing = [m for m in REQUIRED_MODELS if m not in ids]
+    assert not missing, f"required bundled models missing: {missing}"
+    for model_id in ids:
+        spec = load_spec(model_id)
+        assert spec.id == model_id
+        assert spec.origin == "bundled"
+        assert spec.model_type in CONFIG_MAPPING, (model_id, spec.model_type)
+        assert isinstance(spec.num_layers, int) and spec.num_layers > 0, model_id
+        assert spec.vocab_size > 0 and spec.hidden_size > 0, model_id
+        assert not any(k.startswith("_frugal") for k in spec.config), model_id
+        assert spec.source.get("hub_id") == model_id
+        url = spec.source.get("url")
+        assert isinstance(url, str) and url.startswith("https://"), (model_id, url)
+        assert model_id in url, (model_id, url)
+
+
+def test_known_bundled_shapes() -> None:
+    s = load_spec("meta-llama/Llama-3.1-8B")
+    assert (s.model_type, s.num_layers, s.hidden_size, s.vocab_size) == ("llama", 32, 4096, 128256)
+    assert s.max_positions == 131072
+    assert not s.is_moe
+    assert load_spec("mistralai/Mixtral-8x7B-v0.1").is_moe
+    assert load_spec("Qwen/Qwen3-30B-A3B").is_moe
+    gemma3 = load_spec("google/gemma-3-27b-pt")
+    # multimodal: only the text decoder is kept
+    assert gemma3.model_type == "gemma3_text"
+    assert gemma3.num_layers == 62
+    assert any("multimodal" in n for n in gemma3.notes)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Llama-3.1-8B",
+        "llama-3.1-8b",
+        "LLAMA-3.1-8B",
+        "META-LLAMA/llama-3.1-8b",
+        "meta-llama/Llama-3.1-8B",
+    ],
+)
+def test_short_and_case_insensitive_names(name: str, no_hub: list[str]) -> None:
+    spec = load_spec(name)
+    assert spec.id == "meta-llama/Llama-3.1-8B"
+    assert spec.origin == "bundled"
+    assert no_hub == []
+
+
+def test_local_directory_and_file(tmp_path: Path) -> None:
+    d = write_config(tmp_path / "tiny", TINY_LLAMA)
+    by_dir = load_spec(str(d))
+    by_file = load_spec(str(d / "config.json"))
+    for spec in (by_dir, by_file):
+        assert spec.config == TINY_LLAMA
+        assert spec.origin.startswith("local ")
+        assert spec.num_layers == 4 and spec.vocab_size == 512 and spec.hidden_size == 64
+        assert spec.max_positions == 512
+    assert by_dir.id == str(d)
+    assert by_file.id == str(d / "config.json")
+
+
+def test_local_config_drops_frugal_keys(tmp_path: Path) -> None:
+    cfg = {**TINY_LLAMA, "_frugal_source": {"hub_id": "x/y"}}
+    spec = load_spec(str(write_config(tmp_path, cfg)))
+    assert spec.config == TINY_LLAMA
+
+
+def _error(name: str) -> str:
+    with pytest.raises(FrugalError) as info:
+        load_spec(name)
+    return str(info.value)
+
+
+def test_corrupt_json(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text('{"model_type": "llama", ')
+    msg = _error(str(p))
+    assert "not valid JSON" in msg
+    assert "line 1" in msg
+    assert "download the model's config.json again" in msg
+    # the directory holding it gives the same error
+    assert "not valid JSON" in _error(str(tmp_path))
+
+
+def test_json_list(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps([TINY_LLAMA]))
+    msg = _error(str(p))
+    assert "does not hold a JSON object" in msg
+    assert "pass a Hugging Face config.json" in msg
+
+
+def test_missing_hidden_size(tmp_path: Path) -> None:
+    cfg = {k: v for k, v in TINY_LLAMA.items() if k != "hidden_size"}
+    msg = _error(str(write_config(tmp_path, cfg)))
+    assert "'hidden_size'" in msg
+    assert "download the model's full config.json again" in msg
+
+
+def test_missing_model_type(tmp_path: Path) -> None:
+    cfg = {k: v for k, v in TINY_LLAMA.items() if k != "model_type"}
+    msg = _error(str(write_config(tmp_path, cfg)))
+    assert "no 'model_type'" in msg
+    assert "pass a Hugging Face config.json" in msg
+
+
+def test_directory_without_config(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    msg = _error(str(empty))
+    assert "has no config.json" in msg
+    assert "pass the model's directory or file" in msg
+
+
+def test_nonexistent_directory(tmp_path: Path, no_hub: list[str]) -> None:
+    msg = _error(str(tmp_path / "no-such-model-dir"))
+    assert "unknown model" in msg
+    assert "not a local path" in msg
+    assert "frugal models" in msg  # nothing close: points at the list
+    assert no_hub == []  # an absolute path is never looked up on the hub
+
+
+def test_unknown_offline_id_lists_closest(no_hub: list[str]) -> None:
+    msg = _error("meta-llama/Llama-3.1-9B")
+    assert no_hub == ["meta-llama/Llama-3.1-9B"]
+    assert "unknown model 'meta-llama/Llama-3.1-9B'" in msg
+    assert "hub is not reachable" in msg
+    hint = msg.split("closest bundled: ", 1)[1]
+    names = [n.strip() for n in hint.split(",")]
+    assert "meta-llama/Llama-3.1-8B" in names
+    assert 1 <= len(names) <= 3
+    assert all(n in bundled_model_ids() for n in names)
+
+
+def test_unknown_short_name_is_not_looked_up_on_hub(no_hub: list[str]) -> None:
+    msg = _error("mistral-7b")
+    assert no_hub == []  # no org/name: not a hub id
+    assert "mistralai/Mistral-7B-v0.1" in msg
