@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import write_config
+from conftest import TINY_LLAMA, write_config
 
 from frugal.estimate import core
 from frugal.estimate.categories import CATEGORIES, PHASES
@@ -27,33 +27,21 @@ from frugal.estimate.simulate import build_model, count_params, simulate
 from frugal.models.specs import ModelSpec, load_spec
 
 TINY_GEMMA2 = {
+    **TINY_LLAMA,
     "model_type": "gemma2",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
     "head_dim": 16,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
     "sliding_window": 32,
     "layer_types": ["sliding_attention", "full_attention"] * 2,
     "query_pre_attn_scalar": 16,
 }
 
 TINY_MOE = {
+    **TINY_LLAMA,
     "model_type": "qwen3_moe",
-    "hidden_size": 64,
-    "intermediate_size": 128,
     "moe_intermediate_size": 32,
     "num_experts": 4,
     "num_experts_per_tok": 2,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
     "head_dim": 16,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
     "decoder_sparse_step": 1,
     "mlp_only_layers": [],
 }

@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("frugal")) / "profiles"
 
 
+@cache
 def _versions() -> dict[str, str]:
     out = {}
     for pkg in ("frugal", "torch", "transformers", "peft"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +51,6 @@ class Estimate:
     max_seq: int | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         m = self.memory
@@ -139,21 +137,17 @@ def _shard(seg: np.ndarray, job: TrainJob, prof: Profile) -> np.ndarray:
     c = {name: i for i, name in enumerate(CATEGORIES)}
     out = seg.copy()
     if job.sharding == "ddp":
-        out[:, c["gradients"]] += seg[0, c["trainable_weights"]] * _grad_ratio(job)
+        out[:, c["gradients"]] += seg[0, c["trainable_weights"]]
         return out
     out[:, c["gradients"]] /= n
     out[:, c["optimizer_state"]] /= n
     if job.sharding in ("fsdp", "zero3"):
         layer_w = prof.per_layer_bytes("frozen_weights") + prof.per_layer_bytes("trainable_weights")
-        layer_g = prof.per_layer_bytes("trainable_weights") * _grad_ratio(job)
+        layer_g = prof.per_layer_bytes("trainable_weights")  # grads share the dtype
         out[:, c["frozen_weights"]] = out[:, c["frozen_weights"]] / n + 2 * layer_w * (1 - 1 / n)
         out[:, c["trainable_weights"]] /= n
         out[:, c["gradients"]] += layer_g
     return out
-
-
-def _grad_ratio(job: TrainJob) -> float:
-    return 1.0  # gradients have their parameter's dtype in every supported precision
 
 
 def memory_at(
@@ -229,7 +223,6 @@ def estimate(
     gpu_memory_gib: float | None = None,
 ) -> Estimate:
     """Per-GPU peak memory, FLOPs and (with a GPU) fit of one training step of `job`."""
-    t0 = time.perf_counter()
     warnings, notes = _checks(spec, job, gpu)
     ov = load_overheads()
     prof = get_profile(spec, job, job.seq)
@@ -259,7 +252,6 @@ def estimate(
         est.headroom_gib = (cap - mem.device_total) / GIB
         est.max_batch = max_batch(spec, job, prof, cap, ov)
         est.max_seq = max_seq(spec, job, cap, ov)
-    est.seconds = time.perf_counter() - t0
     return est
 
 

@@ -75,11 +75,11 @@ def build_model(config: dict[str, Any], job: TrainJob, n_layers: int) -> nn.Modu
     from transformers import AutoModelForCausalLM
 
     cfg = reduced_config(config, n_layers)
-    from frugal.models.specs import NO_SDPA
+    from frugal.models.specs import NO_SDPA, is_moe_config
 
     sdpa_ok = config["model_type"] not in NO_SDPA
     cfg._attn_implementation = job.attention if sdpa_ok else "eager"
-    if any(config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts")):
+    if is_moe_config(config):
         # transformers' grouped-GEMM experts: static shapes, as fast MoE kernels allocate
         cfg._experts_implementation = "grouped_mm"
     compute = DTYPES[job.compute_dtype]

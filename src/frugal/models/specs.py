@@ -23,6 +23,11 @@ NO_SDPA = frozenset({"gemma2"})
 REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
 
 
+def is_moe_config(config: dict[str, Any]) -> bool:
+    """Whether a config has routed experts (Mixtral, Qwen-MoE, DeepSeek style keys)."""
+    return any(config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model's architecture as its Hugging Face config, reduced to the text decoder."""
@@ -74,12 +79,7 @@ class ModelSpec:
 
     @property
     def is_moe(self) -> bool:
-        return any(
-            self.config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
-        )
-
-    def cache_key(self) -> str:
-        return json.dumps(self.config, sort_keys=True)
+        return is_moe_config(self.config)
 
 
 def _config_dir() -> Any:
