@@ -272,3 +272,17 @@ def test_models_does_not_import_torch() -> None:
         "print(rc, 'torch' in sys.modules)"
     )
     assert _python(code) == "0 False"
+
+
+def test_console_script_exits_fast_without_losing_output(tiny_llama_dir: Path) -> None:
+    """`run()` leaves through os._exit once torch is loaded: output and exit code survive."""
+    env = {**_subprocess_env(), "FRUGAL_CACHE_DIR": str(tiny_llama_dir / "fresh-cache")}
+    cmd = [sys.executable, "-m", "frugal.cli.main", "estimate", str(tiny_llama_dir)]
+    ok = subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["trainable_params"] > 0
+    bad = subprocess.run(
+        [*cmd, "--lora-r", "0"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error:") and len(bad.stderr.strip().splitlines()) == 1

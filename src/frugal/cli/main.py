@@ -6,6 +6,7 @@ Exit codes: 0 ok; 2 bad input or no feasible answer (one line on stderr naming t
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -79,5 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> None:
+    """The `frugal` console script: `main()`, then a quick exit.
+
+    Tearing down an interpreter that has loaded torch, transformers and peft takes most of
+    a second (module finalizers, thread pools) and saves nothing: every file frugal writes
+    is closed by then. So flush the streams and leave at once.
+    """
+    code = main()
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
