@@ -4,7 +4,8 @@ Each figure is the median of several runs of the whole command in a fresh proces
 start-up and imports included). "cold" uses an empty profile cache; "cached" asks an
 already profiled model for another (batch, seq), both as a whole command and as the library
 call alone. One unmeasured run first pages the installed packages into the OS file cache, so
-every case starts as it would on a machine where frugal has run before. Usage: python benchmarks/estimate_speed.py [--runs N]
+every case starts as it would on a machine where frugal has run before.
+Usage: python benchmarks/estimate_speed.py [--runs N]
 """
 
 from __future__ import annotations
