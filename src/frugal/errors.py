@@ -12,13 +12,14 @@ class FrugalError(Exception):
     exit_code = 2
 
 
+def norm(s: str) -> str:
+    """Lower case, letters and digits only: 'RTX 4090' == 'rtx4090' == 'rtx-4090'."""
+    return "".join(c for c in s.lower() if c.isalnum())
+
+
 def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """The choices nearest to `name`, compared case- and punctuation-insensitively."""
     choices = list(choices)
-
-    def norm(s: str) -> str:
-        return "".join(c for c in s.lower() if c.isalnum())
-
     by_norm: dict[str, str] = {}
     for c in choices:
         by_norm.setdefault(norm(c), c)

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from frugal.cli import estimate_cmd, models_cmd
+from frugal.cli import catalog_cmd, estimate_cmd, models_cmd, plan_cmd
 from frugal.errors import FrugalError
 
 app = typer.Typer(
@@ -23,6 +23,9 @@ app = typer.Typer(
 )
 app.command("estimate")(estimate_cmd.estimate)
 app.command("models")(models_cmd.models)
+app.command("plan")(plan_cmd.plan)
+app.command("gpus")(catalog_cmd.gpus)
+app.command("offers")(catalog_cmd.offers)
 
 _DEBUG = False
 

@@ -129,7 +129,8 @@ def _shard(seg: np.ndarray, job: TrainJob, prof: Profile) -> np.ndarray:
     gradient_as_bucket_view=False, the default). ZeRO-2 splits gradients and optimizer
     state; FSDP full-shard and ZeRO-3 also split weights, and hold the unsharded weights
     of two layers at a time (the running one and the prefetched one) plus the unsharded
-    gradients of one layer before reduce-scatter.
+    gradients of one layer before reduce-scatter. Under full fine-tuning the weight casts
+    (temporaries) shard with the weights.
     """
     n = job.gpus
     if n == 1:
@@ -147,6 +148,10 @@ def _shard(seg: np.ndarray, job: TrainJob, prof: Profile) -> np.ndarray:
         out[:, c["frozen_weights"]] = out[:, c["frozen_weights"]] / n + 2 * layer_w * (1 - 1 / n)
         out[:, c["trainable_weights"]] /= n
         out[:, c["gradients"]] += layer_g
+        if job.method == "full":
+            # full fine-tuning's temporaries are casts of the (fp32) weights: autocast's
+            # cache of bf16 copies and the optimizer's; FSDP casts its shard only
+            out[:, c["temporaries"]] /= n
     return out
 
 

@@ -15,17 +15,12 @@
   fraction of the transient bytes at the peak plus a fixed slab.
 
 The defaults are fitted to the measured set in `docs/accuracy.md`; a user can override
-them with a JSON file (`FRUGAL_CALIBRATION` or the config dir's `calibration.json`).
+them with the `memory` section of a calibration file (see frugal/calibration.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-
-from frugal.errors import FrugalError
+from dataclasses import asdict, dataclass
 
 MIB = 2**20
 
@@ -43,23 +38,6 @@ class Overheads:
 
 
 def load_overheads() -> Overheads:
-    path_s = os.environ.get("FRUGAL_CALIBRATION")
-    if path_s:
-        path = Path(path_s)
-    else:
-        from platformdirs import user_config_dir
+    from frugal import calibration
 
-        path = Path(user_config_dir("frugal")) / "calibration.json"
-        if not path.exists():
-            return Overheads()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise FrugalError(f"cannot read calibration file {path}: {e}; fix or remove it") from e
-    known = {f.name for f in fields(Overheads)}
-    unknown = set(data) - known
-    if unknown:
-        raise FrugalError(
-            f"calibration file {path} has unknown keys {sorted(unknown)}; known: {sorted(known)}"
-        )
-    return Overheads(**{k: float(v) for k, v in data.items()})
+    return calibration.load("memory", Overheads)

@@ -1,4 +1,8 @@
-"""The GPU catalog: memory a process can use, bf16 support, tensor throughput, bandwidth."""
+"""The GPU catalog: usable memory, bf16 support, tensor throughput, bandwidth, interconnect.
+
+One catalog serves `frugal gpus`, `estimate --gpu`, `plan` and the offers (data/gpus.csv,
+each row with its source).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from frugal.errors import FrugalError, closest
+from frugal.errors import FrugalError, closest, norm
 
 GIB = 2**30
 
@@ -23,40 +27,78 @@ class GPU:
     fp16_tflops: float | None
     bandwidth_gbps: float
     source: str
+    tier: str = "datacenter"  # datacenter | workstation | consumer
+    link: str = "pcie"  # how GPUs in one machine talk: nvlink | pcie
+    link_gbps: float = 32.0  # GB/s per direction per GPU
+    tdp_w: float = 300.0
+
+    def peak_tflops(self, compute_dtype: str) -> float | None:
+        """Dense tensor TFLOPS for the compute dtype; None when the GPU cannot run it."""
+        if compute_dtype == "bf16":
+            return self.bf16_tflops if self.bf16 else None
+        if compute_dtype == "fp16":
+            return self.fp16_tflops
+        # fp32 matmuls run on TF32 tensor cores where there are any: about half the bf16 rate
+        return (self.bf16_tflops or self.fp16_tflops or 0.0) / 2 or None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "memory_gb": self.memory_gb,
+            "usable_gib": round(self.usable_gib, 2),
+            "bf16": self.bf16,
+            "bf16_tflops": self.bf16_tflops,
+            "fp16_tflops": self.fp16_tflops,
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "tier": self.tier,
+            "interconnect": self.link,
+            "interconnect_gbps": self.link_gbps,
+            "tdp_w": self.tdp_w,
+            "source": self.source,
+        }
 
 
-def _norm(s: str) -> str:
-    return "".join(c for c in s.lower() if c.isalnum())
+def _num(s: str) -> float | None:
+    return float(s) if s.strip() else None
 
 
 @cache
 def gpus() -> tuple[GPU, ...]:
     text = (resources.files("frugal.hardware") / "data" / "gpus.csv").read_text()
     rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
-    out = []
-    for r in rows:
-        out.append(
-            GPU(
-                name=r["name"],
-                aliases=tuple(a for a in r["aliases"].split("|") if a),
-                memory_gb=float(r["memory_gb"]),
-                usable_gib=float(r["usable_mib"]) / 1024,
-                bf16=r["bf16"] == "yes",
-                bf16_tflops=float(r["bf16_tflops"]) if r["bf16_tflops"] else None,
-                fp16_tflops=float(r["fp16_tflops"]) if r["fp16_tflops"] else None,
-                bandwidth_gbps=float(r["bandwidth_gbps"]),
-                source=r["usable_source"],
-            )
+    return tuple(
+        GPU(
+            name=r["name"],
+            aliases=tuple(a for a in r["aliases"].split("|") if a),
+            memory_gb=float(r["memory_gb"]),
+            usable_gib=float(r["usable_mib"]) / 1024,
+            bf16=r["bf16"] == "yes",
+            bf16_tflops=_num(r["bf16_tflops"]),
+            fp16_tflops=_num(r["fp16_tflops"]),
+            bandwidth_gbps=float(r["bandwidth_gbps"]),
+            source=f"{r['spec_source']}; usable: {r['usable_source']}; link: {r['link_source']}",
+            tier=r["tier"],
+            link=r["link"],
+            link_gbps=float(r["link_gbps"]),
+            tdp_w=float(r["tdp_w"]),
         )
-    return tuple(out)
+        for r in rows
+    )
+
+
+def lookup_gpu(name: str) -> GPU | None:
+    key = norm(name)
+    for g in gpus():
+        if key == norm(g.name) or key in (norm(a) for a in g.aliases):
+            return g
+    return None
 
 
 def find_gpu(name: str) -> GPU:
     """Match forgivingly: 'l40s', 'RTX 4090', 'rtx4090', 'h100-sxm' all work."""
-    key = _norm(name)
-    for g in gpus():
-        if key == _norm(g.name) or key in (_norm(a) for a in g.aliases):
-            return g
+    g = lookup_gpu(name)
+    if g is not None:
+        return g
     names = [g.name for g in gpus()]
     hint = closest(name, names)
     raise FrugalError(

@@ -1,0 +1,62 @@
+"""User calibration of frugal's modelled constants, from one JSON file.
+
+The file is `FRUGAL_CALIBRATION` or `calibration.json` in the user config dir. It has one
+section per model: `{"memory": {...}, "speed": {...}}` (a flat object is the memory
+section, as written by earlier versions). Each section overrides fields of one frozen
+dataclass of defaults; unknown keys are an error naming the known ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from frugal.errors import FrugalError
+
+T = TypeVar("T")
+SECTIONS = ("memory", "speed")
+
+
+def _path() -> Path | None:
+    env = os.environ.get("FRUGAL_CALIBRATION")
+    if env:
+        return Path(env)
+    from platformdirs import user_config_dir
+
+    path = Path(user_config_dir("frugal")) / "calibration.json"
+    return path if path.exists() else None
+
+
+def load(section: str, defaults: type[T]) -> T:
+    """`defaults()` with the fields the calibration file's `section` overrides."""
+    path = _path()
+    if path is None:
+        return defaults()
+    try:
+        data: Any = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise FrugalError(f"cannot read calibration file {path}: {e}; fix or remove it") from e
+    if not isinstance(data, dict):
+        raise FrugalError(f"calibration file {path} must hold a JSON object")
+    if not any(k in SECTIONS for k in data):
+        data = {"memory": data}
+    extra = set(data) - set(SECTIONS)
+    if extra:
+        raise FrugalError(
+            f"calibration file {path} has unknown sections {sorted(extra)}; known: {SECTIONS}"
+        )
+    values = data.get(section) or {}
+    known = {f.name for f in fields(defaults)}  # type: ignore[arg-type]
+    unknown = set(values) - known
+    if unknown:
+        raise FrugalError(
+            f"calibration file {path}: unknown {section} keys {sorted(unknown)}; "
+            f"known: {sorted(known)}"
+        )
+    try:
+        return defaults(**{k: float(v) for k, v in values.items()})
+    except (TypeError, ValueError) as e:
+        raise FrugalError(f"calibration file {path}: {section} values must be numbers") from e

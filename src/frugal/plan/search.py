@@ -1,0 +1,541 @@
+"""The search: every offer x GPU count x method x checkpointing x optimizer x micro-batch.
+
+For each combination the estimator says whether it fits (with a safety margin) and the
+throughput model how fast it runs; time and money follow, on-demand and on spot (with
+interruptions priced in). Constraints filter, the objective ranks, the Pareto frontier of
+cost vs time is kept, and every plan carries its reasons; rejected ones say why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from frugal.errors import FrugalError
+from frugal.estimate.core import get_profile, memory_at
+from frugal.estimate.job import TrainJob
+from frugal.estimate.profile import Profile
+from frugal.hardware.gpus import GIB, GPU
+from frugal.hardware.offers import Offer
+from frugal.models.specs import ModelSpec
+from frugal.plan import spot as spot_math
+from frugal.plan.throughput import Speed, SpeedConstants, load_speed_constants, step_time
+
+SpotMode = Literal["auto", "only", "never"]
+NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
+DISK_GBPS = 1.0  # checkpoint write and weight read from local NVMe, GB/s
+DOWNLOAD_GBPS = 0.5  # model weights from the hub or a bucket at start, GB/s
+
+
+@dataclass(frozen=True)
+class Constraints:
+    tokens: float  # training tokens in total (dataset x epochs)
+    effective_batch: int = 16  # sequences per optimizer step
+    budget_usd: float | None = None
+    deadline_h: float | None = None
+    max_gpus: int = 64
+    spot: SpotMode = "auto"
+    methods: tuple[str, ...] = ("lora",)
+    optimizers: tuple[str, ...] = ("adamw", "adamw-8bit")
+    margin: float = 0.05  # share of usable GPU memory kept free
+    mtbi_h: float | None = None  # override the offers' interruption buckets
+    objective: Literal["cost", "time"] = "cost"
+
+
+@dataclass
+class Plan:
+    offer: Offer
+    nodes: int
+    job: TrainJob
+    speed: Speed
+    peak_reserved_gib: float
+    device_total_gib: float
+    spot: bool
+    hours: float
+    cost_usd: float
+    compute_usd: float
+    setup_h: float
+    storage_usd: float
+    egress_usd: float
+    checkpoint_interval_min: float | None = None
+    interruptions: float = 0.0
+    fallback: spot_math.Fallback | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> int:
+        return self.job.gpus
+
+    @property
+    def price_per_hour(self) -> float:
+        o = self.offer
+        p = o.spot_usd_h if self.spot and o.spot_usd_h is not None else o.ondemand_usd_h
+        return p * self.nodes
+
+    def label(self) -> str:
+        nodes = f"{self.nodes}x " if self.nodes > 1 else ""
+        spot = " spot" if self.spot else ""
+        return f"{self.offer.provider} {nodes}{self.offer.instance}{spot} {self.job.method}"
+
+    def to_json(self) -> dict[str, Any]:
+        j = self.job
+        return {
+            "provider": self.offer.provider,
+            "instance": self.offer.instance,
+            "region": self.offer.region,
+            "nodes": self.nodes,
+            "gpu": self.offer.gpu.name,
+            "gpus": j.gpus,
+            "spot": self.spot,
+            "spot_fallback": (
+                {
+                    "switch_to_ondemand_after_h": round(self.fallback.switch_at_h, 2),
+                    "spot_share": round(self.fallback.spot_share, 3),
+                }
+                if self.fallback and self.fallback.spot_share < 1
+                else None
+            ),
+            "method": j.method,
+            "precision": j.precision,
+            "sharding": j.sharding if j.gpus > 1 else None,
+            "micro_batch": j.batch,
+            "grad_accum": j.grad_accum,
+            "grad_checkpointing": j.grad_checkpointing,
+            "optimizer": j.optimizer,
+            "seq": j.seq,
+            "est_hours": round(self.hours, 3),
+            "est_cost_usd": round(self.cost_usd, 2),
+            "cost_breakdown_usd": {
+                "compute": round(self.compute_usd, 2),
+                "storage": round(self.storage_usd, 2),
+                "egress": round(self.egress_usd, 2),
+            },
+            "price_per_hour_usd": round(self.price_per_hour, 4),
+            "setup_h": round(self.setup_h, 3),
+            "peak_reserved_gib": round(self.peak_reserved_gib, 2),
+            "device_total_gib": round(self.device_total_gib, 2),
+            "usable_gib": round(self.offer.gpu.usable_gib, 2),
+            "tokens_per_s": round(self.speed.tokens_per_s, 1),
+            "step_time_s": round(self.speed.step_time_s, 4),
+            "mfu": round(self.speed.efficiency, 3),
+            "checkpoint_interval_min": (
+                round(self.checkpoint_interval_min, 1)
+                if self.checkpoint_interval_min is not None
+                else None
+            ),
+            "expected_interruptions": round(self.interruptions, 2),
+            "reasons": self.reasons,
+        }
+
+
+@dataclass
+class Rejected:
+    label: str
+    why: str
+    kind: str  # fit | deadline | budget | dtype
+    cost_usd: float | None = None
+    hours: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "option": self.label,
+            "why": self.why,
+            "kind": self.kind,
+            "est_cost_usd": None if self.cost_usd is None else round(self.cost_usd, 2),
+            "est_hours": None if self.hours is None else round(self.hours, 3),
+        }
+
+
+@dataclass
+class Result:
+    recommendation: Plan
+    frontier: list[Plan]
+    feasible: int
+    considered: int
+    rejected: list[Rejected]
+    notes: list[str]
+
+
+class _Profiles:
+    """One memory profile per (method, precision, optimizer, checkpointing): the expensive
+    part, simulated once and cached on disk; everything else is arithmetic on it."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.cache: dict[tuple[Any, ...], Profile] = {}
+
+    def get(self, job: TrainJob) -> Profile:
+        if job.precision == "fp16-mixed":  # same bytes and FLOPs as bf16: share its profile
+            job = job.model_copy(update={"precision": "bf16-mixed"})
+        key = tuple(sorted(job.profile_key().items()))
+        if key not in self.cache:
+            self.cache[key] = get_profile(self.spec, job, job.seq)
+        return self.cache[key]
+
+
+def _ckpt_bytes(prof: Profile, job: TrainJob, seq: int) -> float:
+    """What a resumable checkpoint writes: trainable weights and optimizer state (and, for
+    full fine-tuning, that is the model)."""
+    seg = prof.segment_peaks(1, seq)[0]
+    from frugal.estimate.categories import CATEGORIES
+
+    c = {n: i for i, n in enumerate(CATEGORIES)}
+    return float(seg[c["trainable_weights"]] + seg[c["optimizer_state"]])
+
+
+def _weights_bytes(prof: Profile, seq: int) -> float:
+    from frugal.estimate.categories import CATEGORIES
+
+    seg = prof.segment_peaks(1, seq)[0]
+    return float(
+        seg[CATEGORIES.index("frozen_weights")] + seg[CATEGORIES.index("trainable_weights")]
+    )
+
+
+def _precision_for(gpu: GPU, wanted: str) -> tuple[str, str | None]:
+    if wanted.startswith("bf16") and not gpu.bf16:
+        return "fp16-mixed", f"{gpu.name} has no bf16: fp16-mixed with loss scaling"
+    return wanted, None
+
+
+def search(
+    spec: ModelSpec,
+    base: TrainJob,
+    offers: Iterable[Offer],
+    k: Constraints,
+    speed_constants: SpeedConstants | None = None,
+) -> Result:
+    sc = speed_constants or load_speed_constants()
+    profiles = _Profiles(spec)
+    plans: list[Plan] = []
+    rejected: list[Rejected] = []
+    notes: list[str] = []
+    considered = 0
+    fit_memo: dict[tuple[Any, ...], tuple[TrainJob, Any, Speed] | str] = {}
+    offers = list(offers)
+    if not offers:
+        raise FrugalError("no offers to plan on: check --providers and --prices")
+
+    for offer in offers:
+        terms = offer.terms
+        node_options = NODE_COUNTS if terms.node_network_gbps > 0 and offer.gpus >= 8 else (1,)
+        for nodes in node_options:
+            n = nodes * offer.gpus
+            if n > k.max_gpus or (nodes > 1 and n > k.effective_batch):
+                continue  # each GPU needs at least one sequence of the step
+            for method in k.methods:
+                found = _best_config(
+                    spec,
+                    base,
+                    offer.gpu,
+                    n,
+                    offer.gpus,
+                    nodes,
+                    method,
+                    k,
+                    profiles,
+                    sc,
+                    fit_memo,
+                    terms.node_network_gbps,
+                )
+                considered += 1
+                label = (
+                    f"{offer.provider} {f'{nodes}x ' if nodes > 1 else ''}{offer.instance} {method}"
+                )
+                if isinstance(found, str):
+                    kind = "dtype" if "cannot run" in found else "fit"
+                    rejected.append(Rejected(label, found, kind))
+                    continue
+                job, mem, speed = found
+                prof = profiles.get(job)
+                plans.extend(_price(offer, nodes, job, mem, speed, prof, k, spec, notes))
+    feasible, over = [], []
+    for p in plans:
+        why = None
+        if k.deadline_h is not None and p.hours > k.deadline_h:
+            why, kind = f"takes {p.hours:.1f} h, deadline {k.deadline_h:g} h", "deadline"
+        elif k.budget_usd is not None and p.cost_usd > k.budget_usd:
+            why, kind = f"costs ${p.cost_usd:,.2f}, budget ${k.budget_usd:,.2f}", "budget"
+        if why:
+            over.append(Rejected(p.label(), why, kind, p.cost_usd, p.hours))
+        else:
+            feasible.append(p)
+    if not feasible:
+        raise FrugalError(_relax(plans, rejected, k))
+    key = (
+        (lambda p: (p.cost_usd, p.hours))
+        if k.objective == "cost"
+        else (lambda p: (p.hours, p.cost_usd))
+    )
+    feasible.sort(key=key)
+    best = feasible[0]
+    frontier = pareto(feasible)
+    _explain(best, feasible, frontier, k)
+    over.sort(key=lambda r: r.cost_usd or 0.0)
+    fit_rej = sorted(rejected, key=lambda r: r.label)
+    return Result(best, frontier, len(feasible), considered, over[:5] + fit_rej[:5], notes)
+
+
+def _best_config(
+    spec: ModelSpec,
+    base: TrainJob,
+    gpu: GPU,
+    n: int,
+    per_node: int,
+    nodes: int,
+    method: str,
+    k: Constraints,
+    profiles: _Profiles,
+    sc: SpeedConstants,
+    memo: dict[tuple[Any, ...], Any],
+    node_gbps: float,
+) -> tuple[TrainJob, Any, Speed] | str:
+    """The fastest fitting (checkpointing, optimizer, sharding, micro-batch) for one GPU
+    set-up, or why none fits."""
+    key = (gpu.name, n, per_node, method)
+    if key in memo:
+        return memo[key]
+    precision, _ = _precision_for(gpu, base.precision)
+    if gpu.peak_tflops(base.compute_dtype if precision == base.precision else "fp16") is None:
+        memo[key] = f"{gpu.name} cannot run {base.precision}"
+        return memo[key]
+    cap = gpu.usable_gib * GIB * (1 - k.margin)
+    per_gpu_share = max(1, math.ceil(k.effective_batch / n))
+    best: tuple[TrainJob, Any, Speed] | None = None
+    smallest_need = math.inf
+    optimizers = k.optimizers if method == "full" else k.optimizers[:1]
+    shardings = ("ddp",) if n == 1 else ("ddp", "fsdp")
+    lora: dict[str, Any] = (
+        {}
+        if method == "full"
+        else {
+            "lora_r": base.lora_r,
+            "lora_alpha": base.lora_alpha,
+            "lora_targets": base.lora_targets,
+            "lora_dropout": base.lora_dropout,
+        }
+    )
+    for ckpt in (True, False):
+        for opt in optimizers:
+            for sharding in shardings:
+                job = TrainJob.model_validate(
+                    {
+                        "method": method,
+                        "precision": precision,
+                        "optimizer": opt,
+                        "batch": 1,
+                        "seq": base.seq,
+                        "grad_accum": 1,
+                        "grad_checkpointing": ckpt,
+                        "attention": base.attention,
+                        "gpus": n,
+                        "sharding": sharding,
+                        **lora,
+                    }
+                )
+                prof = profiles.get(job)
+                mb = 0
+                b = 1
+                while b <= per_gpu_share:
+                    mem = memory_at(prof, job, b, base.seq)
+                    if mem.device_total > cap:
+                        smallest_need = min(smallest_need, mem.device_total)
+                        break
+                    mb, fit_mem = b, mem
+                    b *= 2
+                if mb == 0:
+                    continue
+                accum = math.ceil(k.effective_batch / (mb * n))
+                job = job.model_copy(update={"batch": mb, "grad_accum": accum})
+                speed = step_time(
+                    prof, job, gpu, spec.hidden_size, per_node, 0.0 if nodes == 1 else node_gbps, sc
+                )
+                if speed is None:
+                    continue
+                if best is None or speed.tokens_per_s > best[2].tokens_per_s:
+                    best = (job, fit_mem, speed)
+    if best is None:
+        need = smallest_need / GIB
+        memo[key] = (
+            f"does not fit: needs {need:.1f} GiB per GPU at micro-batch 1, "
+            f"{gpu.name} has {gpu.usable_gib * (1 - k.margin):.1f} usable with the margin"
+        )
+    else:
+        memo[key] = best
+    return memo[key]
+
+
+def _price(
+    offer: Offer,
+    nodes: int,
+    job: TrainJob,
+    mem: Any,
+    speed: Speed,
+    prof: Profile,
+    k: Constraints,
+    spec: ModelSpec,
+    notes: list[str],
+) -> list[Plan]:
+    terms = offer.terms
+    solve_h = k.tokens / speed.tokens_per_s / 3600
+    weights = _weights_bytes(prof, job.seq)
+    setup_h = terms.boot_min / 60 + weights / (DOWNLOAD_GBPS * 1e9) / 3600
+    if offer.provider == "local":
+        setup_h = 0.0
+    ckpt = _ckpt_bytes(prof, job, job.seq)
+    delta_h = (ckpt / (DISK_GBPS * 1e9) + 10) / 3600
+    output_gb = ckpt / 1e9 if job.method == "full" else _adapter_gb(prof, job)
+    disk_gb = (weights + 2 * ckpt) / 1e9 + 1  # weights, two checkpoints, data
+    egress = output_gb * terms.egress_usd_gb
+
+    def storage(hours: float) -> float:
+        return disk_gb * terms.storage_usd_gb_month * hours / spot_math.HOURS_PER_MONTH
+
+    out = []
+    if k.spot != "only" or offer.provider == "local":
+        hours = setup_h + solve_h
+        compute = hours * offer.ondemand_usd_h * nodes
+        out.append(
+            Plan(
+                offer,
+                nodes,
+                job,
+                speed,
+                mem.peak_reserved / GIB,
+                mem.device_total / GIB,
+                False,
+                hours,
+                compute + storage(hours) + egress,
+                compute,
+                setup_h,
+                storage(hours),
+                egress,
+            )
+        )
+    if k.spot != "never" and offer.spot_usd_h is not None:
+        mtbi = k.mtbi_h or spot_math.mtbi_hours(offer.interruption)
+        mtbi /= nodes  # any machine lost stops the run
+        run = spot_math.spot_run(solve_h, delta_h, setup_h, mtbi)
+        hours = setup_h + run.hours
+        compute = hours * offer.spot_usd_h * nodes
+        plan = Plan(
+            offer,
+            nodes,
+            job,
+            speed,
+            mem.peak_reserved / GIB,
+            mem.device_total / GIB,
+            True,
+            hours,
+            compute + storage(hours) + egress,
+            compute,
+            setup_h,
+            storage(hours),
+            egress,
+            run.interval_h * 60,
+            run.interruptions,
+        )
+        if k.deadline_h is not None and hours > k.deadline_h:
+            od_h = setup_h + solve_h
+            fb = spot_math.fallback(hours, od_h, k.deadline_h)
+            if fb is not None and fb.spot_share < 1:
+                compute = (
+                    fb.switch_at_h * offer.spot_usd_h
+                    + (fb.hours - fb.switch_at_h) * offer.ondemand_usd_h
+                ) * nodes
+                plan.fallback = fb
+                plan.hours = fb.hours
+                plan.compute_usd = compute
+                plan.storage_usd = storage(fb.hours)
+                plan.cost_usd = compute + plan.storage_usd + egress
+        out.append(plan)
+    return out
+
+
+def _adapter_gb(prof: Profile, job: TrainJob) -> float:
+    return prof.trainable_params * 2 / 1e9  # saved in bf16/fp16
+
+
+def pareto(plans: list[Plan]) -> list[Plan]:
+    """Plans no other plan beats on both cost and time, cheapest first."""
+    out: list[Plan] = []
+    for p in sorted(plans, key=lambda p: (p.cost_usd, p.hours)):
+        if not out or p.hours < out[-1].hours - 1e-9:
+            out.append(p)
+    return out
+
+
+def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constraints) -> None:
+    j = best.job
+    r = best.reasons
+    r.append(
+        f"fits: {best.device_total_gib:.1f} of {best.offer.gpu.usable_gib:.1f} GiB per GPU "
+        f"at micro-batch {j.batch} x {j.seq} tokens"
+        + (" with gradient checkpointing" if j.grad_checkpointing else "")
+        + (f", {j.sharding} over {j.gpus} GPUs" if j.gpus > 1 else "")
+    )
+    r.append(
+        f"{best.speed.tokens_per_s:,.0f} tokens/s ({best.speed.bound}-bound, "
+        f"{best.speed.efficiency:.0%} of peak): {best.hours:.1f} h including "
+        f"{best.setup_h * 60:.0f} min setup"
+    )
+    if k.objective == "cost":
+        others = [p for p in feasible if p.label() != best.label()]
+        if others:
+            nxt = others[0]
+            r.append(
+                f"cheapest of {len(feasible)} feasible plans; next: {nxt.label()} at "
+                f"${nxt.cost_usd:,.2f} ({nxt.cost_usd / best.cost_usd - 1:+.0%})"
+            )
+    else:
+        r.append(f"fastest of {len(feasible)} feasible plans")
+    if best.spot:
+        same_od = [p for p in feasible if p.offer is best.offer and not p.spot]
+        saving = (
+            f"; saves ${same_od[0].cost_usd - best.cost_usd:,.2f} vs on-demand" if same_od else ""
+        )
+        r.append(
+            f"spot: {best.interruptions:.2f} expected interruptions, checkpoint every "
+            f"{best.checkpoint_interval_min:.0f} min (Young/Daly){saving}"
+        )
+        if best.fallback and best.fallback.spot_share < 1:
+            r.append(
+                f"deadline at risk on spot alone: switch to on-demand after "
+                f"{best.fallback.switch_at_h:.1f} h "
+                f"({best.fallback.spot_share:.0%} of the work on spot)"
+            )
+    if best.offer.gpu.bf16 is False and best.job.precision == "fp16-mixed":
+        r.append(f"{best.offer.gpu.name} has no bf16: fp16-mixed with loss scaling")
+    if best in frontier and len(frontier) > 1:
+        fastest = min(frontier, key=lambda p: p.hours)
+        r.append(
+            f"fastest on the frontier: {fastest.label()} {fastest.hours:.1f} h for "
+            f"${fastest.cost_usd:,.2f}"
+        )
+
+
+def _relax(plans: list[Plan], rejected: list[Rejected], k: Constraints) -> str:
+    if not plans:
+        needs = [r.why for r in rejected if r.kind == "fit"]
+        hint = needs[0] if needs else "no offer can run this precision"
+        return (
+            f"nothing fits ({hint}); relax: --methods qlora, --max-gpus above {k.max_gpus}, "
+            "a shorter --seq, or add offers with bigger GPUs (--prices)"
+        )
+    fastest = min(plans, key=lambda p: p.hours)
+    cheapest = min(plans, key=lambda p: p.cost_usd)
+    if k.deadline_h is not None and fastest.hours > k.deadline_h:
+        return (
+            f"no plan meets the deadline: the fastest ({fastest.label()}) takes "
+            f"{fastest.hours:.1f} h; relax --deadline to {math.ceil(fastest.hours * 10) / 10:g} h "
+            f"(+{fastest.hours - k.deadline_h:.1f} h) or raise --max-gpus"
+        )
+    in_time = [p for p in plans if k.deadline_h is None or p.hours <= k.deadline_h]
+    c = min(in_time or [cheapest], key=lambda p: p.cost_usd)
+    return (
+        f"no plan fits the budget: the cheapest{' in time' if k.deadline_h else ''} "
+        f"({c.label()}) costs ${c.cost_usd:,.2f}; relax --budget to {math.ceil(c.cost_usd):g} "
+        f"(+${c.cost_usd - (k.budget_usd or 0):,.2f})"
+    )

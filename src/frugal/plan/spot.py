@@ -1,0 +1,92 @@
+"""Spot instances: how often they are taken away, when to checkpoint, what it costs.
+
+* Interruption rate from a bucket. AWS's Spot Instance Advisor gives the share of
+  instances interrupted per month in buckets (<5%, 5-10%, ... >20%). Read as a monthly
+  probability p per instance, the hazard is lambda = -ln(1 - p) / 730 h and the mean time
+  between interruptions M = 1 / lambda. We take each bucket's midpoint (>20%: 30%). The
+  user can give M directly (`--spot-mtbi-hours`), and should when they know better.
+* Checkpoint interval. Young (1974): tau = sqrt(2 delta M). Daly (2006, FGCS 22(3)) to
+  higher order: tau = sqrt(2 delta M) [1 + (1/3) sqrt(delta / 2M) + (1/9) (delta / 2M)] - delta
+  for delta < 2M, else tau = M (delta = time to write a checkpoint).
+* Expected wall time with interruptions (Daly 2006, eq. 20): a job of T_s solve hours,
+  checkpointed every tau, restarting in R after each interruption, takes
+  T_w = M e^(R/M) (e^((tau + delta)/M) - 1) T_s / tau. Lost work, restarts and checkpoint
+  writes are all in T_w, so cost = T_w x price prices them in.
+* Deadline fallback ("Can't Be Late", Wu et al., NSDI 2024): run on spot while the work
+  left still fits the deadline on on-demand, then switch. With spot progressing at T_s/T_w
+  of real time, the switch comes at t = (D - T_od) / (1 - T_od / T_w); spot does t / T_w of
+  the work and on-demand the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from frugal.errors import FrugalError
+
+HOURS_PER_MONTH = 730.0
+BUCKET_P = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.30}
+
+
+def mtbi_hours(bucket: str) -> float:
+    """Mean hours between interruptions for an interruption-frequency bucket."""
+    try:
+        p = BUCKET_P[bucket]
+    except KeyError:
+        raise FrugalError(
+            f"unknown interruption bucket {bucket!r}; use one of {', '.join(BUCKET_P)}"
+        ) from None
+    return HOURS_PER_MONTH / -math.log1p(-p)
+
+
+def young_interval(delta: float, mtbi: float) -> float:
+    """Young's checkpoint interval, in the unit of the arguments."""
+    return math.sqrt(2 * delta * mtbi)
+
+
+def daly_interval(delta: float, mtbi: float) -> float:
+    """Daly's higher-order optimum checkpoint interval, in the unit of the arguments."""
+    if delta >= 2 * mtbi:
+        return mtbi
+    x = delta / (2 * mtbi)
+    return math.sqrt(2 * delta * mtbi) * (1 + math.sqrt(x) / 3 + x / 9) - delta
+
+
+def expected_wall(solve: float, tau: float, delta: float, restart: float, mtbi: float) -> float:
+    """Daly's expected wall time of `solve` hours of work (all arguments in hours)."""
+    if solve <= 0:
+        return 0.0
+    return mtbi * math.exp(restart / mtbi) * math.expm1((tau + delta) / mtbi) * solve / tau
+
+
+@dataclass
+class SpotRun:
+    hours: float  # expected wall time on spot, interruptions included
+    interval_h: float  # checkpoint interval
+    interruptions: float  # expected number
+    mtbi_h: float
+
+
+def spot_run(solve_h: float, delta_h: float, restart_h: float, mtbi_h: float) -> SpotRun:
+    tau = min(daly_interval(delta_h, mtbi_h), max(solve_h, 1e-6))
+    wall = expected_wall(solve_h, tau, delta_h, restart_h, mtbi_h)
+    return SpotRun(wall, tau, wall / mtbi_h, mtbi_h)
+
+
+@dataclass
+class Fallback:
+    switch_at_h: float  # wall time on spot before switching to on-demand
+    spot_share: float  # share of the work done on spot
+    hours: float  # total wall time (= the deadline when the switch happens)
+
+
+def fallback(spot_wall_h: float, ondemand_h: float, deadline_h: float) -> Fallback | None:
+    """Spot first, then on-demand when the rest only just fits; None if on-demand misses too."""
+    if ondemand_h > deadline_h:
+        return None
+    if spot_wall_h <= deadline_h:
+        return Fallback(spot_wall_h, 1.0, spot_wall_h)
+    t = (deadline_h - ondemand_h) / (1 - ondemand_h / spot_wall_h)
+    share = t / spot_wall_h
+    return Fallback(t, share, t + (1 - share) * ondemand_h)

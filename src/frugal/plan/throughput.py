@@ -1,0 +1,174 @@
+"""How long one optimizer step takes on a given GPU: a roofline with measured efficiencies.
+
+Per GPU and micro-step (the estimator gives the FLOPs, the profile the bytes):
+
+    compute   = FLOPs / (peak x eff),   eff = eff_max[tier] x t / (t + t_half)
+                (t = tokens per micro-step: small micro-steps leave tensor cores idle)
+    memory    = weight bytes read per pass x passes / bandwidth   (the floor at tiny batches)
+    elementw  = tokens x layers x hidden x elem_bytes x passes / bandwidth
+                (norms, activations, rotary, residual and LoRA adds: bandwidth-bound, which
+                is why fast-FLOPs GPUs such as the H100 reach a lower share of their peak)
+    dequant   = 4-bit weights x passes x (0.5 B read + 2 B write) / (bandwidth x dequant_eff)
+    overhead  = layers x launch_s_per_layer          (Python and kernel launches, eager mode)
+    micro     = max(compute, memory) + elementw + dequant + overhead
+
+and per optimizer step (grad_accum micro-steps):
+
+    optimizer = trainable params x bytes touched by the update / bandwidth
+    comm      = DDP: ring all-reduce of the gradients, 2 (n-1)/n x grad bytes / link;
+                FSDP/ZeRO-3: all-gather of the weights in forward and backward plus a
+                reduce-scatter of the gradients, every micro-step;
+                ZeRO-2: reduce-scatter of the gradients, all-gather of the weights, per step
+    exposed   = max(0, comm - overlap x compute)     (NCCL runs beside the kernels)
+    step      = accum x micro + optimizer + exposed comm + step_fixed
+
+peak is the GPU's dense tensor rate for the compute dtype (gpus.csv); link is NVLink or
+PCIe per direction within a machine (gpus.csv), and the provider's network between
+machines. The efficiencies are fitted to the third-party measurements in
+docs/plan.md (benchmarks/plan_throughput.py) and can be calibrated (`speed` section).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from frugal.estimate.categories import CATEGORIES
+from frugal.estimate.job import TrainJob
+from frugal.estimate.profile import Profile
+from frugal.hardware.gpus import GPU
+
+
+@dataclass(frozen=True)
+class SpeedConstants:
+    """Fitted by `python benchmarks/plan_throughput.py --fit` on the 40 measured rows."""
+
+    eff_max_datacenter: float = 0.63  # matmul share of peak at large micro-steps
+    eff_max_workstation: float = 0.55  # no measured row: prior between the two
+    eff_max_consumer: float = 0.71  # of the fp32-accumulate rate gpus.csv lists
+    t_half: float = 37.5  # tokens per micro-step at which efficiency is half its maximum
+    launch_s_per_layer: float = 0.0029  # fwd + bwd + recompute of one layer, eager HF+PEFT
+    dequant_eff: float = 0.29  # of memory bandwidth reached by 4-bit dequantization
+    link_eff_nvlink: float = 0.75  # NCCL bus bandwidth / link peak (no row moves it)
+    link_eff_pcie: float = 0.12  # consumer cards without peer-to-peer: through host memory
+    overlap: float = 0.14  # share of compute time that hides communication
+    elem_bytes: float = 84.0  # bytes moved per hidden unit, token and layer (fwd + bwd)
+    step_fixed_s: float = 0.28  # per optimizer step: zero_grad, clipping, scheduler, logging
+
+
+def load_speed_constants() -> SpeedConstants:
+    from frugal import calibration
+
+    return calibration.load("speed", SpeedConstants)
+
+
+@dataclass
+class Speed:
+    step_time_s: float
+    tokens_per_s: float
+    efficiency: float  # achieved model FLOPs / peak
+    bound: str  # what limits the step: compute, memory, communication
+    parts_s: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step_time_s": round(self.step_time_s, 4),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "mfu": round(self.efficiency, 3),
+            "bound": self.bound,
+            "parts_s": {k: round(v, 4) for k, v in self.parts_s.items()},
+        }
+
+
+def _bytes_at_start(prof: Profile, seq: int, category: str) -> float:
+    return float(prof.segment_peaks(1, seq)[0, CATEGORIES.index(category)])
+
+
+def step_time(
+    prof: Profile,
+    job: TrainJob,
+    gpu: GPU,
+    hidden: int,
+    gpus_per_node: int | None = None,
+    node_gbps: float = 0.0,
+    c: SpeedConstants | None = None,
+) -> Speed | None:
+    """Seconds per optimizer step of `job` on `job.gpus` GPUs; None if the GPU lacks the dtype."""
+    c = c or load_speed_constants()
+    peak_tf = gpu.peak_tflops(job.compute_dtype)
+    if not peak_tf:
+        return None
+    peak = peak_tf * 1e12
+    bw = gpu.bandwidth_gbps * 1e9
+    n = job.gpus
+    per_node = gpus_per_node or n
+    tokens = job.batch * job.seq
+    flops = prof.flops(job.batch, job.seq)
+    f_micro = sum(flops.values())
+    passes = 3 if job.grad_checkpointing else 2
+
+    eff_max = {
+        "consumer": c.eff_max_consumer,
+        "workstation": c.eff_max_workstation,
+    }.get(gpu.tier, c.eff_max_datacenter)
+    eff = eff_max * tokens / (tokens + c.t_half)
+    compute = f_micro / (peak * eff)
+    frozen = _bytes_at_start(prof, job.seq, "frozen_weights")
+    trainable = _bytes_at_start(prof, job.seq, "trainable_weights")
+    weights = frozen + trainable
+    memory = weights * passes / bw
+    dequant = 0.0
+    if job.method == "qlora":
+        # packed 4-bit bytes are 1/4 of bf16: each pass reads them and writes a bf16 copy
+        q_params = frozen * 2  # ~2 values per packed byte; embeddings are a small share
+        dequant = q_params * passes * 2.5 / (bw * c.dequant_eff)
+    overhead = prof.n_layers * c.launch_s_per_layer * passes / 3
+    elementwise = tokens * prof.n_layers * hidden * c.elem_bytes * passes / 3 / bw
+    micro = max(compute, memory) + elementwise + dequant + overhead
+
+    opt_bytes = _bytes_at_start(prof, job.seq, "optimizer_state")
+    optimizer = 2 * (opt_bytes + 3 * trainable) / bw / (n if job.sharding != "ddp" else 1)
+
+    comm = 0.0
+    if n > 1:
+        intra = (
+            gpu.link_gbps * 1e9 * (c.link_eff_nvlink if gpu.link == "nvlink" else c.link_eff_pcie)
+        )
+        link = intra if n <= per_node or node_gbps <= 0 else min(intra, node_gbps * 1e9)
+        ring = (n - 1) / n
+        grad_bytes = trainable  # gradients share the trainable weights' dtype
+        if job.sharding == "ddp":
+            comm = 2 * ring * grad_bytes / link
+        elif job.sharding == "zero2":
+            comm = ring * (grad_bytes + weights) / link
+        else:  # fsdp / zero3: every micro-step gathers all weights twice
+            comm = job.grad_accum * ring * (2 * weights + grad_bytes) / link
+    busy = job.grad_accum * compute
+    exposed = max(0.0, comm - c.overlap * busy)
+    step = job.grad_accum * micro + optimizer + exposed + c.step_fixed_s
+    tokens_step = job.tokens_per_step
+    model_flops = f_micro * job.grad_accum
+    parts = {
+        "compute": job.grad_accum * compute,
+        "memory_floor": job.grad_accum * memory,
+        "elementwise": job.grad_accum * elementwise,
+        "dequant": job.grad_accum * dequant,
+        "overhead": job.grad_accum * overhead,
+        "optimizer": optimizer,
+        "comm_exposed": exposed,
+    }
+    bound = "compute"
+    if exposed > 0.3 * step:
+        bound = "communication"
+    elif memory > compute or dequant + elementwise > compute:
+        bound = "memory"
+    return Speed(
+        step_time_s=step,
+        tokens_per_s=tokens_step / step,
+        efficiency=model_flops / (peak * step),
+        bound=bound,
+        parts_s=parts,
+    )
+
+
+def constants_json(c: SpeedConstants | None = None) -> dict[str, float]:
+    return asdict(c or load_speed_constants())

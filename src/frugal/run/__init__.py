@@ -1,0 +1,1 @@
+"""Running a plan: the run config (shared with `frugal plan --write`) and the trainer."""

@@ -1,0 +1,196 @@
+"""`frugal plan`: the search, its constraints and outputs, and the issue's must-shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from test_cli import run_error, run_json
+
+from frugal.cli.main import main
+from frugal.errors import FrugalError
+from frugal.estimate.job import make_job
+from frugal.hardware.offers import catalog
+from frugal.models.specs import ModelSpec, load_spec
+from frugal.plan.search import Constraints, pareto, search
+from frugal.run.config import load_run_config
+
+
+def test_search_recommends_the_cheapest_feasible(tiny_llama: ModelSpec) -> None:
+    r = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7))
+    best = r.recommendation
+    assert best.device_total_gib <= best.offer.gpu.usable_gib
+    assert best.cost_usd == min(p.cost_usd for p in r.frontier)
+    assert best.reasons and "fits" in best.reasons[0]
+    for a in r.frontier:  # nothing on the frontier is beaten on both axes
+        assert not any(b.cost_usd < a.cost_usd and b.hours < a.hours for b in r.frontier)
+    fastest = search(
+        tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7, objective="time")
+    ).recommendation
+    assert fastest.hours <= best.hours
+
+
+def test_pareto_drops_dominated(tiny_llama: ModelSpec) -> None:
+    r = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7))
+    everything = r.frontier
+    assert pareto(everything) == everything
+
+
+def test_spot_modes(tiny_llama: ModelSpec) -> None:
+    never = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e8, spot="never"))
+    assert not never.recommendation.spot and all(not p.spot for p in never.frontier)
+    only = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e8, spot="only"))
+    assert only.recommendation.spot
+    assert only.recommendation.checkpoint_interval_min is not None
+
+
+def test_spot_fallback_when_the_deadline_is_at_risk(tiny_llama: ModelSpec) -> None:
+    k = Constraints(tokens=5e9, spot="only", mtbi_h=0.5, deadline_h=1e6)
+    calm = search(tiny_llama, make_job(seq=128), catalog(), k).recommendation
+    tight = Constraints(tokens=5e9, spot="only", mtbi_h=0.5, deadline_h=calm.hours * 0.9)
+    plan = search(tiny_llama, make_job(seq=128), catalog(), tight).recommendation
+    assert plan.fallback is not None and plan.fallback.spot_share < 1
+    assert plan.hours <= tight.deadline_h  # type: ignore[operator]
+    assert any("switch to on-demand" in r for r in plan.reasons)
+
+
+def test_infeasible_names_the_constraint(tiny_llama: ModelSpec) -> None:
+    job = make_job(seq=128)
+    with pytest.raises(FrugalError, match=r"relax --deadline to [\d.]+ h"):
+        search(tiny_llama, job, catalog(), Constraints(tokens=1e12, deadline_h=0.01))
+    with pytest.raises(FrugalError, match=r"relax --budget to \d+"):
+        search(tiny_llama, job, catalog(), Constraints(tokens=1e10, budget_usd=0.001))
+
+
+def test_cli_plan_json_write_and_emit(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    cfg, sky = tmp_path / "frugal.yaml", tmp_path / "sky.yaml"
+    out = run_json(
+        capsys,
+        "plan",
+        str(tiny_llama_dir),
+        "--tokens",
+        "10M",
+        "--seq",
+        "128",
+        "--write",
+        str(cfg),
+        "--emit",
+        "skypilot",
+        "--emit-file",
+        str(sky),
+        "--json",
+    )
+    rec = out["recommendation"]
+    for key in (
+        "provider",
+        "instance",
+        "gpu",
+        "gpus",
+        "spot",
+        "method",
+        "micro_batch",
+        "grad_accum",
+        "grad_checkpointing",
+        "optimizer",
+        "est_hours",
+        "est_cost_usd",
+        "peak_reserved_gib",
+        "tokens_per_s",
+        "checkpoint_interval_min",
+        "reasons",
+    ):
+        assert key in rec
+    assert out["frontier"] and isinstance(out["rejected"], list)
+    run = load_run_config(cfg)  # the schema `frugal train` reads
+    assert run.job.batch == rec["micro_batch"] and run.plan is not None
+    assert run.plan.est_cost_usd == rec["est_cost_usd"]
+    task = yaml.safe_load(sky.read_text())
+    assert task["resources"]["use_spot"] == rec["spot"]
+    assert str(cfg) in task["run"]
+
+
+def test_run_config_rejects_unknown_keys(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("model: x\njob: {method: lora, bacth: 4}\n")
+    with pytest.raises(FrugalError, match="bacth"):
+        load_run_config(p)
+
+
+def test_cli_emit_hf(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
+    rc = main(["plan", str(tiny_llama_dir), "--tokens", "1M", "--seq", "128", "--emit", "hf"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "TrainingArguments(" in out and "LoraConfig(" in out
+
+
+def test_cli_dataset_tokens(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"text": "x" * 400}) for _ in range(10)) + "\n")
+    out = run_json(
+        capsys,
+        "plan",
+        str(tiny_llama_dir),
+        "--dataset",
+        str(data),
+        "--epochs",
+        "2",
+        "--seq",
+        "128",
+        "--json",
+    )
+    assert out["tokens"] == 2 * 10 * 100  # 4 characters per token, said in the notes
+    assert any("characters" in n for n in out["notes"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--seq", "128"], "--tokens"),
+        (["--tokens", "lots"], "--tokens"),
+        (["--tokens", "1M", "--optimize", "speed"], "--optimize"),
+        (["--tokens", "1M", "--methods", "lora,dora"], "--method"),
+        (["--tokens", "1M", "--providers", "amazon"], "closest"),
+        (["--tokens", "1M", "--deadline", "-1"], "--deadline"),
+        (["--tokens", "1M", "--seq", "128", "--deadline", "0.0001"], "--deadline"),
+    ],
+)
+def test_plan_bad_input(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, args: list[str], needle: str
+) -> None:
+    assert needle in run_error(capsys, "plan", str(tiny_llama_dir), *args)
+
+
+def test_catalog_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert len(run_json(capsys, "gpus", "--json")["gpus"]) >= 15
+    rows = run_json(capsys, "offers", "--gpu", "rtx4090", "--json")["offers"]
+    assert rows and all(r["gpu"] == "RTX 4090" for r in rows)
+
+
+# -- the issue's must-shows on bundled models (simulated once, then cached) -----------------
+
+
+def test_70b_full_plans_multi_gpu_with_sharding() -> None:
+    spec = load_spec("meta-llama/Llama-3.1-70B")
+    r = search(spec, make_job(method="full"), catalog(), Constraints(tokens=5e7, methods=("full",)))
+    rec = r.recommendation
+    assert rec.gpus > 1 and rec.job.sharding in ("fsdp", "zero3")
+
+
+def test_135m_plans_a_small_gpu() -> None:
+    spec = load_spec("HuggingFaceTB/SmolLM2-135M")
+    rec = search(spec, make_job(), catalog(), Constraints(tokens=5e6)).recommendation
+    assert rec.gpus == 1 and rec.offer.gpu.memory_gb <= 24
+
+
+def test_8b_qlora_fits_a_24gb_card() -> None:
+    spec = load_spec("meta-llama/Llama-3.1-8B")
+    offers = catalog(local=["RTX 4090"], bundled=False)
+    rec = search(
+        spec, make_job(method="qlora"), offers, Constraints(tokens=5e6, methods=("qlora",))
+    ).recommendation
+    assert rec.offer.gpu.name == "RTX 4090" and rec.device_total_gib <= 24

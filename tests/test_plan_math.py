@@ -1,0 +1,79 @@
+"""Spot and checkpoint maths, and the throughput model's shape."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from frugal.errors import FrugalError
+from frugal.estimate.core import get_profile
+from frugal.estimate.job import make_job
+from frugal.hardware.gpus import find_gpu
+from frugal.models.specs import ModelSpec
+from frugal.plan import spot
+from frugal.plan.throughput import step_time
+
+
+@pytest.mark.parametrize(("mtbi_min", "expected"), [(24 * 60, 116.7), (6 * 60, 56.7), (15, 9.1)])
+def test_daly_worked_examples(mtbi_min: float, expected: float) -> None:
+    assert round(spot.daly_interval(5, mtbi_min), 1) == expected
+
+
+def test_young_and_daly_limits() -> None:
+    assert spot.young_interval(5, 24 * 60) == pytest.approx(math.sqrt(2 * 5 * 24 * 60))
+    assert spot.daly_interval(50, 20) == 20  # delta >= 2M: checkpoint every M
+
+
+def test_expected_wall_prices_in_interruptions() -> None:
+    solve = 10.0
+    calm = spot.spot_run(solve, 0.01, 0.1, 10_000)
+    stormy = spot.spot_run(solve, 0.01, 0.1, 5)
+    assert solve < calm.hours < stormy.hours
+    assert stormy.interruptions > calm.interruptions
+    # no interruptions at all: only checkpoint writes are added
+    assert spot.expected_wall(solve, 1.0, 0.0, 0.0, 1e12) == pytest.approx(solve, rel=1e-6)
+
+
+def test_fallback_meets_the_deadline_exactly() -> None:
+    fb = spot.fallback(spot_wall_h=30, ondemand_h=10, deadline_h=20)
+    assert fb is not None
+    assert fb.hours == pytest.approx(20)
+    assert 0 < fb.spot_share < 1
+    # the work left after the switch takes exactly the on-demand time that remains
+    assert (1 - fb.spot_share) * 10 == pytest.approx(20 - fb.switch_at_h)
+    assert spot.fallback(30, 25, 20) is None  # on-demand misses too
+    assert spot.fallback(15, 10, 20).spot_share == 1.0  # type: ignore[union-attr]
+
+
+def test_buckets() -> None:
+    assert spot.mtbi_hours("<5%") > spot.mtbi_hours("10-15%") > spot.mtbi_hours(">20%")
+    with pytest.raises(FrugalError, match="bucket"):
+        spot.mtbi_hours("often")
+
+
+def _speed(spec: ModelSpec, gpu: str = "A100 80GB", **kw: object) -> float:
+    job = make_job(**kw)
+    s = step_time(get_profile(spec, job, job.seq), job, find_gpu(gpu), spec.hidden_size)
+    assert s is not None
+    return s.tokens_per_s
+
+
+def test_throughput_shape(tiny_llama: ModelSpec) -> None:
+    small = _speed(tiny_llama, batch=1, seq=64)
+    big = _speed(tiny_llama, batch=8, seq=64)
+    assert big > small  # bigger micro-steps use the GPU better
+    assert _speed(tiny_llama, method="qlora", batch=4, seq=64) < _speed(
+        tiny_llama, method="lora", batch=4, seq=64
+    )  # dequantization costs time
+    assert _speed(tiny_llama, "H100 SXM", batch=4, seq=64) > _speed(
+        tiny_llama, "L4", batch=4, seq=64
+    )
+    nvlink = _speed(tiny_llama, "A100 80GB", method="full", gpus=4, sharding="fsdp", seq=64)
+    pcie = _speed(tiny_llama, "L40S", method="full", gpus=4, sharding="fsdp", seq=64)
+    assert nvlink > pcie
+
+
+def test_no_bf16_gpu_has_no_bf16_speed(tiny_llama: ModelSpec) -> None:
+    job = make_job(seq=64)
+    assert step_time(get_profile(tiny_llama, job, 64), job, find_gpu("T4"), 64) is None
