@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/frugal plan meta-llama/Llama-3.1-8B --tokens 20M --methods lora,qlora --deadline 24 --write frugal.yaml
 	$(BIN)/frugal estimate meta-llama/Llama-3.1-8B --method qlora --gpu "RTX 4090"
-	$(BIN)/frugal estimate meta-llama/Llama-3.1-8B --method lora --batch 4 --seq 2048 --gpu L40S
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -31,6 +31,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/estimate_speed.py
+	$(BIN)/python benchmarks/plan_speed.py
 
 accuracy: $(STAMP)
 	$(BIN)/python benchmarks/estimate_accuracy.py --write docs/accuracy.md
