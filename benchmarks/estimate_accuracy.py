@@ -10,7 +10,6 @@ markdown table; `--write FILE` also writes it. Usage:
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from frugal.estimate.core import estimate
 from frugal.estimate.job import make_job
+from frugal.hardware.csvdata import data_rows
 from frugal.models.specs import load_spec
 
 DATA = Path(__file__).parent / "data" / "measured_memory.csv"
@@ -29,8 +29,7 @@ KIND_KEY = {
 
 
 def rows() -> list[dict[str, str]]:
-    lines = [ln for ln in DATA.read_text().splitlines() if not ln.startswith("#")]
-    return list(csv.DictReader(lines))
+    return [r for _, r in data_rows(DATA.read_text())]
 
 
 def predict(r: dict[str, str]) -> tuple[float, float]:
@@ -90,14 +89,9 @@ def main() -> int:
     summary += f"({time.perf_counter() - t0:.0f} s)\n"
     print(body + summary)
     if args.write:
-        text = args.write.read_text() if args.write.exists() else ""
-        start, end = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
-        block = f"{start}\n{body}\n{summary}{end}"
-        if start in text and end in text:
-            text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-        else:
-            text = text + "\n" + block + "\n"
-        args.write.write_text(text)
+        from _docs import write_block  # beside this script
+
+        write_block(args.write, "accuracy", f"{body}\n{summary.rstrip()}")
     return 0
 
 

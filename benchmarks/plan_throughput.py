@@ -10,9 +10,7 @@ error of each row. `--write FILE` replaces the table between the accuracy marker
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-import re
 import statistics
 import sys
 import time
@@ -22,6 +20,7 @@ from typing import Any
 
 from frugal.estimate.core import get_profile
 from frugal.estimate.job import make_job
+from frugal.hardware.csvdata import data_rows
 from frugal.hardware.gpus import find_gpu
 from frugal.models.specs import load_spec
 from frugal.plan.throughput import SpeedConstants, load_speed_constants, step_time
@@ -31,8 +30,7 @@ DATA = HERE / "data" / "measured_speed.csv"
 
 
 def rows() -> list[dict[str, str]]:
-    lines = [ln for ln in DATA.read_text().splitlines() if not ln.startswith("#")]
-    return list(csv.DictReader(lines))
+    return [r for _, r in data_rows(DATA.read_text())]
 
 
 def setup(r: dict[str, str]) -> tuple[Any, ...]:
@@ -116,7 +114,7 @@ def table(c: SpeedConstants | None = None) -> tuple[str, list[float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--write", help="markdown file whose accuracy table to replace")
+    ap.add_argument("--write", type=Path, help="markdown file whose speed table to replace")
     ap.add_argument("--fit", action="store_true", help="fit the constants and print them")
     args = ap.parse_args()
     t = time.perf_counter()
@@ -135,14 +133,9 @@ def main() -> int:
     print()
     print(summary)
     if args.write:
-        path = Path(args.write)
-        doc = path.read_text()
-        block = f"<!-- speed:start -->\n{text}\n\n{summary}\n<!-- speed:end -->"
-        new, n = re.subn(r"<!-- speed:start -->.*?<!-- speed:end -->", block, doc, flags=re.S)
-        if n != 1:
-            print(f"{path} has no <!-- speed:start/end --> markers", file=sys.stderr)
-            return 2
-        path.write_text(new)
+        from _docs import write_block  # beside this script
+
+        write_block(args.write, "speed", f"{text}\n\n{summary}")
     return 0
 
 

@@ -170,7 +170,7 @@ def plan(
     if emit == "hf":
         from frugal.plan.emit import hf_arguments
 
-        print(hf_arguments(spec.id, rec, k))
+        print(hf_arguments(spec.id, rec))
 
 
 def render(out: dict[str, Any]) -> None:

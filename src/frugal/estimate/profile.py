@@ -171,6 +171,10 @@ class Profile:
             + (self.n_layers - lo.n_layers) * (hi.trainable_params - lo.trainable_params)
         )
 
+    def start_bytes(self, category: str) -> float:
+        """Bytes of `category` resident when a step starts (weights, optimizer state)."""
+        return float(self.segment_peaks(1, 1)[0, CATEGORIES.index(category)])
+
     def per_layer_bytes(self, category: str) -> float:
         """Bytes of one decoder layer's `category` (e.g. its weights), from the two fits."""
         c = CATEGORIES.index(category)

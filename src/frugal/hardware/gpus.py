@@ -6,12 +6,12 @@ each row with its source).
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
 from frugal.errors import FrugalError, closest, norm
+from frugal.hardware.csvdata import data_rows
 
 GIB = 2**30
 
@@ -65,7 +65,7 @@ def _num(s: str) -> float | None:
 @cache
 def gpus() -> tuple[GPU, ...]:
     text = (resources.files("frugal.hardware") / "data" / "gpus.csv").read_text()
-    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    rows = (r for _, r in data_rows(text))
     return tuple(
         GPU(
             name=r["name"],

@@ -8,16 +8,16 @@ electricity). Every price error names the file, line and column to fix.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from frugal.errors import FrugalError, closest
+from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.gpus import GPU, find_gpu, gpus, lookup_gpu
 
 BUCKETS = ("<5%", "5-10%", "10-15%", "15-20%", ">20%")
@@ -74,22 +74,11 @@ class Offer:
         }
 
 
-def _data_rows(text: str) -> Iterator[tuple[int, dict[str, str]]]:
-    """CSV rows with their 1-based line numbers; '#' comment lines are skipped."""
-    lines = text.splitlines()
-    keep = [(i + 1, line) for i, line in enumerate(lines) if line.strip() and line[0] != "#"]
-    if not keep:
-        return
-    reader = csv.DictReader(line for _, line in keep)
-    for (lineno, _), row in zip(keep[1:], reader, strict=False):
-        yield lineno, row
-
-
 @cache
 def providers() -> dict[str, Provider]:
     text = (resources.files("frugal.hardware") / "data" / "providers.csv").read_text()
     out = {}
-    for _, r in _data_rows(text):
+    for _, r in data_rows(text):
         out[r["provider"]] = Provider(
             name=r["provider"],
             boot_min=float(r["boot_min"]),
@@ -137,8 +126,7 @@ class _Where:
 
 def parse_offers(text: str, file: str) -> list[Offer]:
     """Offers from frugal's own CSV format (see data/offers.csv)."""
-    header = next((ln for ln in text.splitlines() if ln.strip() and ln[0] != "#"), "")
-    present = {c.strip() for c in header.split(",")}
+    present = set(header(text))
     missing = [c for c in OFFER_COLUMNS if c not in present]
     if missing:
         raise FrugalError(
@@ -146,7 +134,7 @@ def parse_offers(text: str, file: str) -> list[Offer]:
             f"{','.join(OFFER_COLUMNS)} (or a SkyPilot catalog vms.csv)"
         )
     out = []
-    for lineno, r in _data_rows(text):
+    for lineno, r in data_rows(text):
         at = _Where(file, lineno)
         provider = (r["provider"] or "").strip().lower()
         if provider not in providers():
@@ -208,7 +196,7 @@ def parse_skypilot(text: str, file: str, cloud: str) -> list[Offer]:
     GPU-only GCP rows are summed with the host VM their family needs (a2/a3); rows of
     fractional or unknown GPUs and rows without an on-demand price are skipped.
     """
-    rows = list(_data_rows(text))
+    rows = list(data_rows(text))
     hosts: dict[tuple[str, str], tuple[float, float | None]] = {}
     for lineno, r in rows:
         if not (r.get("AcceleratorName") or "").strip() and r.get("InstanceType"):
@@ -277,8 +265,8 @@ def read_price_file(path: str) -> list[Offer]:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise FrugalError(f"cannot read price file {path}: {e}") from None
-    header = next((ln for ln in text.splitlines() if ln.strip() and ln[0] != "#"), "")
-    if "AcceleratorName" in header and "InstanceType" in header:
+    columns = header(text)
+    if "AcceleratorName" in columns and "InstanceType" in columns:
         cloud = next((c for c in providers() if c in str(p).lower()), "")
         if not cloud:
             raise FrugalError(

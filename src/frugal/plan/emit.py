@@ -26,7 +26,7 @@ SKY_GPU = {
 }
 
 
-def hf_arguments(model: str, plan: Any, k: Any) -> str:
+def hf_arguments(model: str, plan: Any) -> str:
     """Python that builds the same run with transformers, PEFT and bitsandbytes."""
     j = plan.job
     bf16 = j.precision.startswith("bf16")

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile, memory_at
 from frugal.estimate.job import TrainJob
+from frugal.estimate.overheads import Overheads, load_overheads
 from frugal.estimate.profile import Profile
 from frugal.hardware.gpus import GIB, GPU
 from frugal.hardware.offers import Offer
@@ -54,7 +55,6 @@ class Plan:
     device_total_gib: float
     spot: bool
     hours: float
-    cost_usd: float
     compute_usd: float
     setup_h: float
     storage_usd: float
@@ -63,6 +63,10 @@ class Plan:
     interruptions: float = 0.0
     fallback: spot_math.Fallback | None = None
     reasons: list[str] = field(default_factory=list)
+
+    @property
+    def cost_usd(self) -> float:
+        return self.compute_usd + self.storage_usd + self.egress_usd
 
     @property
     def gpus(self) -> int:
@@ -153,7 +157,6 @@ class Result:
     recommendation: Plan
     frontier: list[Plan]
     feasible: int
-    considered: int
     rejected: list[Rejected]
     notes: list[str]
 
@@ -175,29 +178,9 @@ class _Profiles:
         return self.cache[key]
 
 
-def _ckpt_bytes(prof: Profile, job: TrainJob, seq: int) -> float:
-    """What a resumable checkpoint writes: trainable weights and optimizer state (and, for
-    full fine-tuning, that is the model)."""
-    seg = prof.segment_peaks(1, seq)[0]
-    from frugal.estimate.categories import CATEGORIES
-
-    c = {n: i for i, n in enumerate(CATEGORIES)}
-    return float(seg[c["trainable_weights"]] + seg[c["optimizer_state"]])
-
-
-def _weights_bytes(prof: Profile, seq: int) -> float:
-    from frugal.estimate.categories import CATEGORIES
-
-    seg = prof.segment_peaks(1, seq)[0]
-    return float(
-        seg[CATEGORIES.index("frozen_weights")] + seg[CATEGORIES.index("trainable_weights")]
-    )
-
-
-def _precision_for(gpu: GPU, wanted: str) -> tuple[str, str | None]:
-    if wanted.startswith("bf16") and not gpu.bf16:
-        return "fp16-mixed", f"{gpu.name} has no bf16: fp16-mixed with loss scaling"
-    return wanted, None
+def _precision_for(gpu: GPU, wanted: str) -> str:
+    """GPUs without bf16 run fp16 with loss scaling (the plan's reasons say so)."""
+    return "fp16-mixed" if wanted.startswith("bf16") and not gpu.bf16 else wanted
 
 
 def search(
@@ -208,11 +191,11 @@ def search(
     speed_constants: SpeedConstants | None = None,
 ) -> Result:
     sc = speed_constants or load_speed_constants()
+    ov = load_overheads()  # read the calibration once, not per candidate
     profiles = _Profiles(spec)
     plans: list[Plan] = []
     rejected: list[Rejected] = []
     notes: list[str] = []
-    considered = 0
     fit_memo: dict[tuple[Any, ...], tuple[TrainJob, Any, Speed] | str] = {}
     offers = list(offers)
     if not offers:
@@ -239,8 +222,8 @@ def search(
                     sc,
                     fit_memo,
                     terms.node_network_gbps,
+                    ov,
                 )
-                considered += 1
                 label = (
                     f"{offer.provider} {f'{nodes}x ' if nodes > 1 else ''}{offer.instance} {method}"
                 )
@@ -250,7 +233,7 @@ def search(
                     continue
                 job, mem, speed = found
                 prof = profiles.get(job)
-                plans.extend(_price(offer, nodes, job, mem, speed, prof, k, spec, notes))
+                plans.extend(_price(offer, nodes, job, mem, speed, prof, k))
     feasible, over = [], []
     for p in plans:
         why = None
@@ -275,7 +258,7 @@ def search(
     _explain(best, feasible, frontier, k)
     over.sort(key=lambda r: r.cost_usd or 0.0)
     fit_rej = sorted(rejected, key=lambda r: r.label)
-    return Result(best, frontier, len(feasible), considered, over[:5] + fit_rej[:5], notes)
+    return Result(best, frontier, len(feasible), over[:5] + fit_rej[:5], notes)
 
 
 def _best_config(
@@ -291,14 +274,15 @@ def _best_config(
     sc: SpeedConstants,
     memo: dict[tuple[Any, ...], Any],
     node_gbps: float,
+    ov: Overheads,
 ) -> tuple[TrainJob, Any, Speed] | str:
     """The fastest fitting (checkpointing, optimizer, sharding, micro-batch) for one GPU
     set-up, or why none fits."""
-    key = (gpu.name, n, per_node, method)
+    key = (gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0)
     if key in memo:
         return memo[key]
-    precision, _ = _precision_for(gpu, base.precision)
-    if gpu.peak_tflops(base.compute_dtype if precision == base.precision else "fp16") is None:
+    precision = _precision_for(gpu, base.precision)
+    if gpu.peak_tflops(base.model_copy(update={"precision": precision}).compute_dtype) is None:
         memo[key] = f"{gpu.name} cannot run {base.precision}"
         return memo[key]
     cap = gpu.usable_gib * GIB * (1 - k.margin)
@@ -339,7 +323,7 @@ def _best_config(
                 mb = 0
                 b = 1
                 while b <= per_gpu_share:
-                    mem = memory_at(prof, job, b, base.seq)
+                    mem = memory_at(prof, job, b, base.seq, ov)
                     if mem.device_total > cap:
                         smallest_need = min(smallest_need, mem.device_total)
                         break
@@ -368,94 +352,67 @@ def _best_config(
 
 
 def _price(
-    offer: Offer,
-    nodes: int,
-    job: TrainJob,
-    mem: Any,
-    speed: Speed,
-    prof: Profile,
-    k: Constraints,
-    spec: ModelSpec,
-    notes: list[str],
+    offer: Offer, nodes: int, job: TrainJob, mem: Any, speed: Speed, prof: Profile, k: Constraints
 ) -> list[Plan]:
+    """The on-demand and spot plans of one configuration on one offer."""
     terms = offer.terms
     solve_h = k.tokens / speed.tokens_per_s / 3600
-    weights = _weights_bytes(prof, job.seq)
-    setup_h = terms.boot_min / 60 + weights / (DOWNLOAD_GBPS * 1e9) / 3600
-    if offer.provider == "local":
-        setup_h = 0.0
-    ckpt = _ckpt_bytes(prof, job, job.seq)
+    weights = prof.start_bytes("frozen_weights") + prof.start_bytes("trainable_weights")
+    setup_h = (
+        0.0
+        if offer.provider == "local"
+        else (terms.boot_min / 60 + weights / (DOWNLOAD_GBPS * 1e9) / 3600)
+    )
+    # a resumable checkpoint: trainable weights and optimizer state (full: the whole model)
+    ckpt = prof.start_bytes("trainable_weights") + prof.start_bytes("optimizer_state")
     delta_h = (ckpt / (DISK_GBPS * 1e9) + 10) / 3600
-    output_gb = ckpt / 1e9 if job.method == "full" else _adapter_gb(prof, job)
+    output_gb = ckpt / 1e9 if job.method == "full" else prof.trainable_params * 2 / 1e9
     disk_gb = (weights + 2 * ckpt) / 1e9 + 1  # weights, two checkpoints, data
     egress = output_gb * terms.egress_usd_gb
 
-    def storage(hours: float) -> float:
-        return disk_gb * terms.storage_usd_gb_month * hours / spot_math.HOURS_PER_MONTH
-
-    out = []
-    if k.spot != "only" or offer.provider == "local":
-        hours = setup_h + solve_h
-        compute = hours * offer.ondemand_usd_h * nodes
-        out.append(
-            Plan(
-                offer,
-                nodes,
-                job,
-                speed,
-                mem.peak_reserved / GIB,
-                mem.device_total / GIB,
-                False,
-                hours,
-                compute + storage(hours) + egress,
-                compute,
-                setup_h,
-                storage(hours),
-                egress,
-            )
-        )
-    if k.spot != "never" and offer.spot_usd_h is not None:
-        mtbi = k.mtbi_h or spot_math.mtbi_hours(offer.interruption)
-        mtbi /= nodes  # any machine lost stops the run
-        run = spot_math.spot_run(solve_h, delta_h, setup_h, mtbi)
-        hours = setup_h + run.hours
-        compute = hours * offer.spot_usd_h * nodes
-        plan = Plan(
+    def plan(spot: bool, hours: float, compute: float) -> Plan:
+        storage = disk_gb * terms.storage_usd_gb_month * hours / spot_math.HOURS_PER_MONTH
+        return Plan(
             offer,
             nodes,
             job,
             speed,
             mem.peak_reserved / GIB,
             mem.device_total / GIB,
-            True,
+            spot,
             hours,
-            compute + storage(hours) + egress,
             compute,
             setup_h,
-            storage(hours),
+            storage,
             egress,
-            run.interval_h * 60,
-            run.interruptions,
         )
+
+    out = []
+    od_h = setup_h + solve_h
+    if k.spot != "only" or offer.provider == "local":
+        out.append(plan(False, od_h, od_h * offer.ondemand_usd_h * nodes))
+    if k.spot != "never" and offer.spot_usd_h is not None:
+        mtbi = k.mtbi_h or spot_math.mtbi_hours(offer.interruption)
+        mtbi /= nodes  # any machine lost stops the run
+        run = spot_math.spot_run(solve_h, delta_h, setup_h, mtbi)
+        hours = setup_h + run.hours
+        fb = None
         if k.deadline_h is not None and hours > k.deadline_h:
-            od_h = setup_h + solve_h
             fb = spot_math.fallback(hours, od_h, k.deadline_h)
-            if fb is not None and fb.spot_share < 1:
-                compute = (
-                    fb.switch_at_h * offer.spot_usd_h
-                    + (fb.hours - fb.switch_at_h) * offer.ondemand_usd_h
-                ) * nodes
-                plan.fallback = fb
-                plan.hours = fb.hours
-                plan.compute_usd = compute
-                plan.storage_usd = storage(fb.hours)
-                plan.cost_usd = compute + plan.storage_usd + egress
-        out.append(plan)
+        if fb is not None and fb.spot_share < 1:
+            on_spot, on_demand = fb.switch_at_h, fb.hours - fb.switch_at_h
+            p = plan(
+                True,
+                fb.hours,
+                (on_spot * offer.spot_usd_h + on_demand * offer.ondemand_usd_h) * nodes,
+            )
+            p.fallback = fb
+        else:
+            p = plan(True, hours, hours * offer.spot_usd_h * nodes)
+        p.checkpoint_interval_min = run.interval_h * 60
+        p.interruptions = run.interruptions
+        out.append(p)
     return out
-
-
-def _adapter_gb(prof: Profile, job: TrainJob) -> float:
-    return prof.trainable_params * 2 / 1e9  # saved in bf16/fp16
 
 
 def pareto(plans: list[Plan]) -> list[Plan]:

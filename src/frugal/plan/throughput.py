@@ -30,9 +30,8 @@ docs/plan.md (benchmarks/plan_throughput.py) and can be calibrated (`speed` sect
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from frugal.estimate.categories import CATEGORIES
 from frugal.estimate.job import TrainJob
 from frugal.estimate.profile import Profile
 from frugal.hardware.gpus import GPU
@@ -69,19 +68,6 @@ class Speed:
     bound: str  # what limits the step: compute, memory, communication
     parts_s: dict[str, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "step_time_s": round(self.step_time_s, 4),
-            "tokens_per_s": round(self.tokens_per_s, 1),
-            "mfu": round(self.efficiency, 3),
-            "bound": self.bound,
-            "parts_s": {k: round(v, 4) for k, v in self.parts_s.items()},
-        }
-
-
-def _bytes_at_start(prof: Profile, seq: int, category: str) -> float:
-    return float(prof.segment_peaks(1, seq)[0, CATEGORIES.index(category)])
-
 
 def step_time(
     prof: Profile,
@@ -112,8 +98,8 @@ def step_time(
     }.get(gpu.tier, c.eff_max_datacenter)
     eff = eff_max * tokens / (tokens + c.t_half)
     compute = f_micro / (peak * eff)
-    frozen = _bytes_at_start(prof, job.seq, "frozen_weights")
-    trainable = _bytes_at_start(prof, job.seq, "trainable_weights")
+    frozen = prof.start_bytes("frozen_weights")
+    trainable = prof.start_bytes("trainable_weights")
     weights = frozen + trainable
     memory = weights * passes / bw
     dequant = 0.0
@@ -125,7 +111,7 @@ def step_time(
     elementwise = tokens * prof.n_layers * hidden * c.elem_bytes * passes / 3 / bw
     micro = max(compute, memory) + elementwise + dequant + overhead
 
-    opt_bytes = _bytes_at_start(prof, job.seq, "optimizer_state")
+    opt_bytes = prof.start_bytes("optimizer_state")
     optimizer = 2 * (opt_bytes + 3 * trainable) / bw / (n if job.sharding != "ddp" else 1)
 
     comm = 0.0
@@ -168,7 +154,3 @@ def step_time(
         bound=bound,
         parts_s=parts,
     )
-
-
-def constants_json(c: SpeedConstants | None = None) -> dict[str, float]:
-    return asdict(c or load_speed_constants())

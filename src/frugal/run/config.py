@@ -99,20 +99,6 @@ def to_run_config(
             {"path": dataset, "tokens": int(tokens_per_epoch), "epochs": epochs}
         ),
         training=TrainingConfig.model_validate({"effective_batch": k.effective_batch}),
-        plan=PlanConfig(
-            provider=p["provider"],
-            instance=p["instance"],
-            region=p["region"],
-            gpu=p["gpu"],
-            gpus=p["gpus"],
-            nodes=p["nodes"],
-            spot=p["spot"],
-            price_per_hour_usd=p["price_per_hour_usd"],
-            checkpoint_interval_min=p["checkpoint_interval_min"],
-            est_hours=p["est_hours"],
-            est_cost_usd=p["est_cost_usd"],
-            tokens_per_s=p["tokens_per_s"],
-            peak_reserved_gib=p["peak_reserved_gib"],
-        ),
+        plan=PlanConfig.model_validate({f: p[f] for f in PlanConfig.model_fields}),
         budget_usd=k.budget_usd,
     )
