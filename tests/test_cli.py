@@ -115,6 +115,17 @@ def test_estimate_with_named_gpu(capsys: pytest.CaptureFixture[str], tiny_llama_
     assert d["gpu"] == "H100 SXM"
     assert d["gpu_memory_gib"] == pytest.approx(81559 / 1024, abs=0.01)
     assert d["fits"] is True
+    # the plan's throughput model answers for the named GPU: tokens/s is tokens per step / time
+    assert d["step_time_s"] > 0
+    assert d["tokens_per_s"] == pytest.approx(d["tokens_per_step"] / d["step_time_s"], rel=1e-3)
+    big = ["estimate", "HuggingFaceTB/SmolLM2-135M", "--seq", "1024", "--batch", "16", "--json"]
+    fast = run_json(capsys, *big, "--gpu", "H100")
+    slow = run_json(capsys, *big, "--gpu", "T4", "--precision", "fp16-mixed")
+    assert slow["step_time_s"] > 1.5 * fast["step_time_s"]
+    bare = run_json(
+        capsys, "estimate", str(tiny_llama_dir), "--seq", "128", "--gpu-memory", "80", "--json"
+    )
+    assert "step_time_s" not in bare and "tokens_per_s" not in bare
 
 
 def test_seq_beyond_positions_warns(

@@ -194,3 +194,26 @@ def test_8b_qlora_fits_a_24gb_card() -> None:
         spec, make_job(method="qlora"), offers, Constraints(tokens=5e6, methods=("qlora",))
     ).recommendation
     assert rec.offer.gpu.name == "RTX 4090" and rec.device_total_gib <= 24
+
+
+def test_plot_html_and_png(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    args = ["plan", str(tiny_llama_dir), "--tokens", "10M", "--seq", "128", "--budget", "50"]
+    page = tmp_path / "plan.html"
+    d = run_json(capsys, *args, "--plot", str(page), "--json")
+    assert d["wrote_plot"] == str(page)
+    text = page.read_text()
+    # one point per feasible plan, a bigger one per frontier plan, one for the recommendation
+    assert text.count('class="p"') == d["feasible_plans"]
+    assert text.count('class="fp"') == len(d["frontier"])
+    assert text.count('class="r"') == 1 and "budget</text>" in text
+    assert d["recommendation"]["provider"] in text.split("recommended: ")[1].split("<")[0]
+    png = tmp_path / "plan.png"
+    run_json(capsys, *args, "--plot", str(png), "--json")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_bad_suffix(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
+    msg = run_error(capsys, "plan", str(tiny_llama_dir), "--tokens", "1M", "--plot", "x.jpg")
+    assert ".png, .svg, .pdf or .html" in msg

@@ -145,6 +145,11 @@ def render(d: dict[str, Any]) -> None:
             f"{d['headroom_gib']:.2f} GiB; largest micro-batch at seq {j['seq']}: "
             f"{d['max_batch']}; longest seq at batch {j['batch']}: {d['max_seq']:,}"
         )
+    if "step_time_s" in d:
+        c.print(
+            f"speed on {d['gpu']}: {d['step_time_s']:.2f} s per step, "
+            f"{d['tokens_per_s']:,.0f} tokens/s (plan's throughput model)"
+        )
     for w in d["warnings"]:
         c.print(f"[yellow]warning:[/] {w}")
     for n in d["notes"]:

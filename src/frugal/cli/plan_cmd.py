@@ -72,6 +72,9 @@ def plan(
     write: str | None = typer.Option(None, help="Write the run config for `frugal train`."),
     emit: str | None = typer.Option(None, help="hf (print trainer arguments) or skypilot."),
     emit_file: str = typer.Option("sky.yaml", help="Where --emit skypilot writes its task."),
+    plot: str | None = typer.Option(
+        None, help="Chart cost vs time: FILE.png/.svg/.pdf (matplotlib) or FILE.html."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The cheapest (or fastest) plan that fits and meets the deadline, with its reasons."""
@@ -89,6 +92,10 @@ def plan(
         raise FrugalError(f"--optimize {optimize!r}: use cost or time")
     if emit not in (None, "hf", "skypilot"):
         raise FrugalError(f"--emit {emit!r}: use hf or skypilot")
+    if plot:
+        from frugal.plan.plot import check_plot_path
+
+        check_plot_path(plot)
     for name, v in (
         ("--budget", budget),
         ("--deadline", deadline),
@@ -149,7 +156,7 @@ def plan(
         "recommendation": rec.to_json(),
         "frontier": [p.to_json() for p in result.frontier],
         "rejected": [r.to_json() for r in result.rejected],
-        "feasible_plans": result.feasible,
+        "feasible_plans": len(result.plans),
         "notes": result.notes,
     }
     if write:
@@ -163,6 +170,11 @@ def plan(
         with open(emit_file, "w") as f:
             f.write(skypilot_task(rec, write or "frugal.yaml"))
         out["wrote_skypilot"] = emit_file
+    if plot:
+        from frugal.plan.plot import write_plot
+
+        write_plot(result, k, plot)
+        out["wrote_plot"] = plot
     if json_out:
         print(json.dumps(out))
     else:

@@ -49,6 +49,8 @@ class Estimate:
     headroom_gib: float | None = None
     max_batch: int | None = None
     max_seq: int | None = None
+    step_time_s: float | None = None  # on the named GPU (plan/throughput.py)
+    tokens_per_s: float | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -79,6 +81,11 @@ class Estimate:
                 headroom_gib=round(self.headroom_gib or 0.0, 3),
                 max_batch=self.max_batch,
                 max_seq=self.max_seq,
+            )
+        if self.step_time_s is not None:
+            out.update(
+                step_time_s=round(self.step_time_s, 4),
+                tokens_per_s=round(self.tokens_per_s or 0.0, 1),
             )
         return out
 
@@ -257,6 +264,14 @@ def estimate(
         est.headroom_gib = (cap - mem.device_total) / GIB
         est.max_batch = max_batch(spec, job, prof, cap, ov)
         est.max_seq = max_seq(spec, job, cap, ov)
+    if gpu is not None:
+        from frugal.plan.throughput import step_time
+
+        speed = step_time(prof, job, gpu, spec.hidden_size)
+        if speed is None:
+            est.warnings.append(f"{gpu.name} has no {job.compute_dtype} support: no step time")
+        else:
+            est.step_time_s, est.tokens_per_s = speed.step_time_s, speed.tokens_per_s
     return est
 
 

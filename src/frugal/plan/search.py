@@ -156,7 +156,7 @@ class Rejected:
 class Result:
     recommendation: Plan
     frontier: list[Plan]
-    feasible: int
+    plans: list[Plan]  # every feasible plan, best first
     rejected: list[Rejected]
     notes: list[str]
 
@@ -258,7 +258,7 @@ def search(
     _explain(best, feasible, frontier, k)
     over.sort(key=lambda r: r.cost_usd or 0.0)
     fit_rej = sorted(rejected, key=lambda r: r.label)
-    return Result(best, frontier, len(feasible), over[:5] + fit_rej[:5], notes)
+    return Result(best, frontier, feasible, over[:5] + fit_rej[:5], notes)
 
 
 def _best_config(

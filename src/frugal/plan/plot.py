@@ -1,0 +1,182 @@
+"""`frugal plan --plot FILE`: cost against time of every feasible plan, with the frontier.
+
+FILE.png / .svg / .pdf are drawn with matplotlib (the `plot` extra). FILE.html is a
+self-contained page with an inline SVG chart: hover a point for its plan; it needs nothing
+installed and opens anywhere. Both use log axes, since plans span orders of magnitude.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from frugal.errors import FrugalError
+
+if TYPE_CHECKING:
+    from frugal.plan.search import Constraints, Plan, Result
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot_path(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix != ".html" and suffix not in IMAGE_SUFFIXES:
+        raise FrugalError(f"--plot {path}: end the name in .png, .svg, .pdf or .html")
+    return suffix
+
+
+def write_plot(result: Result, k: Constraints, path: str) -> None:
+    if check_plot_path(path) != ".html":
+        _matplotlib_chart(result, k, path)
+        return
+    text = html_chart(result, k)
+    tmp = Path(path + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _describe(p: Plan) -> str:
+    return (
+        f"{p.label()} · {p.gpus}x {p.offer.gpu.name} · micro-batch {p.job.batch} · "
+        f"{p.job.optimizer} · {p.hours:.2f} h · ${p.cost_usd:,.2f}"
+    )
+
+
+def _matplotlib_chart(result: Result, k: Constraints, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise FrugalError(
+            f"--plot {path} needs matplotlib: pip install 'frugal[plot]', or use a .html file"
+        ) from None
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    pts = result.plans
+    ax.scatter([p.hours for p in pts], [p.cost_usd for p in pts], s=12, c="#9aa5b1", label="plan")
+    front = sorted(result.frontier, key=lambda p: p.hours)
+    ax.plot(
+        [p.hours for p in front],
+        [p.cost_usd for p in front],
+        "o-",
+        c="#1f6feb",
+        ms=5,
+        label="Pareto frontier",
+    )
+    rec = result.recommendation
+    ax.scatter([rec.hours], [rec.cost_usd], marker="*", s=220, c="#d1242f", zorder=5)
+    ax.annotate(rec.label(), (rec.hours, rec.cost_usd), xytext=(8, 8), textcoords="offset points")
+    if k.deadline_h:
+        ax.axvline(k.deadline_h, ls="--", c="#6e7781", lw=1, label=f"deadline {k.deadline_h:g} h")
+    if k.budget_usd:
+        ax.axhline(k.budget_usd, ls=":", c="#6e7781", lw=1, label=f"budget ${k.budget_usd:g}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("expected wall time (h)")
+    ax.set_ylabel("expected total cost (USD)")
+    ax.set_title("frugal plan: cost vs time")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# -- the HTML chart: a log-log SVG scatter, drawn here so that it needs no library --------
+
+W, H, PAD_L, PAD_R, PAD_T, PAD_B = 760, 460, 70, 20, 40, 50
+
+
+def _log_scale(
+    lo: float, hi: float, a: float, b: float
+) -> tuple[Callable[[float], float], tuple[float, float]]:
+    lo, hi = math.log10(lo), math.log10(hi)
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.5, hi + 0.5
+    lo, hi = lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo)
+    return (lambda v: a + (math.log10(v) - lo) / (hi - lo) * (b - a)), (lo, hi)
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    out = []
+    for e in range(math.floor(lo), math.ceil(hi) + 1):
+        for m in (1, 2, 5):
+            v = m * 10.0**e
+            if lo <= math.log10(v) <= hi:
+                out.append(v)
+    return out
+
+
+def html_chart(result: Result, k: Constraints) -> str:
+    pts = result.plans
+    xs = [p.hours for p in pts] + ([k.deadline_h] if k.deadline_h else [])
+    ys = [p.cost_usd for p in pts] + ([k.budget_usd] if k.budget_usd else [])
+    sx, (x0, x1) = _log_scale(min(xs), max(xs), PAD_L, W - PAD_R)
+    sy, (y0, y1) = _log_scale(max(min(ys), 1e-3), max(ys), H - PAD_B, PAD_T)
+    svg: list[str] = []
+    for v in _ticks(x0, x1):
+        x = sx(v)
+        svg.append(f'<line x1="{x:.1f}" y1="{PAD_T}" x2="{x:.1f}" y2="{H - PAD_B}" class="g"/>')
+        svg.append(f'<text x="{x:.1f}" y="{H - PAD_B + 16}" class="t">{v:g}</text>')
+    for v in _ticks(y0, y1):
+        y = sy(v)
+        svg.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" class="g"/>')
+        svg.append(
+            f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" class="t" text-anchor="end">${v:g}</text>'
+        )
+    if k.deadline_h:
+        x = sx(k.deadline_h)
+        svg.append(f'<line x1="{x:.1f}" y1="{PAD_T}" x2="{x:.1f}" y2="{H - PAD_B}" class="c"/>')
+        svg.append(f'<text x="{x + 4:.1f}" y="{PAD_T + 12}" class="t">deadline</text>')
+    if k.budget_usd:
+        y = sy(k.budget_usd)
+        svg.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" class="c"/>')
+        svg.append(
+            f'<text x="{W - PAD_R - 4}" y="{y - 4:.1f}" class="t" text-anchor="end">budget</text>'
+        )
+    for p in pts:
+        tip = html.escape(_describe(p))
+        svg.append(
+            f'<circle cx="{sx(p.hours):.1f}" cy="{sy(p.cost_usd):.1f}" r="3.5" class="p">'
+            f"<title>{tip}</title></circle>"
+        )
+    front = sorted(result.frontier, key=lambda p: p.hours)
+    line = " ".join(f"{sx(p.hours):.1f},{sy(p.cost_usd):.1f}" for p in front)
+    svg.append(f'<polyline points="{line}" class="f"/>')
+    for p in front:
+        tip = html.escape("frontier: " + _describe(p))
+        svg.append(
+            f'<circle cx="{sx(p.hours):.1f}" cy="{sy(p.cost_usd):.1f}" r="5" class="fp">'
+            f"<title>{tip}</title></circle>"
+        )
+    rec = result.recommendation
+    rx, ry = sx(rec.hours), sy(rec.cost_usd)
+    svg.append(
+        f'<circle cx="{rx:.1f}" cy="{ry:.1f}" r="8" class="r"><title>'
+        f"{html.escape('recommended: ' + _describe(rec))}</title></circle>"
+    )
+    svg.append(f'<text x="{rx + 10:.1f}" y="{ry - 10:.1f}">{html.escape(rec.label())}</text>')
+    axes = (
+        f'<text x="{(PAD_L + W - PAD_R) / 2}" y="{H - 10}" text-anchor="middle">'
+        "expected wall time (h)</text>"
+        f'<text transform="rotate(-90)" x="{-(PAD_T + H - PAD_B) / 2}" y="16" '
+        'text-anchor="middle">expected total cost (USD)</text>'
+    )
+    style = (
+        "svg{font:12px sans-serif}.g{stroke:#eaeef2}.t{fill:#57606a;font-size:11px}"
+        ".c{stroke:#6e7781;stroke-dasharray:4 3}.p{fill:#9aa5b1}.f{fill:none;stroke:#1f6feb;"
+        "stroke-width:2}.fp{fill:#1f6feb}.r{fill:#d1242f}circle:hover{stroke:#000}"
+    )
+    return (
+        "<!doctype html><meta charset='utf-8'><title>frugal plan: cost vs time</title>"
+        f"<style>{style}</style><h3 style='font-family:sans-serif'>frugal plan: "
+        f"{len(pts)} feasible plans, {len(front)} on the frontier (hover a point)</h3>"
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}">'
+        + "".join(svg)
+        + axes
+        + "</svg>\n"
+    )
