@@ -17,6 +17,7 @@ from frugal.models.specs import ModelSpec, load_spec
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     old = os.environ.get("FRUGAL_CACHE_DIR")
     os.environ["FRUGAL_CACHE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
+    os.environ["FRUGAL_MEASUREMENTS"] = str(tmp_path_factory.mktemp("m") / "measurements.jsonl")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     yield
     if old is None:

@@ -60,3 +60,23 @@ def load(section: str, defaults: type[T]) -> T:
         return defaults(**{k: float(v) for k, v in values.items()})
     except (TypeError, ValueError) as e:
         raise FrugalError(f"calibration file {path}: {section} values must be numbers") from e
+
+
+def measurements_path() -> Path:
+    """Where measured runs are appended (JSON lines): `FRUGAL_MEASUREMENTS`, or
+    `measurements.jsonl` beside the calibration file in the user config dir."""
+    env = os.environ.get("FRUGAL_MEASUREMENTS")
+    if env:
+        return Path(env)
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("frugal")) / "measurements.jsonl"
+
+
+def record_measurement(row: dict[str, Any]) -> Path:
+    """Append one measured run (e.g. a `frugal train --dry-run`) for later calibration."""
+    path = measurements_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+    return path

@@ -1,7 +1,8 @@
 """Entry point: `frugal` with its sub-commands, and the one place errors become exit codes.
 
 Exit codes: 0 ok; 2 bad input or no feasible answer (one line on stderr naming the fix);
-1 a bug (a traceback only with --debug).
+1 a bug (a traceback only with --debug); 75 training stopped by a signal with a checkpoint
+saved (run it again to resume).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import typer
 
-from frugal.cli import catalog_cmd, estimate_cmd, models_cmd, plan_cmd
+from frugal.cli import catalog_cmd, estimate_cmd, models_cmd, plan_cmd, train_cmd
 from frugal.errors import FrugalError
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ app.command("models")(models_cmd.models)
 app.command("plan")(plan_cmd.plan)
 app.command("gpus")(catalog_cmd.gpus)
 app.command("offers")(catalog_cmd.offers)
+app.command("train")(train_cmd.train)
 
 _DEBUG = False
 

@@ -45,9 +45,16 @@ def _texts(row: dict[str, Any], where: str) -> str:
 
 
 def rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, row) of each row of a .jsonl/.csv/.parquet file or a saved HF dataset dir."""
     p = Path(path)
+    if p.is_dir() and any((p / f).exists() for f in ("dataset_info.json", "dataset_dict.json")):
+        yield from _saved_dataset(p)
+        return
     if not p.is_file():
-        raise FrugalError(f"dataset {path} not found: give a .jsonl, .csv or .parquet file")
+        raise FrugalError(
+            f"dataset {path} not found: give a .jsonl, .csv or .parquet file "
+            "or a directory saved with datasets' save_to_disk"
+        )
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
         with p.open(encoding="utf-8") as f:
@@ -75,6 +82,18 @@ def rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
         raise FrugalError(
             f"dataset {path}: unknown format {suffix!r}; use .jsonl, .csv or .parquet"
         )
+
+
+def _saved_dataset(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    from datasets import DatasetDict, load_from_disk
+
+    ds = load_from_disk(str(p))
+    if isinstance(ds, DatasetDict):  # a saved split dict: train on its "train" split
+        if "train" not in ds:
+            raise FrugalError(f"dataset {p} has splits {sorted(ds)}, none named 'train'")
+        ds = ds["train"]
+    for i, row in enumerate(ds, 1):
+        yield f"{p}: row {i}", dict(row)
 
 
 def _tokenizer(model: str) -> Any:

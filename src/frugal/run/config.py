@@ -1,14 +1,16 @@
 """The run config: one YAML schema that `frugal plan --write` produces and `frugal train`
-consumes. Plain data validated by pydantic; unknown keys are rejected.
+consumes. Plain data validated by pydantic; unknown keys are rejected with a did-you-mean,
+and `key=value` overrides (dotted paths, YAML values) apply before validation.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from frugal.errors import FrugalError, closest
 from frugal.estimate.job import TrainJob
 
 
@@ -19,15 +21,51 @@ class Strict(BaseModel):
 class DataConfig(Strict):
     path: str | None = Field(None, description="JSONL, CSV, Parquet file or saved HF dataset")
     tokens: int | None = Field(None, description="training tokens per epoch, when known")
-    epochs: float = Field(1.0, description="passes over the data")
+    epochs: float = Field(1.0, gt=0, description="passes over the data")
+    format: Literal["auto", "text", "prompt_completion", "chat"] = Field(
+        "auto", description="row format: text, prompt/completion or chat messages"
+    )
+    packing: bool = Field(True, description="pack samples into full rows (no cross-attention)")
+    val_path: str | None = Field(None, description="validation file (else a split of path)")
+    val_ratio: float = Field(0.05, ge=0, lt=0.5, description="share held out for validation")
+
+
+Logger = Literal["jsonl", "tensorboard", "mlflow", "wandb"]
+
+
+def _default_loggers() -> list[Logger]:
+    return ["jsonl", "tensorboard"]
 
 
 class TrainingConfig(Strict):
-    effective_batch: int = Field(16, description="sequences per optimizer step, all GPUs")
-    learning_rate: float = Field(2e-4, description="peak learning rate")
-    schedule: str = Field("cosine", description="cosine or linear decay after warmup")
-    warmup_ratio: float = Field(0.03, description="share of steps spent warming up")
-    max_grad_norm: float = Field(1.0, description="gradient clipping")
+    effective_batch: int = Field(16, ge=1, description="sequences per optimizer step, all GPUs")
+    learning_rate: float = Field(2e-4, gt=0, description="peak learning rate")
+    schedule: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="decay after warmup"
+    )
+    warmup_ratio: float = Field(0.03, ge=0, lt=1, description="share of steps spent warming up")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping (0: off)")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many steps")
+    max_time_min: float | None = Field(None, gt=0, description="stop after this many minutes")
+    eval_every: int = Field(50, ge=0, description="evaluate every N steps (0: at the end)")
+    early_stopping_patience: int | None = Field(
+        None, ge=1, description="stop after N evaluations without improvement"
+    )
+    save_every_min: float | None = Field(
+        None, gt=0, description="checkpoint interval (default: the plan's Young/Daly interval)"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept (plus the best)")
+    auto_micro_batch: bool = Field(
+        True, description="on CUDA, start from the estimator's largest fitting micro-batch"
+    )
+    seed: int = Field(42, description="seed of weights init, data order and dropout")
+    loss: Literal["ce", "ce+contrastive"] = Field("ce", description="training loss")
+    contrastive_weight: float = Field(1.0, ge=0, description="weight of the contrastive term")
+    contrastive_margin: float = Field(0.5, ge=0, le=2, description="SimCTG margin rho")
+    log_every: int = Field(1, ge=1, description="log metrics every N steps")
+    loggers: list[Logger] = Field(default_factory=_default_loggers, description="metric sinks")
+    merge: bool = Field(False, description="also save the LoRA adapter merged into the model")
 
 
 class PlanConfig(Strict):
@@ -49,13 +87,36 @@ class PlanConfig(Strict):
 
 
 class RunConfig(Strict):
-    model: str = Field(..., description="bundled hub id, local dir or config.json")
-    job: TrainJob
+    model: str = Field(..., description="local model dir, or a hub id in the local HF cache")
+    tokenizer: str | None = Field(None, description="tokenizer dir (default: the model's)")
+    init: Literal["pretrained", "random"] = Field(
+        "pretrained", description="load the model's weights, or start from random weights"
+    )
+    job: TrainJob = Field(default_factory=lambda: TrainJob.model_validate({}))
     data: DataConfig = Field(default_factory=lambda: DataConfig.model_validate({}))
     training: TrainingConfig = Field(default_factory=lambda: TrainingConfig.model_validate({}))
     plan: PlanConfig | None = None
-    budget_usd: float | None = Field(None, description="stop cleanly before spending this")
+    budget_usd: float | None = Field(None, gt=0, description="stop cleanly before spending this")
+    price_per_hour_usd: float | None = Field(
+        None, ge=0, description="hourly price of the machine (default: the plan's)"
+    )
     output_dir: str = "runs/frugal"
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        per_step = self.job.batch * self.job.gpus
+        if self.training.effective_batch % per_step:
+            raise ValueError(
+                f"training.effective_batch {self.training.effective_batch} is not a multiple "
+                f"of job.batch x job.gpus = {per_step}"
+            )
+        return self
+
+    @property
+    def hourly_usd(self) -> float | None:
+        if self.price_per_hour_usd is not None:
+            return self.price_per_hour_usd
+        return self.plan.price_per_hour_usd if self.plan else None
 
     def to_yaml(self) -> str:
         import yaml
@@ -70,21 +131,70 @@ class RunConfig(Strict):
         tmp.replace(p)
 
 
-def load_run_config(path: str | Path) -> RunConfig:
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set dotted `key=value` pairs (values parsed as YAML: 1e-4, true, [a, b]) into `data`."""
     import yaml
 
-    from frugal.errors import FrugalError
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise FrugalError(f"override {item!r}: write key=value, e.g. training.max_steps=100")
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise FrugalError(f"override {item!r}: {part} is not a section")
+            node = child
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            node[parts[-1]] = raw
+    return data
+
+
+def _section(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that holds the field at `loc` (for a did-you-mean)."""
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        ann = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type)), ann)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def validate_run_config(data: Any, where: str) -> RunConfig:
+    if not isinstance(data, dict):
+        raise FrugalError(f"{where}: a run config is a YAML mapping (see `frugal plan --write`)")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:  # the first problem, on one line, naming the key
+        err = e.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        key = ".".join(str(x) for x in loc)
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            section = _section(loc)
+            hint = closest(str(loc[-1]), section.model_fields) if section else []
+            msg = "unknown key" + (f"; did you mean {', '.join(hint)}?" if hint else "")
+        raise FrugalError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}") from None
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    import yaml
 
     try:
         data: Any = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise FrugalError(f"cannot read run config {path}: {e}") from None
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as e:  # the first problem, on one line
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        raise FrugalError(f"{path}: {loc}: {err.get('msg')}") from None
+    if overrides:
+        data = apply_overrides(data if isinstance(data, dict) else {}, overrides)
+    return validate_run_config(data, str(path))
 
 
 def to_run_config(
@@ -92,13 +202,13 @@ def to_run_config(
 ) -> RunConfig:
     """The run config of a plan (a search.Plan and its Constraints)."""
     p = plan.to_json()
-    return RunConfig(
-        model=model,
-        job=plan.job,
-        data=DataConfig.model_validate(
-            {"path": dataset, "tokens": int(tokens_per_epoch), "epochs": epochs}
-        ),
-        training=TrainingConfig.model_validate({"effective_batch": k.effective_batch}),
-        plan=PlanConfig.model_validate({f: p[f] for f in PlanConfig.model_fields}),
-        budget_usd=k.budget_usd,
+    return RunConfig.model_validate(
+        {
+            "model": model,
+            "job": plan.job,
+            "data": {"path": dataset, "tokens": int(tokens_per_epoch), "epochs": epochs},
+            "training": {"effective_batch": k.effective_batch},
+            "plan": {f: p[f] for f in PlanConfig.model_fields},
+            "budget_usd": k.budget_usd,
+        }
     )

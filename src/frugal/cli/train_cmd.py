@@ -1,0 +1,124 @@
+"""`frugal train CONFIG [key=value ...]`: run a plan's config; live cost, budget guard, resume.
+
+Exit codes: 0 completed or stopped cleanly (budget, time, early stopping); 2 bad input;
+75 (RESUMABLE_EXIT) stopped by SIGTERM/SIGINT with a checkpoint saved: run the same command
+with `--resume auto` (the default) to continue exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import typer
+
+
+def train(
+    config: str = typer.Argument(..., help="Run config YAML (`frugal plan --write` makes one)."),
+    overrides: list[str] | None = typer.Argument(
+        None, help="key=value overrides, e.g. training.max_steps=100 job.lora_r=8"
+    ),
+    resume: str = typer.Option(
+        "auto", help="auto (newest complete checkpoint, if any), never, or a checkpoint dir."
+    ),
+    budget: float | None = typer.Option(None, help="Stop cleanly before spending USD."),
+    price_per_hour: float | None = typer.Option(
+        None, help="Hourly price of this machine in USD (default: the plan's)."
+    ),
+    dry_run: int | None = typer.Option(
+        None, help="Run N steps only; print measured memory and tokens/s beside the estimate."
+    ),
+    output_dir: str | None = typer.Option(None, help="Where outputs go (config: output_dir)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+) -> None:
+    """Fine-tune with LoRA, QLoRA or full training, as planned, keeping the money in view."""
+    from frugal.errors import FrugalError
+    from frugal.run.config import load_run_config
+
+    extra = list(overrides or [])
+    for key, value in (
+        ("budget_usd", budget),
+        ("price_per_hour_usd", price_per_hour),
+        ("output_dir", output_dir),
+    ):
+        if value is not None:
+            extra.append(f"{key}={value}")
+    if dry_run is not None and dry_run < 1:
+        raise FrugalError("--dry-run N: N is a number of steps, at least 1")
+    cfg = load_run_config(config, extra)
+    if cfg.job.gpus > 1 and "LOCAL_RANK" not in os.environ:
+        raise typer.Exit(_launch(cfg.job.gpus))
+
+    from frugal.run.recipe import RESUMABLE_EXIT
+    from frugal.run.recipe import train as run_train
+
+    summary = run_train(cfg, resume=resume, dry_run=dry_run, quiet=quiet or json_out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        if json_out:
+            print(json.dumps(summary))
+        else:
+            render(summary, dry_run is not None)
+    if summary["outcome"] == "preempted":
+        raise typer.Exit(RESUMABLE_EXIT)
+    if summary["outcome"] == "failed":
+        raise FrugalError(f"training stopped: {summary['reason']}")
+
+
+def _launch(n: int) -> int:
+    """One process per GPU through torchrun (gloo on CPU, NCCL on CUDA); same arguments."""
+    args = [a for a in sys.argv[1:] if a != "--debug"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={n}",
+        "-m",
+        "frugal.cli.main",
+        *args,
+    ]
+    return subprocess.call(cmd)
+
+
+def render(s: dict[str, Any], dry: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    colour = {"completed": "green", "preempted": "yellow"}.get(s["outcome"], "red")
+    c.print(
+        f"[bold {colour}]{s['outcome']}[/]: {s['reason']} · step {s['steps']}/"
+        f"{s['total_steps']} · micro-batch {s['micro_batch']} x accum {s['grad_accum']} · "
+        f"{s['precision']}"
+    )
+    t = Table(title="dry run: measured vs estimate" if dry else "predicted vs actual")
+    t.add_column("")
+    t.add_column("predicted", justify="right")
+    t.add_column("actual", justify="right")
+    p, a = s["predicted"], s["actual"]
+    for key, label in (
+        ("tokens_per_s", "tokens/s"),
+        ("peak_allocated_gib", "peak allocated GiB"),
+        ("peak_reserved_gib", "peak reserved GiB"),
+        ("hours", "hours"),
+        ("cost_usd", "cost USD"),
+    ):
+        if key in p or key in a:
+            t.add_row(label, _fmt(p.get(key)), _fmt(a.get(key)))
+    c.print(t)
+    if s["best_eval_loss"] is not None:
+        c.print(f"best eval loss {s['best_eval_loss']:.4f} at step {s['best_step']}")
+    for k, v in s["outputs"].items():
+        c.print(f"{k}: {v}")
+    if s["resumable"]:
+        c.print("checkpoint saved: run the same command again to resume (--resume auto)")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.4g}" if isinstance(v, float) else str(v)

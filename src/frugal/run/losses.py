@@ -1,0 +1,95 @@
+"""Training losses that return (sum, count) pairs so gradient accumulation stays exact.
+
+Every loss here returns the *sum* of its terms in fp32 and the number of terms as a 0-dim
+tensor. The trainer adds sums and counts over all micro-batches of one optimizer step and
+divides once, so a step's loss does not depend on how its batch was split into micro-batches.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+"""Label value of positions that are not trained (prompt, padding); as in Hugging Face."""
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal LM cross-entropy, summed over predicted tokens.
+
+    logits [B, T, V], labels [B, T] (unshifted: labels[t] is the token at t, IGNORE where not
+    trained). Position t predicts labels[t+1], so with p = softmax(logits[b, t]):
+
+        sum = sum_{b, t < T-1, labels[b, t+1] != IGNORE} -log p[labels[b, t+1]]
+
+    Returns (sum of token losses in fp32, number of predicted tokens as a 0-dim tensor).
+    sum / count is the usual mean (Hugging Face's ``ForCausalLMLoss``); the caller divides by
+    the token count of the whole optimizer step (all micro-batches), so gradient accumulation
+    is exact rather than a mean of per-micro-batch means.
+    """
+    vocab = logits.shape[-1]
+    shift_logits = logits[:, :-1, :].reshape(-1, vocab).float()
+    shift_labels = labels[:, 1:].reshape(-1)
+    total = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE, reduction="sum")
+    count = (shift_labels != IGNORE).sum()
+    return total, count
+
+
+def contrastive_loss(
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    segment_ids: torch.Tensor,
+    margin: float = 0.5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SimCTG token-level contrastive loss, summed over packed segments.
+
+    Source: Su et al., 2022, "A Contrastive Framework for Neural Text Generation", NeurIPS,
+    eq. 2. For one sequence x of |x| tokens with hidden states h and margin rho,
+
+        L_CL = 1 / (|x| (|x| - 1)) * sum_i sum_{j != i} max(0, rho - s(h_i, h_i) + s(h_i, h_j))
+
+    with s the cosine similarity, so s(h_i, h_i) = 1 and each term is
+    max(0, rho - 1 + cos(h_i, h_j)).
+
+    hidden [B, T, H] (last hidden states); labels [B, T] as in `causal_lm_loss`: only tokens
+    with labels != IGNORE take part (prompt and padding are excluded); segment_ids [B, T] int:
+    packed samples in one row have different ids, and only pairs within one (row, segment)
+    count, never across packed-sample boundaries. Each (row, segment) with k >= 2 valid tokens
+    contributes its own L_CL, the average over its k (k - 1) ordered pairs.
+
+    Returns (sum over segments of their L_CL in fp32, number of contributing segments as a
+    0-dim tensor). With no contributing segment the sum is 0, still attached to the graph.
+
+    Vectorised: one [B, T, T] similarity and pair mask (memory O(B T^2)), per-anchor hinge
+    sums, then per-(row, segment) sums with ``index_add_``; no Python loop over tokens or
+    segments.
+    """
+    valid = labels != IGNORE  # [B, T]
+    # Zero the excluded tokens first: they then cannot leak into the loss (not even a NaN)
+    # and get an exactly zero gradient.
+    h = torch.where(valid.unsqueeze(-1), hidden.float(), 0.0)
+    h = F.normalize(h, dim=-1)
+    cos = h @ h.transpose(1, 2)  # [B, T, T]
+
+    n_tok = labels.shape[1]
+    eye = torch.eye(n_tok, dtype=torch.bool, device=labels.device)
+    same_seg = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
+    pairs = valid.unsqueeze(2) & valid.unsqueeze(1) & same_seg & ~eye  # [B, T, T]
+    hinge = torch.where(pairs, torch.clamp(margin - 1.0 + cos, min=0.0), 0.0)
+    per_anchor = hinge.sum(dim=-1)  # [B, T]: sum over j of anchor i's terms
+
+    # One compact group index per (row, segment) among valid tokens; any int ids work.
+    rows = torch.arange(labels.shape[0], device=labels.device).unsqueeze(1).expand_as(labels)
+    row_seg = torch.stack((rows[valid], segment_ids[valid].long()), dim=1)  # [N, 2]
+    uniq, group = torch.unique(row_seg, dim=0, return_inverse=True)
+    n_groups = uniq.shape[0]
+
+    k = torch.zeros(n_groups, dtype=torch.float32, device=hidden.device)
+    k.index_add_(0, group, torch.ones_like(group, dtype=torch.float32))
+    seg_sum = torch.zeros(n_groups, dtype=torch.float32, device=hidden.device)
+    seg_sum = seg_sum.index_add(0, group, per_anchor[valid])
+
+    contributes = k >= 2
+    # Attached to the graph through seg_sum even when nothing contributes (an empty sum).
+    total = (seg_sum[contributes] / (k[contributes] * (k[contributes] - 1))).sum()
+    return total, contributes.sum()

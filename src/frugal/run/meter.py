@@ -1,0 +1,176 @@
+"""What a run costs as it goes, and where its metrics go.
+
+`CostMeter`: dollars = hours on the clock x the machine's hourly price (the plan's, or
+`price_per_hour_usd`), carried over across resumes. The budget guard asks, before each step,
+whether the next step plus a final checkpoint would cross the budget, so a run stops *before*
+it is exceeded, within one step of it.
+
+`Sinks`: a JSONL metrics log always; TensorBoard, MLflow and W&B when asked for.
+`Progress`: tokens/s, ETA, dollars spent, projected total and budget left, live on a terminal
+and as a line every few seconds otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from frugal.errors import FrugalError
+
+
+class CostMeter:
+    def __init__(
+        self,
+        usd_per_hour: float | None,
+        budget_usd: float | None,
+        spent_before_usd: float = 0.0,
+        elapsed_before_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate = (usd_per_hour or 0.0) / 3600.0
+        self.budget = budget_usd
+        self.before_usd, self.before_s = spent_before_usd, elapsed_before_s
+        self.clock = clock
+        self.t0 = clock()
+
+    def elapsed_s(self) -> float:
+        return self.before_s + self.clock() - self.t0
+
+    def spent_usd(self) -> float:
+        return self.before_usd + (self.clock() - self.t0) * self.rate
+
+    def left_usd(self) -> float | None:
+        return None if self.budget is None else self.budget - self.spent_usd()
+
+    def would_exceed(self, next_step_s: float, save_s: float) -> bool:
+        """Would one more step and a final checkpoint cross the budget?"""
+        left = self.left_usd()
+        return left is not None and (next_step_s + save_s) * self.rate > left
+
+    def projected_usd(self, steps_left: int, step_s: float) -> float:
+        return self.spent_usd() + steps_left * step_s * self.rate
+
+
+class Sinks:
+    def __init__(self, out: Path, names: Sequence[str], config: dict[str, Any]) -> None:
+        self.jsonl = (out / "metrics.jsonl").open("a", encoding="utf-8")
+        self.tb: Any = None
+        self.mlflow: Any = None
+        self.wandb: Any = None
+        self.notes: list[str] = []
+        if "tensorboard" in names:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out / "tensorboard"))
+            except ImportError:
+                self.notes.append("tensorboard is not installed: metrics go to metrics.jsonl")
+        if "mlflow" in names:
+            self.mlflow = _need("mlflow")
+            self.mlflow.start_run(run_name=out.name)
+            self.mlflow.log_params(_flat(config))
+        if "wandb" in names:
+            self.wandb = _need("wandb")
+            self.wandb.init(project="frugal", name=out.name, config=config)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.jsonl.flush()
+        nums = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        if self.tb is not None:
+            for k, v in nums.items():
+                self.tb.add_scalar(k, v, step)
+        if self.mlflow is not None:
+            self.mlflow.log_metrics(nums, step=step)
+        if self.wandb is not None:
+            self.wandb.log(nums, step=step)
+
+    def close(self) -> None:
+        self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.mlflow is not None:
+            self.mlflow.end_run()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _need(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise FrugalError(
+            f"training.loggers names {module}, which is not installed: pip install {module}"
+        ) from None
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class Progress:
+    """A live line: step, loss, tokens/s, ETA, dollars spent / projected / budget left."""
+
+    def __init__(self, total_steps: int, enabled: bool, every_s: float = 10.0) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.total = total_steps
+        self.enabled = enabled
+        self.every_s = every_s
+        self.last = 0.0
+        self.live: Any = None
+        if enabled and self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(console=self.console, refresh_per_second=2, transient=True)
+            self.live.start()
+
+    def update(self, step: int, m: dict[str, Any], meter: CostMeter, step_s: float) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.live is None and now - self.last < self.every_s and step < self.total:
+            return
+        self.last = now
+        eta = (self.total - step) * step_s
+        line = (
+            f"step {step}/{self.total} · loss {m.get('loss', float('nan')):.4f} · "
+            f"{m.get('tokens_per_s', 0):,.0f} tok/s · ETA {_hms(eta)}"
+        )
+        if meter.rate:
+            line += (
+                f" · ${meter.spent_usd():,.2f} spent · "
+                f"${meter.projected_usd(self.total - step, step_s):,.2f} projected"
+            )
+            left = meter.left_usd()
+            if left is not None:
+                line += f" · ${left:,.2f} left"
+        if self.live is not None:
+            self.live.update(line)
+        else:
+            self.console.print(line, highlight=False)
+
+    def print(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(text, highlight=False)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def _hms(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
