@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/frugal plan meta-llama/Llama-3.1-8B --tokens 20M --methods lora,qlora --deadline 24 --write frugal.yaml
 	$(BIN)/frugal estimate meta-llama/Llama-3.1-8B --method qlora --gpu "RTX 4090"
+	$(BIN)/frugal train examples/tiny-train.yaml --output-dir runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -32,6 +33,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/estimate_speed.py
 	$(BIN)/python benchmarks/plan_speed.py
+	$(BIN)/python benchmarks/train_overhead.py
 
 accuracy: $(STAMP)
 	$(BIN)/python benchmarks/estimate_accuracy.py --write docs/accuracy.md

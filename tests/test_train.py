@@ -327,3 +327,44 @@ def test_two_processes_gloo_match_one(tmp_path: Path) -> None:
     assert s["outcome"] == "completed" and s["steps"] == 3
     # DDP over 2 processes x micro-batch 2 is the same maths as 1 process x micro-batch 4
     assert_same_weights(one, tmp_path / "two", tol=1e-5)
+
+
+def test_every_config_key_is_documented() -> None:
+    import re
+
+    from frugal.run.config import DataConfig, TrainingConfig
+
+    doc = (ROOT / "docs" / "train.md").read_text()
+    quoted = " ".join(re.findall(r"`([^`]*)`", doc))
+    for model in (RunConfig, DataConfig, TrainingConfig):
+        for name in model.model_fields:
+            assert re.search(rf"\b{name}\b", quoted), (
+                f"{model.__name__}.{name} not in docs/train.md"
+            )
+
+
+def test_nonfinite_loss_stops_with_a_diagnosis(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    over = ("job.method=full", "job.optimizer=sgd", "training.learning_rate=1e6",
+            "training.max_grad_norm=0", "data.epochs=3")  # fmt: skip
+    cfg = write_cfg(tmp_path / "c.yaml", make_cfg(tmp_path / "out", *over))
+    msg = run_error(capsys, "train", str(cfg), "--quiet")
+    assert "training stopped" in msg and "training.learning_rate=100000" in msg
+    s = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    assert s["outcome"] == "failed" and s["diagnostics"][-1]["kind"] == "nonfinite_loss"
+    assert not (tmp_path / "out" / "final").exists()  # no broken weights exported
+
+
+def test_tensorboard_log_and_merged_model(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    s = recipe.train(
+        make_cfg(out, "training.max_steps=2", "training.loggers=[jsonl, tensorboard]",
+                 "training.merge=true"), quiet=True,
+    )  # fmt: skip
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert s["outputs"]["merged"] == str(out / "merged")
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged")  # a plain model, no adapter
+    assert not any("lora_" in n for n, _ in merged.named_parameters())

@@ -289,8 +289,12 @@ def _segments_with_pairs(labels: torch.Tensor, segments: torch.Tensor) -> int:
     return n
 
 
-def _global_sum(run: Run, *values: float) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=run.acc.device)
+def _global_sum(run: Run, *values: float | torch.Tensor) -> list[float]:
+    """Sums over all processes of scalars (or of one stacked tensor)."""
+    if len(values) == 1 and isinstance(values[0], torch.Tensor):
+        t = values[0].to(torch.float64)
+    else:
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=run.acc.device)
     if run.world > 1:
         t = run.acc.reduce(t, reduction="sum")
     return [float(x) for x in t.tolist()]
@@ -314,11 +318,12 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     ce_scale = run.world / max(n_tok, 1.0)
     cl_scale = run.world * cfg.training.contrastive_weight / max(n_seg, 1.0)
     model.train()
-    ce_total = cl_total = 0.0
+    zero = torch.zeros((), device=acc.device)
+    ce_total, cl_total = zero.clone(), zero.clone()  # on the device: no sync per micro-batch
     real_tokens = 0
     for i, b in enumerate(batches):
-        b = {k: v.to(acc.device) for k, v in b.items()}
-        real_tokens += int((b["segment_ids"] > 0).sum())
+        real_tokens += int((b["segment_ids"] > 0).sum())  # still on the CPU
+        b = {k: v.to(acc.device, non_blocking=True) for k, v in b.items()}
         sync = contextlib.nullcontext() if i == len(batches) - 1 else acc.no_sync(model)
         with sync, acc.autocast():
             out = _forward(model, b, contrastive)
@@ -332,23 +337,24 @@ def train_step(run: Run, step: int) -> dict[str, float]:
                     cfg.training.contrastive_margin,
                 )
                 loss = loss + cl_sum * cl_scale
-                cl_total += float(cl_sum.detach())
+                cl_total += cl_sum.detach()
             acc.backward(loss)
-        ce_total += float(ce_sum.detach())
+        ce_total += ce_sum.detach()
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.training.max_grad_norm > 0:
         norm = acc.clip_grad_norm_(params, cfg.training.max_grad_norm)
     else:
-        norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None])
-        )
+        grads = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else zero
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    ce_g, cl_g, tok_g = _global_sum(run, ce_total, cl_total, real_tokens)
+    # one transfer (and one all-reduce) per step; the norm is the same on every process
+    stats = torch.stack([ce_total, cl_total, zero + real_tokens, norm.to(zero) / run.world])
+    ce_g, cl_g, tok_g, norm_g = _global_sum(run, stats)
     m = {
         "loss": ce_g / max(n_tok, 1.0),
-        "grad_norm": float(norm),
+        "grad_norm": norm_g,
         "tokens": tok_g,
         "lr": float(run.scheduler.get_last_lr()[0]),
     }
