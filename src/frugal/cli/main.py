@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from frugal.cli import catalog_cmd, estimate_cmd, models_cmd, plan_cmd, train_cmd
+from frugal.cli import catalog_cmd, data_cmd, estimate_cmd, models_cmd, plan_cmd, train_cmd
 from frugal.errors import FrugalError
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.command("plan")(plan_cmd.plan)
 app.command("gpus")(catalog_cmd.gpus)
 app.command("offers")(catalog_cmd.offers)
 app.command("train")(train_cmd.train)
+app.add_typer(data_cmd.app, name="data")
 
 _DEBUG = False
 

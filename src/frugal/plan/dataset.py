@@ -3,19 +3,25 @@
 Reads JSONL, CSV or Parquet rows in the three formats `frugal train` accepts: `text`,
 `prompt` + `completion`, or chat `messages` (a list of {role, content}). Tokens are counted
 with the model's tokenizer when it is available offline (a local model dir, or the hub
-cache); otherwise estimated as characters / 4 and the result says so.
+cache), row by row exactly as `frugal train` tokenizes them (chat template, EOS; before
+truncation), so the total is the one `frugal data check` reports; otherwise estimated as
+characters / 4 and the result says so.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frugal.errors import FrugalError
+
+if TYPE_CHECKING:
+    from frugal.run.data import DataStats
 
 CHARS_PER_TOKEN = 4.0  # English text with BPE vocabularies of 32k-256k tokens
 
@@ -105,14 +111,28 @@ def _tokenizer(model: str) -> Any:
         return None
 
 
+def data_stats(path: str, tok: Any, seq: int, fmt: str = "auto") -> DataStats:
+    """The statistics of `frugal train`'s tokenization of a file (frugal.run.data), kept
+    even when no row has anything to train (train refuses such a file; a count does not)."""
+    from frugal.run.data import DataStats, load_examples
+
+    st = DataStats()
+    try:
+        load_examples(path, tok, seq, fmt, st)
+    except FrugalError as e:
+        if not (st.rows and st.empty == st.rows and "no row has tokens" in str(e)):
+            raise
+    return st
+
+
 def count_tokens(path: str, model: str | None = None) -> TokenCount:
+    tok = _tokenizer(model) if model else None
+    if tok is not None:
+        st = data_stats(path, tok, sys.maxsize)
+        return TokenCount(st.rows, st.tokens, True, f"counted with {model}'s tokenizer")
     texts = [(where, _texts(r, where)) for where, r in rows(path)]
     if not texts:
         raise FrugalError(f"dataset {path} has no rows")
-    tok = _tokenizer(model) if model else None
-    if tok is not None:
-        n = sum(len(tok(t)["input_ids"]) for _, t in texts)
-        return TokenCount(len(texts), n, True, f"counted with {model}'s tokenizer")
     chars = sum(len(t) for _, t in texts)
     return TokenCount(
         len(texts),

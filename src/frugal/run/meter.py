@@ -151,12 +151,12 @@ class Progress:
         )
         if meter.rate:
             line += (
-                f" · ${meter.spent_usd():,.2f} spent · "
-                f"${meter.projected_usd(self.total - step, step_s):,.2f} projected"
+                f" · {usd(meter.spent_usd())} spent · "
+                f"{usd(meter.projected_usd(self.total - step, step_s))} projected"
             )
             left = meter.left_usd()
             if left is not None:
-                line += f" · ${left:,.2f} left"
+                line += f" · {usd(left)} left"
         if self.live is not None:
             self.live.update(line)
         else:
@@ -169,6 +169,11 @@ class Progress:
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()
+
+
+def usd(x: float) -> str:
+    """Dollars with cents, or four decimals below a dollar (a CPU demo costs fractions)."""
+    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4f}"
 
 
 def _hms(s: float) -> str:

@@ -85,7 +85,7 @@ class Run:
 def choose_precision(wanted: str) -> tuple[str, str]:
     """The precision to run with on this hardware, and why."""
     if not torch.cuda.is_available():
-        return "fp32", "no CUDA GPU: fp32 on CPU (fp16 is unsupported there, bf16 slow)"
+        return "fp32", "no CUDA GPU: fp32 on CPU, where fp16 is unsupported and bf16 slow"
     name = torch.cuda.get_device_name()
     if wanted.startswith("bf16") and not torch.cuda.is_bf16_supported():
         return "fp16-mixed", f"{name} has no bf16: fp16-mixed with loss scaling instead"

@@ -1,0 +1,116 @@
+"""`frugal data check`: rows tokenized as `frugal train` does, counted, and checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli import run_error, run_json
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "tiny-llama")  # char-level tokenizer: BOS + chars (+ EOS)
+CHAT = str(ROOT / "examples" / "data" / "chat.jsonl")
+KEYS = {"rows", "format", "empty", "duplicates", "over_length", "tokens", "trained_tokens"}
+KEYS |= {"length", "histogram", "seq", "warnings"}
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def check(capsys: pytest.CaptureFixture[str], path: str, *args: str) -> dict[str, Any]:
+    return run_json(capsys, "data", "check", path, "--model", TINY, "--json", *args)
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> str:
+    """5 prompt/completion rows: 1 duplicate, 2 longer than 10 tokens, 1 left with nothing
+    to train once truncated to 10 (its long prompt fills the row)."""
+    return write_jsonl(
+        tmp_path / "mixed.jsonl",
+        [
+            {"prompt": "ab", "completion": "cd"},  # 6 tokens
+            {"prompt": "ab", "completion": "cd"},  # duplicate
+            {"prompt": "x" * 20, "completion": "y"},  # 23: over-length and empty
+            {"prompt": "q", "completion": "z" * 12},  # 15: over-length
+            {"prompt": "hi", "completion": "there"},  # 9
+        ],
+    )
+
+
+def test_counts_and_json_keys(capsys: pytest.CaptureFixture[str], mixed: str) -> None:
+    d = check(capsys, mixed, "--seq", "10")
+    assert set(d) >= KEYS and "wrote_plot" not in d
+    assert (d["rows"], d["format"]) == (5, "prompt_completion")
+    assert (d["empty"], d["duplicates"], d["over_length"], d["seq"]) == (1, 1, 2, 10)
+    assert d["tokens"] == 6 + 6 + 23 + 15 + 9
+    assert 0 < d["trained_tokens"] < d["tokens"]  # prompts are masked
+    assert d["length"] == {"min": 6, "median": 9, "p95": 23, "max": 23}
+    assert sum(b["count"] for b in d["histogram"]) == d["rows"]
+    assert len(d["histogram"]) <= 10
+    assert all(b["lo"] <= b["hi"] for b in d["histogram"])
+    warnings = " ".join(d["warnings"])
+    assert "job.seq" in warnings and "dedupe" in warnings and "format" in warnings
+    assert check(capsys, mixed, "--seq", "64")["over_length"] == 0
+
+
+def test_text_output(capsys: pytest.CaptureFixture[str], mixed: str) -> None:
+    from frugal.cli.main import main
+
+    assert main(["data", "check", mixed, "--model", TINY, "--seq", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "5 rows" in out and "prompt_completion" in out and "█" in out
+    assert "warning:" in out and "dedupe" in out
+
+
+def test_csv_and_chat(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    csv = tmp_path / "t.csv"
+    csv.write_text('text\nhello\n"a, b"\nhello\n')
+    d = check(capsys, str(csv))
+    assert (d["rows"], d["format"], d["duplicates"], d["empty"]) == (3, "text", 1, 0)
+    assert d["warnings"] and not any("job.seq" in w for w in d["warnings"])
+    c = check(capsys, CHAT, "--seq", "64")
+    assert c["format"] == "chat" and c["rows"] == 120
+    assert 0 < c["trained_tokens"] < c["tokens"]  # only the assistant turns train
+
+
+def test_nothing_to_train_is_reported(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rows = [{"messages": [{"role": "user", "content": f"hi {i}"}]} for i in range(3)]
+    d = check(capsys, write_jsonl(tmp_path / "c.jsonl", rows))
+    assert d["empty"] == d["rows"] == 3 and d["trained_tokens"] == 0
+    assert any("refuses" in w for w in d["warnings"])
+
+
+def test_bad_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_llama_dir: Path
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": oops}\n')
+    assert f"{bad}:2" in run_error(capsys, "data", "check", str(bad), "--model", TINY)
+    good = write_jsonl(tmp_path / "g.jsonl", [{"text": "abc"}])
+    no_tok = run_error(capsys, "data", "check", good, "--model", str(tiny_llama_dir))
+    assert "--tokenizer" in no_tok
+    d = run_json(
+        capsys, "data", "check", good, "--model", str(tiny_llama_dir), "--tokenizer", TINY, "--json"
+    )
+    assert d["rows"] == 1
+    assert "--plot" in run_error(capsys, "data", "check", good, "--model", TINY, "--plot", "x.jpg")
+    assert "--seq" in run_error(capsys, "data", "check", good, "--model", TINY, "--seq", "0")
+
+
+def test_plot_png(capsys: pytest.CaptureFixture[str], tmp_path: Path, mixed: str) -> None:
+    png = tmp_path / "h.png"
+    d = check(capsys, mixed, "--seq", "10", "--plot", str(png))
+    assert d["wrote_plot"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_counts_the_same_tokens(capsys: pytest.CaptureFixture[str], mixed: str) -> None:
+    d = check(capsys, mixed)
+    p = run_json(capsys, "plan", TINY, "--dataset", mixed, "--seq", "128", "--json")
+    assert p["tokens"] == d["tokens"]
+    note = next(n for n in p["notes"] if n.startswith(mixed))
+    assert f"{d['rows']:,} rows, {d['tokens']:,} tokens" in note and "tokenizer" in note
