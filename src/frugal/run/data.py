@@ -22,6 +22,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,11 +55,14 @@ class DataStats:
 
 
 def detect_format(row: dict[str, Any], where: str) -> str:
-    if row.get("messages") is not None:
+    def given(key: str) -> bool:  # CSV reads a blank cell as "", not as missing
+        return row.get(key) not in (None, "")
+
+    if given("messages"):
         return "chat"
-    if row.get("prompt") is not None or row.get("completion") is not None:
+    if given("prompt") or given("completion"):
         return "prompt_completion"
-    if row.get("text") is not None:
+    if row.get("text") is not None:  # a blank text is still a text row
         return "text"
     keys = ", ".join(sorted(row)) or "none"
     raise FrugalError(
@@ -189,6 +193,7 @@ def pack(examples: list[Example], seq: int, pad_id: int) -> list[Row]:
 
     seg = 0
     for ex in examples:
+        ex = Example(ex.input_ids[:seq], ex.labels[:seq])  # load_examples truncates already
         if cur.input_ids and len(cur.input_ids) + len(ex.input_ids) > seq:
             close()
             cur, seg = Row([], [], [], []), 0
@@ -264,7 +269,7 @@ class Schedule:
 
     @property
     def total_steps(self) -> int:
-        return max(1, round(self.epochs * self.steps_per_epoch))
+        return max(1, math.floor(self.epochs * self.steps_per_epoch + 0.5))  # half rounds up
 
     def order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
