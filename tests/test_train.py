@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from test_cli import run_error
 
 from frugal.run import recipe
-from frugal.run.config import RunConfig, apply_overrides, validate_run_config
+from frugal.run.config import RunConfig, apply_overrides, load_run_config, validate_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny-llama"
@@ -368,3 +368,21 @@ def test_tensorboard_log_and_merged_model(tmp_path: Path) -> None:
 
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")  # a plain model, no adapter
     assert not any("lora_" in n for n, _ in merged.named_parameters())
+
+
+def test_plan_writes_what_train_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from test_cli import run_json
+
+    cfg = tmp_path / "frugal.yaml"
+    data = str(DATA / "spell.jsonl")
+    plan = run_json(capsys, "plan", str(TINY), "--dataset", data, "--seq", "128",
+                    "--effective-batch", "8", "--write", str(cfg), "--json")  # fmt: skip
+    out = tmp_path / "run"
+    s = run_json(capsys, "train", str(cfg), "init=random", "training.loggers=[jsonl]",
+                 f"output_dir={out}", "--json")  # fmt: skip
+    assert s["outcome"] == "completed"
+    rec = plan["recommendation"]
+    assert s["predicted"]["gpu"] == rec["gpu"] and s["predicted"]["hours"] == rec["est_hours"]
+    assert s["effective_batch"] == 8 and s["tokens_per_step"] == 8 * 128
+    saved = load_run_config(out / "config.yaml")  # the resolved config, overrides applied
+    assert saved.init == "random" and saved.hourly_usd == rec["price_per_hour_usd"]

@@ -121,4 +121,6 @@ def render(s: dict[str, Any], dry: bool) -> None:
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
-    return f"{v:,.4g}" if isinstance(v, float) else str(v)
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.4g}"
+    return str(v)

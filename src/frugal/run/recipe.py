@@ -729,6 +729,9 @@ def _plan_interval(cfg: RunConfig) -> float | None:
 def _export(run: Run, book: dict[str, Any]) -> dict[str, str]:
     """The adapter (or the full model) in HF format, from the best evaluation if there was
     one; with training.merge, the adapter merged into the model as well."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress line is enough
     model = run.acc.unwrap_model(run.model)
     best = run.out / "best" / "trainable.safetensors"
     if book.get("best_step") is not None and best.exists():
