@@ -127,3 +127,9 @@ def test_job_is_frozen_and_strict() -> None:
         job.batch = 2
     msg = _message(batch_size=2)
     assert "--batch-size" in msg
+
+
+def test_profile_key_treats_accumulation_as_one_or_more() -> None:
+    # the simulation runs min(grad_accum, 2) micro-steps: 2 and 16 share one profile
+    assert make_job(grad_accum=2).profile_key() == make_job(grad_accum=16).profile_key()
+    assert make_job(grad_accum=1).profile_key() != make_job(grad_accum=2).profile_key()

@@ -86,8 +86,12 @@ class TrainJob(BaseModel):
         return self.batch * self.seq * self.grad_accum * self.gpus
 
     def profile_key(self) -> dict[str, object]:
-        """The settings a memory profile depends on (not batch, seq or parallelism)."""
-        return self.model_dump(exclude={"batch", "seq", "gpus", "sharding"})
+        """The settings a memory profile depends on (not batch, seq or parallelism).
+        Accumulation only matters as 1 or more: the simulation runs min(grad_accum, 2)
+        micro-steps, since from the second on, every micro-step holds the same buffers."""
+        key = self.model_dump(exclude={"batch", "seq", "gpus", "sharding"})
+        key["grad_accum"] = min(self.grad_accum, 2)
+        return key
 
 
 def _flag(field: str) -> str:
