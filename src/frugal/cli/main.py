@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from frugal import cli
 from frugal.cli import catalog_cmd, data_cmd, estimate_cmd, models_cmd, plan_cmd, train_cmd
 from frugal.errors import FrugalError
 
@@ -55,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     cx = _click_exceptions()
+    cli.ARGV = list(args)  # in the package: this module may be running as __main__
     try:
-        app(args=args, prog_name="frugal", standalone_mode=False)
+        # without standalone mode, click returns (not raises) the code of a typer.Exit
+        rc = app(args=args, prog_name="frugal", standalone_mode=False)
     except FrugalError as e:
         if debug:
             raise
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 def run() -> None:

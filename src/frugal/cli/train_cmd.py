@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -32,6 +33,7 @@ def train(
         None, help="Run N steps only; print measured memory and tokens/s beside the estimate."
     ),
     output_dir: str | None = typer.Option(None, help="Where outputs go (config: output_dir)."),
+    gpus: int | None = typer.Option(None, help="GPUs (processes) to train on (job.gpus)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
@@ -39,17 +41,13 @@ def train(
     from frugal.errors import FrugalError
     from frugal.run.config import load_run_config
 
-    extra = list(overrides or [])
-    for key, value in (
-        ("budget_usd", budget),
-        ("price_per_hour_usd", price_per_hour),
-        ("output_dir", output_dir),
-    ):
-        if value is not None:
-            extra.append(f"{key}={value}")
     if dry_run is not None and dry_run < 1:
         raise FrugalError("--dry-run N: N is a number of steps, at least 1")
-    cfg = load_run_config(config, extra)
+    flags = {"budget_usd": budget, "price_per_hour_usd": price_per_hour,
+             "output_dir": output_dir, "job.gpus": gpus}  # fmt: skip
+    cfg = load_run_config(
+        config, list(overrides or []), {k: v for k, v in flags.items() if v is not None}
+    )
     if cfg.job.gpus > 1 and "LOCAL_RANK" not in os.environ:
         raise typer.Exit(_launch(cfg.job.gpus))
 
@@ -69,19 +67,68 @@ def train(
 
 
 def _launch(n: int) -> int:
-    """One process per GPU through torchrun (gloo on CPU, NCCL on CUDA); same arguments."""
-    args = [a for a in sys.argv[1:] if a != "--debug"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={n}",
-        "-m",
-        "frugal.cli.main",
-        *args,
-    ]
-    return subprocess.call(cmd)
+    """One process per GPU through torchrun (gloo on CPU, NCCL on CUDA), same arguments.
+    SIGTERM/SIGINT are passed on to the workers (they checkpoint and stop); the exit code is
+    the workers' (75 if they stopped resumably); torchrun's own traceback is not shown."""
+    import signal
+
+    from frugal import cli
+    from frugal.errors import FrugalError
+    from frugal.run.recipe import RESUMABLE_EXIT
+
+    if torch_gpus() not in (0, None) and n > (torch_gpus() or 0):
+        raise FrugalError(f"job.gpus={n} but this machine has {torch_gpus()} GPUs")
+    args = [a for a in cli.ARGV if a != "--debug"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={n}", "-m", "frugal.cli.main", *args]  # fmt: skip
+    child = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+    def forward(signum: int, frame: Any) -> None:
+        child.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    held: list[str] = []  # torchrun's own report, from its first log or traceback line on
+    errors: list[str] = []
+    try:
+        assert child.stderr is not None
+        for line in child.stderr:
+            if TORCHRUN_BANNER.match(line):
+                continue
+            if held or TORCHRUN_NOISE.match(line):
+                held.append(line)
+            elif line.startswith("error: "):
+                if line not in errors:  # every worker prints the same one-line error
+                    errors.append(line)
+                    sys.stderr.write(line)
+            else:
+                sys.stderr.write(line)
+        child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if child.returncode == 0:
+        return 0
+    codes = _worker_codes("".join(held))
+    if RESUMABLE_EXIT in codes:
+        return RESUMABLE_EXIT
+    if errors:
+        return 2
+    sys.stderr.write("".join(held[-40:]))
+    return 1
+
+
+TORCHRUN_BANNER = re.compile(r"^(\*+\s*$|Setting OMP_NUM_THREADS)")
+TORCHRUN_NOISE = re.compile(r"^(Traceback|[WEI]\d{4} |\[[WEI] |W\d|E\d|torch\.distributed)")
+
+
+def _worker_codes(text: str) -> set[int]:
+    return {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", text)}
+
+
+def torch_gpus() -> int | None:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
 
 
 def render(s: dict[str, Any], dry: bool) -> None:

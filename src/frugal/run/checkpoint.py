@@ -97,10 +97,9 @@ def save(
     write: Callable[[Path], None],
     state: dict[str, Any],
     keep: int,
-    protect: Path | None = None,
 ) -> Path:
     """Write a checkpoint for `step` atomically; `write(tmp)` fills in the tensors.
-    Keeps the newest `keep` checkpoints (and `protect`)."""
+    Keeps the newest `keep` checkpoints."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
@@ -114,16 +113,26 @@ def save(
         _fsync_file(f)
         files[f.name] = f.stat().st_size
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}))
-    _fsync_file(tmp / MARKER)
-    _fsync_dir(tmp)
-    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
-        shutil.rmtree(final)
-    tmp.rename(final)
-    _fsync_dir(root)
+    swap_in(tmp, final)  # fsyncs the marker, then renames: the rename is the commit
     for old in complete(root)[:-keep]:
-        if protect is None or old.resolve() != protect.resolve():
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def swap_in(tmp: Path, final: Path) -> None:
+    """Make the finished directory `tmp` be `final`: fsynced, then renamed; an existing
+    `final` is moved aside first and removed after, so one of the two is always whole."""
+    for f in tmp.iterdir():
+        if f.is_file():
+            _fsync_file(f)
+    _fsync_dir(tmp)
+    aside = final.with_name(f".old-{final.name}")
+    shutil.rmtree(aside, ignore_errors=True)  # left by a crash during an earlier swap
+    if final.exists():
+        final.rename(aside)
+    tmp.rename(final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def is_complete(path: Path) -> bool:

@@ -185,15 +185,25 @@ def validate_run_config(data: Any, where: str) -> RunConfig:
         raise FrugalError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}") from None
 
 
-def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+def load_run_config(
+    path: str | Path, overrides: list[str] | None = None, values: dict[str, Any] | None = None
+) -> RunConfig:
+    """The config at `path` with `key=value` overrides (YAML values) and `values` (dotted
+    keys, taken as they are: command-line flags such as --output-dir) applied."""
     import yaml
 
     try:
         data: Any = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise FrugalError(f"cannot read run config {path}: {e}") from None
-    if overrides:
-        data = apply_overrides(data if isinstance(data, dict) else {}, overrides)
+    if overrides or values:
+        data = apply_overrides(data if isinstance(data, dict) else {}, overrides or [])
+        for key, value in (values or {}).items():
+            node = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
     return validate_run_config(data, str(path))
 
 

@@ -98,8 +98,11 @@ def _chat(tok: Any, msgs: list[dict[str, str]], where: str) -> Example:
     spans = []  # character spans of the assistant turns in the rendered conversation
     for i, m in enumerate(msgs):
         if m["role"] == "assistant":
-            start = len(
-                tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=True)
+            prefix = msgs[:i]  # empty when the conversation opens with the assistant
+            start = (
+                len(tok.apply_chat_template(prefix, tokenize=False, add_generation_prompt=True))
+                if prefix
+                else 0
             )
             end = len(tok.apply_chat_template(msgs[: i + 1], tokenize=False))
             spans.append((start, end))

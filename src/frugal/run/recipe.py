@@ -21,6 +21,8 @@ import contextlib
 import gc
 import json
 import math
+import os
+import shutil
 import signal
 import time
 import warnings
@@ -64,6 +66,7 @@ class Run:
     micro: int
     eval_micro: int
     total_steps: int
+    params: list[Any] = field(default_factory=list)  # the trainable parameters
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -155,7 +158,13 @@ def _load_model(cfg: RunConfig, precision: str) -> tuple[Any, Any]:
         target_modules=job.target_modules,
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(model, lora)
+    try:
+        model = get_peft_model(model, lora)
+    except ValueError as e:
+        raise FrugalError(
+            f"job.lora_targets={job.lora_targets}: {str(e).splitlines()[0][:160]}; name "
+            "modules of this model (e.g. q_proj,v_proj) or use all-linear"
+        ) from None
     if job.grad_checkpointing:
         model.enable_input_require_grads()
     return model, tok
@@ -197,6 +206,30 @@ def _auto_micro(cfg: RunConfig, per_rank: int) -> tuple[int, str]:
     return micro, why
 
 
+def _refuse_unsupported(cfg: RunConfig) -> None:
+    job, t = cfg.job, cfg.training
+    if cfg.plan and cfg.plan.nodes > 1:
+        raise FrugalError(
+            f"the plan spans {cfg.plan.nodes} machines; frugal train runs on one machine: "
+            "plan with --max-gpus 8 (or the GPUs of one machine)"
+        )
+    if t.early_stopping_patience and not cfg.data.val_path and cfg.data.val_ratio == 0:
+        raise FrugalError(
+            "training.early_stopping_patience needs validation data: set data.val_ratio > 0 "
+            "or data.val_path"
+        )
+    if job.method == "qlora" and t.merge:
+        raise FrugalError(
+            "training.merge with qlora would merge into the 4-bit base and keep its rounding: "
+            "merge the adapter into the bf16 model after training instead (merge=false)"
+        )
+    if job.method == "qlora" and job.precision == "fp32":
+        raise FrugalError("QLoRA computes in bf16 or fp16: set job.precision=bf16-mixed")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and job.gpus > gpus:
+        raise FrugalError(f"job.gpus={job.gpus} but this machine has {gpus} GPUs")
+
+
 def setup(cfg: RunConfig, quiet: bool = False) -> Run:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -213,6 +246,7 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
         )
     if not cfg.data.path:
         raise FrugalError("data.path is not set: give the training file (data.path=FILE)")
+    _refuse_unsupported(cfg)
     if cfg.budget_usd is not None and not cfg.hourly_usd:
         raise FrugalError(
             "a budget needs the machine's price: run a plan's config, or give "
@@ -266,7 +300,7 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
         cfg=cfg, out=out, acc=acc, model=model, tokenizer=tok, optimizer=optimizer,
         scheduler=scheduler, rows=rows, val_rows=val_rows, schedule=sched_data,
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
-        total_steps=total, notes=[f"micro-batch {micro}: {why}"],
+        total_steps=total, params=params, notes=[f"micro-batch {micro}: {why}"],
     )  # fmt: skip
     return run
 
@@ -340,14 +374,16 @@ def train_step(run: Run, step: int) -> dict[str, float]:
                 cl_total += cl_sum.detach()
             acc.backward(loss)
         ce_total += ce_sum.detach()
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = run.params
     if cfg.training.max_grad_norm > 0:
         norm = acc.clip_grad_norm_(params, cfg.training.max_grad_norm)
     else:
         grads = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
         norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else zero
     run.optimizer.step()
-    run.scheduler.step()
+    skipped = bool(getattr(run.optimizer, "step_was_skipped", False))  # fp16 overflow
+    if not skipped:
+        run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     # one transfer (and one all-reduce) per step; the norm is the same on every process
     stats = torch.stack([ce_total, cl_total, zero + real_tokens, norm.to(zero) / run.world])
@@ -360,6 +396,8 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     }
     if contrastive:
         m["contrastive_loss"] = cl_g / max(n_seg, 1.0)
+    if skipped:
+        m["skipped"] = 1.0
     return m
 
 
@@ -378,7 +416,8 @@ def evaluate(run: Run) -> float | None:
     """Mean token loss on the validation rows; an OOM halves only the evaluation batch."""
     if not run.val_rows:
         return None
-    model, acc = run.model, run.acc
+    # the unwrapped model: DDP's forward would wait for processes that have no rows left
+    model, acc = run.acc.unwrap_model(run.model), run.acc
     mine = list(range(acc.process_index, len(run.val_rows), run.world))
     while True:
         try:
@@ -395,8 +434,13 @@ def evaluate(run: Run) -> float | None:
             total, count = _global_sum(run, total, count)
             return total / max(count, 1.0)
         except (torch.OutOfMemoryError, RuntimeError) as e:
-            if not _is_oom(e) or run.eval_micro == 1:
+            if not _is_oom(e):
                 raise
+            if run.eval_micro == 1 or run.world > 1:
+                raise FrugalError(
+                    "out of memory in evaluation: lower job.batch, or data.val_ratio / "
+                    "training.eval_every=0 to evaluate less"
+                ) from None
             _free_memory(run)
             run.eval_micro //= 2
             run.notes.append(f"evaluation OOM: evaluation batch now {run.eval_micro}")
@@ -412,6 +456,7 @@ def _state(run: Run, step: int, meter: CostMeter, book: dict[str, Any]) -> dict[
         "elapsed_s": meter.elapsed_s(),
         "micro_batch": run.micro,
         "world": run.world,
+        "run_key": _run_key(run),
         **book,
     }
 
@@ -440,57 +485,58 @@ def save_checkpoint(run: Run, step: int, meter: CostMeter, book: dict[str, Any])
             for r, state in enumerate(rngs):
                 torch.save(state, tmp / f"rng-{r}.pt")
 
-        best = run.out / "best"
         ckpt.save(
             run.out / "checkpoints",
             step,
             write,
             _state(run, step, meter, book),
             run.cfg.training.keep_checkpoints,
-            protect=best if best.exists() else None,
         )
     run.acc.wait_for_everyone()
+
+
+def _load(path: Path) -> Any:
+    """A checkpoint file, onto the CPU first (not every process's state onto GPU 0)."""
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def restore(run: Run, path: Path) -> dict[str, Any]:
     state = ckpt.read_state(path)
     ckpt.load_trainable(run.acc.unwrap_model(run.model), path / "trainable.safetensors")
-    run.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    sched = torch.load(path / "scheduler.pt", weights_only=False)
+    run.optimizer.load_state_dict(_load(path / "optimizer.pt"))
+    sched = _load(path / "scheduler.pt")
     run.scheduler.load_state_dict(sched["scheduler"])
     if sched["scaler"] is not None and run.acc.scaler is not None:
         run.acc.scaler.load_state_dict(sched["scaler"])
     rng = path / f"rng-{run.acc.process_index}.pt"
     if state.get("world") == run.world and rng.exists():
-        ckpt.set_rng_state(torch.load(rng, weights_only=False))
+        ckpt.set_rng_state(_load(rng))
     else:
+        from accelerate.utils import set_seed
+
+        set_seed(run.cfg.training.seed + int(state["step"]) + run.acc.process_index)
         run.notes.append("resumed on a different number of processes: RNG streams reseeded")
     per_rank = run.cfg.training.effective_batch // run.world
     micro = int(state.get("micro_batch", run.micro))
     if per_rank % micro == 0:
         run.micro = min(run.micro, micro)  # keep an OOM back-off across the restart
+    run.eval_micro = run.micro
     return state
 
 
-def _save_best(run: Run) -> None:
+def _save_best(run: Run, step: int) -> None:
+    """The trainable weights of the best evaluation so far, in `best/`, swapped in whole."""
     if not run.main:
         return
     from safetensors.torch import save_file
 
-    best = run.out / "best"
     tmp = run.out / ".tmp-best"
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file(
-        ckpt.trainable_state(run.acc.unwrap_model(run.model)), str(tmp / "trainable.safetensors")
-    )
-    old = run.out / ".old-best"
-    if best.exists():
-        best.rename(old)
-    tmp.rename(best)
-    if old.exists():
-        import shutil
-
-        shutil.rmtree(old)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = ckpt.trainable_state(run.acc.unwrap_model(run.model))
+    save_file(weights, str(tmp / "trainable.safetensors"))
+    (tmp / "step.json").write_text(json.dumps({"step": step}))
+    ckpt.swap_in(tmp, run.out / "best")
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -526,16 +572,29 @@ def train(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Run `cfg`; returns the run summary (also written to run_summary.json).
-    resume: "auto" (newest complete checkpoint, if any), "never", or a checkpoint path."""
-    run = setup(cfg, quiet)
-    t = cfg.training
+    resume: "auto" (newest complete checkpoint, if any), "never", or a checkpoint path.
+    Every unit of work (a step, an evaluation, a checkpoint) is preceded by one check that
+    all processes agree on: stop signal, budget, time limit."""
+    meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=lambda: clock())  # bills setup too
+    with _Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
+        run = setup(cfg, quiet)
+        if dry_run:
+            run.out = run.out / "dry-run"  # measurements only: the run's own files stay as they are
+            if run.main:
+                shutil.rmtree(run.out, ignore_errors=True)
+        step, book = _start(run, cfg, resume, meter, dry_run)
+        total = min(run.total_steps, dry_run or run.total_steps)
+        return _loop(run, cfg, stop, meter, step, book, total, on_step, quiet, dry_run)
+
+
+def _start(
+    run: Run, cfg: RunConfig, resume: str, meter: CostMeter, dry_run: int | None
+) -> tuple[int, dict[str, Any]]:
+    """Resume from a checkpoint, or start fresh where nothing would be overwritten."""
     out = run.out
-    total = run.total_steps
-    if dry_run:
-        total = min(total, dry_run)
-    step = 0
-    book: dict[str, Any] = {"best_eval": None, "best_step": None, "bad_evals": 0, "tokens": 0.0}
-    spent0 = elapsed0 = 0.0
+    book: dict[str, Any] = {"best_eval": None, "best_step": None, "bad_evals": 0,
+                            "tokens": 0.0, "train_tokens": 0.0, "train_time_s": 0.0,
+                            "step_times": [], "findings": []}  # fmt: skip
     source = None
     if resume not in ("auto", "never"):
         source = Path(resume)
@@ -543,37 +602,66 @@ def train(
             raise FrugalError(f"--resume {resume}: not a complete checkpoint")
     elif resume == "auto" and not dry_run:
         source = ckpt.latest(out / "checkpoints")
-    if source is None and ckpt.complete(out / "checkpoints"):
+    finished = [f for f in ("final", "run_summary.json") if (out / f).exists()]
+    if source is None and (ckpt.complete(out / "checkpoints") or finished):
         raise FrugalError(
-            f"{out} already holds a run with checkpoints: continue it with --resume auto, or "
-            "set output_dir to a new directory (nothing there was changed)"
+            f"{out} already holds a run: continue it with --resume auto, or set output_dir "
+            "to a new directory (nothing there was changed)"
         )
+    step = 0
     if source is not None:
         state = restore(run, source)
+        mismatch = [k for k, v in _run_key(run).items() if state.get("run_key", {}).get(k) != v]
+        if mismatch:
+            raise FrugalError(
+                f"{source} was made with different {', '.join(mismatch)}: resume with the "
+                "config it was made with (see its config.yaml), or use a new output_dir"
+            )
         step = int(state["step"])
-        spent0, elapsed0 = float(state["spent_usd"]), float(state["elapsed_s"])
+        meter.before_usd, meter.before_s = float(state["spent_usd"]), float(state["elapsed_s"])
         book.update({k: state[k] for k in book if k in state})
         run.notes.append(f"resumed from {source.name} (step {step})")
-        if run.main:
-            _truncate_metrics(out / "metrics.jsonl", step)
+        best = out / "best" / "step.json"
+        if best.exists() and json.loads(best.read_text())["step"] != book["best_step"]:
+            shutil.rmtree(out / "best")  # written after the checkpoint, on a lost timeline
+            book.update(best_eval=None, best_step=None, bad_evals=0)
     if run.main:
         out.mkdir(parents=True, exist_ok=True)
         cfg.write(out / "config.yaml")  # the resolved config, beside every output
-    meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, spent0, elapsed0, clock=lambda: clock())
-    sinks = Sinks(out, t.loggers, cfg.model_dump(mode="json")) if run.main else None
+        _truncate_metrics(out / "metrics.jsonl", step)
+    return step, book
+
+
+def _run_key(run: Run) -> dict[str, Any]:
+    """What a checkpoint's weights, optimizer state and data position depend on."""
+    c = run.cfg
+    return {"job.method": c.job.method, "job.optimizer": c.job.optimizer,
+            "job.seq": c.job.seq, "job.lora_r": c.job.lora_r, "data.path": c.data.path,
+            "data.packing": c.data.packing, "rows": len(run.rows),
+            "training.effective_batch": c.training.effective_batch,
+            "training.learning_rate": c.training.learning_rate,
+            "training.seed": c.training.seed, "total steps": run.total_steps}  # fmt: skip
+
+
+def _loop(
+    run: Run, cfg: RunConfig, stop: _Stop, meter: CostMeter, step: int, book: dict[str, Any],
+    total: int, on_step: Any, quiet: bool, dry_run: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    t = cfg.training
+    sinks = Sinks(run.out, t.loggers, cfg.model_dump(mode="json")) if run.main else None
     progress = Progress(total, enabled=run.main and not quiet)
     progress.print(f"precision: {run.precision} ({run.precision_reason})")
     for n in run.notes:
         progress.print(n)
     diag = Diagnostics(t.learning_rate, run.precision, t.max_grad_norm)
-    findings: list[dict[str, Any]] = []
     save_every_s = 60 * (t.save_every_min or _plan_interval(cfg) or DEFAULT_SAVE_MIN)
     # a clean stop writes a checkpoint and the final weights: guess their time from the bytes
-    # until the first checkpoint has been timed (1 GB/s disk, 50 ms of fixed cost)
-    trainable = sum(p.numel() * p.element_size() for p in run.model.parameters() if p.requires_grad)
-    last_save, save_s = clock(), 0.02 + 3 * trainable / 1e9
-    step_times: list[float] = []
-    planned_step_s = _planned_step_s(cfg)
+    # until a checkpoint has been timed (1 GB/s disk, 20 ms of fixed cost)
+    trainable = sum(p.numel() * p.element_size() for p in run.params)
+    save_s, eval_s = 0.02 + 3 * trainable / 1e9, None
+    session_t0 = last_save = clock()
+    saved_step = step if step else None
+    eval_due = False
     outcome, reason = "completed", f"reached {total} steps"
     peak_alloc = peak_res = 0.0
     if torch.cuda.is_available():
@@ -581,125 +669,135 @@ def train(
     start_step = step
 
     def save(at: int) -> None:
-        nonlocal save_s, last_save
+        nonlocal save_s, last_save, saved_step
+        if at == saved_step:
+            return
         t0 = clock()
         save_checkpoint(run, at, meter, book)
-        save_s, last_save = clock() - t0, clock()
+        save_s, last_save, saved_step = clock() - t0, clock(), at
 
-    with _Stop() as stop:
-        while step < total:
-            # the guards plan for a slow step: the slowest of the last ten (the first step,
-            # with its warm-up, only while it is the only one), or the plan's before any
-            slowest = max(
-                step_times[-10:] if len(step_times) < 2 else step_times[1:][-10:],
-                default=planned_step_s,
-            )
-            flags = _global_sum(
-                run,
-                float(stop.signal is not None),
-                float(meter.would_exceed(slowest, 2 * save_s)),  # checkpoint + final weights
-                float(
-                    t.max_time_min is not None and meter.elapsed_s() + slowest > 60 * t.max_time_min
-                ),
-            )
-            if flags[0]:
-                outcome, reason = "preempted", f"signal {stop.signal or 'on another process'}"
-                break
-            if flags[1]:
-                outcome = "budget-stopped"
-                reason = f"the next step would cross the ${cfg.budget_usd:,.2f} budget"
-                break
-            if flags[2]:
-                reason = f"max_time_min={t.max_time_min} reached"
-                break
+    while True:
+        times = book["step_times"]
+        # the guards plan for a slow step: the slowest of the last ten (the first step of a
+        # session, with its warm-up, only while it is the only one), or the plan's before any
+        slowest = max(times[1:] if len(times) > 1 else times, default=_planned_step_s(cfg))
+        if eval_due:
+            nxt = eval_s if eval_s is not None else slowest * len(run.val_rows) / max(
+                1, t.effective_batch) / 2  # fmt: skip
+        else:
+            nxt = slowest if step < total else 0.0
+        limit = t.max_time_min
+        sig, over_budget, over_time, save_due = _global_sum(
+            run,
+            float(stop.signal is not None),
+            float(meter.would_exceed(nxt, 2 * save_s)),  # the work, a checkpoint, final weights
+            float(limit is not None and clock() - session_t0 + nxt > 60 * limit),
+            float(not dry_run and step < total and clock() - last_save >= save_every_s),
+        )
+        if sig:
+            outcome, reason = "preempted", f"signal {stop.signal or 'on another process'}"
+            break
+        if over_budget and (eval_due or step < total):
+            outcome = "budget-stopped"
+            reason = f"the next step would cross the ${cfg.budget_usd:,.2f} budget"
+            break
+        if over_time and step < total:
+            reason = f"max_time_min={limit} reached in this session"
+            break
+        if eval_due:
+            eval_due = False
             t0 = clock()
-            try:
-                m = train_step(run, step)
-            except (torch.OutOfMemoryError, RuntimeError) as e:
-                if not _is_oom(e) or run.world > 1:
-                    raise
-                _free_memory(run)
-                if run.micro == 1:
-                    raise FrugalError(
-                        "out of memory at micro-batch 1: turn on job.grad_checkpointing, "
-                        "lower job.seq, or use job.method=qlora / a bigger GPU"
-                    ) from None
-                run.micro = max(
-                    d
-                    for d in range(1, run.micro)
-                    if (t.effective_batch // run.world) % d == 0 and d <= run.micro // 2
-                )
-                progress.print(
-                    f"OOM: micro-batch now {run.micro}, gradient accumulation {run.accum}"
-                )
+            ev = evaluate(run)
+            eval_s = clock() - t0
+            if ev is None:
                 continue
-            dt = clock() - t0
-            step += 1
-            step_times = [*step_times, dt][-50:]
-            book["tokens"] += m["tokens"]
-            m.update(
-                tokens_per_s=m["tokens"] / dt,
-                step_time_s=dt,
-                micro_batch=run.micro,
-                grad_accum=run.accum,
-                spent_usd=round(meter.spent_usd(), 6),
-            )
-            if torch.cuda.is_available():
-                peak_alloc = max(peak_alloc, torch.cuda.max_memory_allocated() / 2**30)
-                peak_res = max(peak_res, torch.cuda.max_memory_reserved() / 2**30)
-                m.update(peak_allocated_gib=peak_alloc, peak_reserved_gib=peak_res)
-            new = diag.on_step(step, m["loss"], m["grad_norm"])
-            due = (t.eval_every and step % t.eval_every == 0) or step == total
-            if due and not dry_run:
-                ev = evaluate(run)
-                if ev is not None:
-                    m["eval_loss"] = ev
-                    new += diag.on_eval(step, ev, None)
-                    if book["best_eval"] is None or ev < book["best_eval"]:
-                        book.update(best_eval=ev, best_step=step, bad_evals=0)
-                        _save_best(run)
-                    else:
-                        book["bad_evals"] += 1
-            if sinks and (step % t.log_every == 0 or step == total):
-                sinks.log(step, m)
-            for f in new:
-                findings.append({"kind": f.kind, "step": f.step, "message": f.message})
-                progress.print(f"[yellow]diagnostic:[/] {f.message}")
-            progress.update(step, m, meter, dt)
-            if on_step is not None:
-                on_step(step, m)
-            if any(f.fatal for f in new):
-                outcome, reason = "failed", new[-1].message
-                break
+            new = diag.on_eval(step, ev, None)
+            _report(new, book, progress)
+            if book["best_eval"] is None or ev < book["best_eval"]:
+                book.update(best_eval=ev, best_step=step, bad_evals=0)
+                _save_best(run, step)
+            else:
+                book["bad_evals"] += 1
+            if sinks:
+                sinks.log(step, {"eval_loss": ev, "eval_time_s": eval_s})
             patience = t.early_stopping_patience
             if patience and book["bad_evals"] >= patience:
                 reason = f"early stopping: {patience} evaluations without improvement"
                 break
-            if not dry_run and step < total and clock() - last_save >= save_every_s:
-                save(step)
+            continue
+        if save_due:
+            save(step)
+            continue
+        if step >= total:
+            break
+        t0 = clock()
+        try:
+            m = train_step(run, step)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not _is_oom(e):
+                raise
+            _back_off(run, progress)
+            continue
+        dt = clock() - t0
+        step += 1
+        first = step == start_step + 1  # warm-up: not a typical step
+        book["step_times"] = [*times, dt][-10:]
+        book["tokens"] += m["tokens"]
+        if not first:
+            book["train_tokens"] += m["tokens"]
+            book["train_time_s"] += dt
+        m.update(tokens_per_s=m["tokens"] / dt, step_time_s=dt, micro_batch=run.micro,
+                 grad_accum=run.accum, spent_usd=round(meter.spent_usd(), 6))  # fmt: skip
+        if torch.cuda.is_available():
+            peak_alloc = max(peak_alloc, torch.cuda.max_memory_allocated() / 2**30)
+            peak_res = max(peak_res, torch.cuda.max_memory_reserved() / 2**30)
+            m.update(peak_allocated_gib=peak_alloc, peak_reserved_gib=peak_res)
+        # a loss-scale overflow (fp16) skips the update; it is not a broken run
+        new = diag.on_step(step, m["loss"], None if m.get("skipped") else m["grad_norm"])
+        _report(new, book, progress)
+        if sinks and (step % t.log_every == 0 or step == total):
+            sinks.log(step, m)
+        progress.update(step, m, meter, dt)
+        if on_step is not None:
+            on_step(step, m)
+        if any(f.fatal for f in new):
+            outcome, reason = "failed", new[-1].message
+            break
+        eval_due = not dry_run and ((t.eval_every and step % t.eval_every == 0) or step == total)
     progress.close()
     if not dry_run and outcome != "failed":
         save(step)
-    summary = _finish(
-        run,
-        step,
-        start_step,
-        total,
-        outcome,
-        reason,
-        meter,
-        book,
-        findings,
-        step_times,
-        peak_alloc,
-        peak_res,
-        dry_run,
-    )
+    summary = _finish(run, step, start_step, total, outcome, reason, meter, book,
+                      peak_alloc, peak_res, dry_run)  # fmt: skip
     if sinks:
         for n in sinks.notes:
             progress.print(n)
         sinks.close()
     return summary
+
+
+def _report(new: list[Any], book: dict[str, Any], progress: Progress) -> None:
+    for f in new:
+        book["findings"].append({"kind": f.kind, "step": f.step, "message": f.message})
+        progress.print(f"[yellow]diagnostic:[/] {f.message}")
+
+
+def _back_off(run: Run, progress: Progress) -> None:
+    """After an OOM: halve the micro-batch, keeping the effective batch (more accumulation)."""
+    if run.world > 1:
+        raise FrugalError(
+            "out of memory on one of the GPUs: set job.batch lower (the micro-batch) and "
+            "run again with --resume auto"
+        )
+    _free_memory(run)
+    if run.micro == 1:
+        raise FrugalError(
+            "out of memory at micro-batch 1: turn on job.grad_checkpointing, lower job.seq, "
+            "or use job.method=qlora / a bigger GPU"
+        )
+    per_rank = run.cfg.training.effective_batch // run.world
+    run.micro = max(d for d in range(1, run.micro // 2 + 1) if per_rank % d == 0)
+    progress.print(f"OOM: micro-batch now {run.micro}, gradient accumulation {run.accum}")
 
 
 def _planned_step_s(cfg: RunConfig) -> float:
@@ -713,7 +811,13 @@ def _truncate_metrics(path: Path, step: int) -> None:
     """Drop metric lines logged after the checkpoint a run resumes from."""
     if not path.exists():
         return
-    keep = [ln for ln in path.read_text().splitlines() if json.loads(ln).get("step", 0) <= step]
+    keep = []
+    for ln in path.read_text().splitlines():
+        try:
+            if json.loads(ln).get("step", 0) <= step:
+                keep.append(ln)
+        except json.JSONDecodeError:  # a line torn by a crash mid-write
+            continue
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(ln + "\n" for ln in keep))
     tmp.replace(path)
@@ -736,24 +840,18 @@ def _export(run: Run, book: dict[str, Any]) -> dict[str, str]:
     best = run.out / "best" / "trainable.safetensors"
     if book.get("best_step") is not None and best.exists():
         ckpt.load_trainable(model, best)
-    final = run.out / "final"
-    tmp = run.out / ".tmp-final"
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
+    final, tmp = run.out / "final", run.out / ".tmp-final"
+    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp), safe_serialization=True)
     run.tokenizer.save_pretrained(str(tmp))
-    if final.exists():
-        import shutil
-
-        shutil.rmtree(final)
-    tmp.rename(final)
+    ckpt.swap_in(tmp, final)
     outputs = {"adapter" if run.cfg.job.method != "full" else "model": str(final)}
     if run.cfg.training.merge and run.cfg.job.method != "full":
-        merged = model.merge_and_unload()
-        merged.save_pretrained(str(run.out / "merged"), safe_serialization=True)
-        run.tokenizer.save_pretrained(str(run.out / "merged"))
+        merged, tmp = model.merge_and_unload(), run.out / ".tmp-merged"
+        shutil.rmtree(tmp, ignore_errors=True)
+        merged.save_pretrained(str(tmp), safe_serialization=True)
+        run.tokenizer.save_pretrained(str(tmp))
+        ckpt.swap_in(tmp, run.out / "merged")
         outputs["merged"] = str(run.out / "merged")
     return outputs
 
@@ -796,8 +894,6 @@ def _finish(
     reason: str,
     meter: CostMeter,
     book: dict[str, Any],
-    findings: list[dict[str, Any]],
-    step_times: list[float],
     peak_alloc: float,
     peak_res: float,
     dry_run: int | None,
@@ -806,16 +902,19 @@ def _finish(
     outputs: dict[str, str] = {}
     if run.main and not dry_run and outcome in ("completed", "budget-stopped"):
         outputs = _export(run, book)
-    typical = sorted(step_times)[len(step_times) // 2] if step_times else None
+    times = book["step_times"]
+    typical = sorted(times)[len(times) // 2] if times else None
+    if book["train_time_s"] > 0:  # steps after each session's first (warm-up) step
+        tokens_per_s: float | None = book["train_tokens"] / book["train_time_s"]
+    else:
+        tokens_per_s = book["tokens"] / sum(times) if times else None
     tokens_step = cfg.training.effective_batch * cfg.job.seq if cfg.data.packing else None
     actual: dict[str, Any] = {
         "hours": round(meter.elapsed_s() / 3600, 5),
         "cost_usd": round(meter.spent_usd(), 4),
         "tokens": int(book["tokens"]),
         "step_time_s": typical,
-        "tokens_per_s": round(book["tokens"] / max(sum(step_times), 1e-9), 1)
-        if step_times
-        else None,
+        "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
     }
     if torch.cuda.is_available():
         actual.update(peak_allocated_gib=round(peak_alloc, 3), peak_reserved_gib=round(peak_res, 3))
@@ -838,13 +937,15 @@ def _finish(
         "best_eval_loss": book["best_eval"],
         "best_step": book["best_step"],
         "outputs": outputs,
-        "diagnostics": findings,
+        "diagnostics": book["findings"],
         "notes": run.notes,
     }
     if run.main:
         name = "dry_run.json" if dry_run else "run_summary.json"
         tmp = run.out / f".{name}.tmp"
         tmp.write_text(json.dumps(summary, indent=1))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         tmp.replace(run.out / name)
         if dry_run:
             from frugal.calibration import record_measurement
