@@ -530,3 +530,15 @@ def test_row_dataclass_is_what_collate_reads() -> None:
     assert b["labels"].tolist() == [[IGNORE, 8], [IGNORE, IGNORE]]
     assert b["segment_ids"].tolist() == [[1, 1], [1, 0]]
     assert b["position_ids"].tolist() == [[0, 1], [0, 0]]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_batcher_equals_collate(tok: Any, packed: bool) -> None:
+    from frugal.run.data import Batcher
+
+    exs = load_examples(str(DATA / "spell.jsonl"), tok, 64)[:40]
+    rows = pack(exs, 64, tok.pad_token_id) if packed else unpacked(exs)
+    want = collate([rows[i] for i in (5, 1, 3)], tok.pad_token_id, packed)
+    got = Batcher(rows, tok.pad_token_id, packed)([5, 1, 3])
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)

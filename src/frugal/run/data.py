@@ -237,6 +237,27 @@ def collate(rows: list[Row], pad_id: int, packed: bool) -> dict[str, torch.Tenso
     return batch
 
 
+class Batcher:
+    """Batches of rows by index. Packed rows all have the same length, so they are stacked
+    into tensors once and a batch is an index_select (a Python-list collate of 64 x 4096
+    tokens costs ~0.5 s a step); unpacked rows are collated (right-padded) per batch."""
+
+    def __init__(self, rows: list[Row], pad_id: int, packed: bool) -> None:
+        self.rows, self.pad_id, self.packed = rows, pad_id, packed
+        self.tensors: dict[str, torch.Tensor] = {}
+        if packed and rows:
+            self.tensors = collate(rows, pad_id, packed=True)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        if self.tensors:
+            idx = torch.tensor(indices)
+            return {k: v.index_select(0, idx) for k, v in self.tensors.items()}
+        return collate([self.rows[i] for i in indices], self.pad_id, self.packed)
+
+
 def split(examples: list[Example], ratio: float, seed: int) -> tuple[list[Example], list[Example]]:
     """(train, validation): a seeded random `ratio` of the examples held out."""
     if ratio <= 0 or len(examples) < 2:

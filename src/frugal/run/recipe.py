@@ -35,7 +35,7 @@ import torch
 from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
 from frugal.run.config import RunConfig
-from frugal.run.data import Row, Schedule, collate, load_examples, pack, split, unpacked
+from frugal.run.data import Batcher, Row, Schedule, load_examples, pack, split, unpacked
 from frugal.run.diagnose import Diagnostics
 from frugal.run.losses import IGNORE, causal_lm_loss, contrastive_loss
 from frugal.run.meter import CostMeter, Progress, Sinks
@@ -67,6 +67,8 @@ class Run:
     eval_micro: int
     total_steps: int
     params: list[Any] = field(default_factory=list)  # the trainable parameters
+    batches: Any = None  # data.Batcher of the training rows
+    val_batches: Any = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -301,6 +303,8 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
         scheduler=scheduler, rows=rows, val_rows=val_rows, schedule=sched_data,
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
         total_steps=total, params=params, notes=[f"micro-batch {micro}: {why}"],
+        batches=Batcher(rows, pad, cfg.data.packing),
+        val_batches=Batcher(val_rows, pad, cfg.data.packing),
     )  # fmt: skip
     return run
 
@@ -338,9 +342,7 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     cfg, acc, model = run.cfg, run.acc, run.model
     contrastive = cfg.training.loss == "ce+contrastive"
     ids = list(run.schedule.micro_batches(step, acc.process_index, run.world, run.micro))
-    batches = [
-        collate([run.rows[i] for i in b], run.tokenizer.pad_token_id, cfg.data.packing) for b in ids
-    ]
+    batches = [run.batches(b) for b in ids]
     local_tok = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
     local_seg = (
         sum(_segments_with_pairs(b["labels"], b["segment_ids"]) for b in batches)
@@ -425,8 +427,7 @@ def evaluate(run: Run) -> float | None:
             total = count = 0.0
             with torch.no_grad():
                 for i in range(0, len(mine), run.eval_micro):
-                    rows = [run.val_rows[j] for j in mine[i : i + run.eval_micro]]
-                    b = collate(rows, run.tokenizer.pad_token_id, run.cfg.data.packing)
+                    b = run.val_batches(mine[i : i + run.eval_micro])
                     b = {k: v.to(acc.device) for k, v in b.items()}
                     with acc.autocast():
                         s, n = causal_lm_loss(_forward(model, b, False).logits, b["labels"])
