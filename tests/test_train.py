@@ -420,3 +420,24 @@ def test_resume_refuses_a_changed_config(
     cfg = write_cfg(tmp_path / "c.yaml", make_cfg(out, "training.max_steps=2"))
     msg = run_error(capsys, "train", str(cfg), "training.learning_rate=0.5")
     assert "different training.learning_rate" in msg and "config.yaml" in msg
+
+
+def test_checkpoint_due_every_step_still_makes_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a clock that jumps a second per reading: a checkpoint is always due. Once the step is
+    # saved, the loop must train on, not "save" the same step again forever.
+    calls = [0]
+
+    def jumpy() -> float:
+        calls[0] += 1
+        assert calls[0] < 5000, "the loop is spinning"
+        return float(calls[0])
+
+    monkeypatch.setattr(recipe, "clock", jumpy)
+    out = tmp_path / "run"
+    over = ("training.max_steps=3", "training.save_every_min=1e-6", "training.keep_checkpoints=5")
+    s = recipe.train(make_cfg(out, *over), quiet=True)
+    assert s["outcome"] == "completed" and s["steps"] == 3
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step-00000001", "step-00000002", "step-00000003"]  # fmt: skip

@@ -661,7 +661,7 @@ def _loop(
     trainable = sum(p.numel() * p.element_size() for p in run.params)
     save_s, eval_s = 0.02 + 3 * trainable / 1e9, None
     session_t0 = last_save = clock()
-    saved_step = step if step else None
+    saved_step = step  # a fresh run has nothing to save at step 0
     eval_due = False
     outcome, reason = "completed", f"reached {total} steps"
     peak_alloc = peak_res = 0.0
@@ -693,7 +693,12 @@ def _loop(
             float(stop.signal is not None),
             float(meter.would_exceed(nxt, 2 * save_s)),  # the work, a checkpoint, final weights
             float(limit is not None and clock() - session_t0 + nxt > 60 * limit),
-            float(not dry_run and step < total and clock() - last_save >= save_every_s),
+            float(
+                not dry_run
+                and step < total
+                and step != saved_step  # nothing new to save yet
+                and clock() - last_save >= save_every_s
+            ),
         )
         if sig:
             outcome, reason = "preempted", f"signal {stop.signal or 'on another process'}"
