@@ -319,15 +319,17 @@ def test_two_processes_gloo_match_one(tmp_path: Path) -> None:
     recipe.train(make_cfg(one, "job.batch=4", *same), quiet=True)
     cfg = write_cfg(tmp_path / "c.yaml", make_cfg(tmp_path / "two", *over, "job.gpus=2"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(
-        [sys.executable, "-m", "frugal.cli.main", "train", str(cfg), "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    s = json.loads(p.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, "-m", "frugal.cli.main", "train", str(cfg), "--json"]
+    # its own process group: on a hang, the workers are killed with the launcher
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    assert p.returncode == 0, stderr[-3000:]
+    s = json.loads(stdout.strip().splitlines()[-1])
     assert s["outcome"] == "completed" and s["steps"] == 3 and s["best_step"] is not None
     # DDP over 2 processes x micro-batch 2 is the same maths as 1 process x micro-batch 4
     assert_same_weights(one, tmp_path / "two", tol=1e-5)
