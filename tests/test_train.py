@@ -8,6 +8,7 @@ with one line and loses nothing.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -266,6 +267,13 @@ def test_early_stopping_keeps_the_best(tmp_path: Path) -> None:
         ("job.sharding=fsdp", "job.sharding=fsdp"),
         ("budget_usd=5", "--price-per-hour"),
         ("oops", "write key=value"),
+        pytest.param(
+            "training.loggers=[jsonl, mlflow]",
+            "pip install mlflow",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("mlflow") is not None, reason="mlflow is installed"
+            ),
+        ),
     ],
 )
 def test_bad_configs(

@@ -227,6 +227,14 @@ def _refuse_unsupported(cfg: RunConfig) -> None:
         )
     if job.method == "qlora" and job.precision == "fp32":
         raise FrugalError("QLoRA computes in bf16 or fp16: set job.precision=bf16-mixed")
+    import importlib.util
+
+    for name in ("mlflow", "wandb"):
+        if name in t.loggers and importlib.util.find_spec(name) is None:
+            raise FrugalError(
+                f"training.loggers names {name}, which is not installed: pip install {name}, "
+                "or drop it from training.loggers"
+            )
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus and job.gpus > gpus:
         raise FrugalError(f"job.gpus={job.gpus} but this machine has {gpus} GPUs")
