@@ -34,6 +34,13 @@ import torch
 
 from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
+from frugal.run.build import (
+    auto_micro_batch,
+    choose_precision,
+    load_model,
+    make_optimizer,
+    refuse_unsupported,
+)
 from frugal.run.config import RunConfig
 from frugal.run.data import Batcher, Row, Schedule, load_examples, pack, split, unpacked
 from frugal.run.diagnose import Diagnostics
@@ -87,159 +94,6 @@ class Run:
 # -- setup ---------------------------------------------------------------------------------
 
 
-def choose_precision(wanted: str) -> tuple[str, str]:
-    """The precision to run with on this hardware, and why."""
-    if not torch.cuda.is_available():
-        return "fp32", "no CUDA GPU: fp32 on CPU, where fp16 is unsupported and bf16 slow"
-    name = torch.cuda.get_device_name()
-    if wanted.startswith("bf16") and not torch.cuda.is_bf16_supported():
-        return "fp16-mixed", f"{name} has no bf16: fp16-mixed with loss scaling instead"
-    return wanted, f"{wanted} as configured; {name} supports it"
-
-
-def _load_model(cfg: RunConfig, precision: str) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from frugal.models.specs import load_spec
-
-    job = cfg.job
-    tok_src = cfg.tokenizer or cfg.model
-    try:
-        tok = AutoTokenizer.from_pretrained(tok_src, local_files_only=True)
-    except Exception as e:
-        raise FrugalError(
-            f"no tokenizer at {tok_src} offline ({type(e).__name__}): set tokenizer= to a "
-            "directory with tokenizer files"
-        ) from None
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
-    kwargs: dict[str, Any] = {"attn_implementation": job.attention, "dtype": dtype}
-    if job.method == "qlora":
-        from transformers import BitsAndBytesConfig
-
-        compute = torch.bfloat16 if precision.startswith("bf16") else torch.float16
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=compute,
-        )
-    if cfg.init == "random":
-        spec = load_spec(cfg.model)
-        conf = AutoConfig.for_model(**spec.config)
-        model = AutoModelForCausalLM.from_config(conf, **kwargs)
-    else:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(cfg.model, local_files_only=True, **kwargs)
-        except OSError:
-            raise FrugalError(
-                f"no weights for {cfg.model} offline: give a local model directory with "
-                "weights, or init=random to train from random weights"
-            ) from None
-    if len(tok) > model.get_input_embeddings().num_embeddings:
-        raise FrugalError(
-            f"the tokenizer has {len(tok)} tokens, the model's vocabulary "
-            f"{model.get_input_embeddings().num_embeddings}: pair the model with its tokenizer"
-        )
-    if job.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
-    if job.method == "full":
-        return model, tok
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
-    if job.method == "qlora":
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=job.grad_checkpointing
-        )
-    lora = LoraConfig(
-        r=job.lora_r,
-        lora_alpha=job.alpha,
-        lora_dropout=job.lora_dropout,
-        target_modules=job.target_modules,
-        task_type="CAUSAL_LM",
-    )
-    try:
-        model = get_peft_model(model, lora)
-    except ValueError as e:
-        raise FrugalError(
-            f"job.lora_targets={job.lora_targets}: {str(e).splitlines()[0][:160]}; name "
-            "modules of this model (e.g. q_proj,v_proj) or use all-linear"
-        ) from None
-    if job.grad_checkpointing:
-        model.enable_input_require_grads()
-    return model, tok
-
-
-def _optimizer(cfg: RunConfig, params: list[torch.nn.Parameter]) -> Any:
-    t, name = cfg.training, cfg.job.optimizer
-    if name in ("adamw-8bit", "paged-adamw-8bit"):
-        if not torch.cuda.is_available():
-            raise FrugalError(f"job.optimizer={name} needs CUDA (bitsandbytes): use adamw on CPU")
-        import bitsandbytes as bnb
-
-        cls = bnb.optim.PagedAdamW8bit if name.startswith("paged") else bnb.optim.AdamW8bit
-        return cls(params, lr=t.learning_rate, weight_decay=t.weight_decay)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=t.learning_rate, momentum=0.9)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=t.learning_rate, scale_parameter=False, relative_step=False)
-    return torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
-
-
-def _auto_micro(cfg: RunConfig, per_rank: int) -> tuple[int, str]:
-    """The starting micro-batch: a divisor of the rows each process reads per step."""
-    want = cfg.job.batch
-    why = f"job.batch={want}"
-    if cfg.training.auto_micro_batch and torch.cuda.is_available():
-        from frugal.estimate.core import estimate
-        from frugal.models.specs import load_spec
-
-        _, total = torch.cuda.mem_get_info()
-        cap_gib = total / 2**30 * 0.92  # keep 8% spare, as the plan's margin does
-        est = estimate(load_spec(cfg.model), cfg.job, gpu_memory_gib=cap_gib)
-        if est.max_batch:
-            want = est.max_batch
-            why = f"estimator: largest micro-batch fitting {cap_gib:.1f} GiB is {want}"
-    micro = max(d for d in range(1, per_rank + 1) if per_rank % d == 0 and d <= max(1, want))
-    return micro, why
-
-
-def _refuse_unsupported(cfg: RunConfig) -> None:
-    job, t = cfg.job, cfg.training
-    if cfg.plan and cfg.plan.nodes > 1:
-        raise FrugalError(
-            f"the plan spans {cfg.plan.nodes} machines; frugal train runs on one machine: "
-            "plan with --max-gpus 8 (or the GPUs of one machine)"
-        )
-    if t.early_stopping_patience and not cfg.data.val_path and cfg.data.val_ratio == 0:
-        raise FrugalError(
-            "training.early_stopping_patience needs validation data: set data.val_ratio > 0 "
-            "or data.val_path"
-        )
-    if job.method == "qlora" and t.merge:
-        raise FrugalError(
-            "training.merge with qlora would merge into the 4-bit base and keep its rounding: "
-            "merge the adapter into the bf16 model after training instead (merge=false)"
-        )
-    if job.method == "qlora" and job.precision == "fp32":
-        raise FrugalError("QLoRA computes in bf16 or fp16: set job.precision=bf16-mixed")
-    import importlib.util
-
-    for name in ("mlflow", "wandb"):
-        if name in t.loggers and importlib.util.find_spec(name) is None:
-            raise FrugalError(
-                f"training.loggers names {name}, which is not installed: pip install {name}, "
-                "or drop it from training.loggers"
-            )
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus and job.gpus > gpus:
-        raise FrugalError(f"job.gpus={job.gpus} but this machine has {gpus} GPUs")
-
-
 def setup(cfg: RunConfig, quiet: bool = False) -> Run:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -256,7 +110,7 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
         )
     if not cfg.data.path:
         raise FrugalError("data.path is not set: give the training file (data.path=FILE)")
-    _refuse_unsupported(cfg)
+    refuse_unsupported(cfg)
     if cfg.budget_usd is not None and not cfg.hourly_usd:
         raise FrugalError(
             "a budget needs the machine's price: run a plan's config, or give "
@@ -271,7 +125,7 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
             "let `frugal train` launch them (no torchrun of your own)"
         )
     set_seed(cfg.training.seed)
-    model, tok = _load_model(cfg, precision)
+    model, tok = load_model(cfg, precision)
 
     examples = load_examples(cfg.data.path, tok, job.seq, cfg.data.format)
     if cfg.data.val_path:
@@ -292,7 +146,7 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
         total = min(total, cfg.training.max_steps)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _optimizer(cfg, params)
+    optimizer = make_optimizer(cfg, params)
     from transformers import get_scheduler
 
     name = {"constant": "constant_with_warmup"}.get(cfg.training.schedule, cfg.training.schedule)
@@ -304,7 +158,7 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
     )
     model, optimizer = acc.prepare(model, optimizer)
     per_rank = cfg.training.effective_batch // acc.num_processes
-    micro, why = _auto_micro(cfg, per_rank)
+    micro, why = auto_micro_batch(cfg, per_rank)
     out = Path(cfg.output_dir)
     run = Run(
         cfg=cfg, out=out, acc=acc, model=model, tokenizer=tok, optimizer=optimizer,
