@@ -55,7 +55,9 @@ class TrainingConfig(Strict):
     save_every_min: float | None = Field(
         None, gt=0, description="checkpoint interval (default: the plan's Young/Daly interval)"
     )
-    keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept (plus the best)")
+    keep_checkpoints: int = Field(
+        2, ge=1, description="newest checkpoints kept (best/ holds the best weights)"
+    )
     auto_micro_batch: bool = Field(
         True, description="on CUDA, start from the estimator's largest fitting micro-batch"
     )
