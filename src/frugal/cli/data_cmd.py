@@ -1,13 +1,14 @@
 """`frugal data check FILE`: what `frugal train` will make of a data file, before it runs.
 
 Every row is tokenized exactly as training does (frugal.run.data.load_examples, through
-frugal.plan.dataset.data_stats), so the token total is the one `frugal plan --dataset` uses.
+frugal.run.data.file_stats), so the token total is the one `frugal plan --dataset` uses.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Check training data before you train.", no_args_is_help=True)
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 BINS = 10
 
 
@@ -36,17 +36,18 @@ def check(
 ) -> None:
     """Rows, tokens, lengths, duplicates and empty rows as `frugal train` will see them."""
     from frugal.errors import FrugalError
-    from frugal.plan.dataset import data_stats
+    from frugal.plan.plot import IMAGE_SUFFIXES
+    from frugal.run.data import file_stats, load_tokenizer
 
     if seq < 1:
         raise FrugalError("--seq must be at least 1")
-    if plot and Path(plot).suffix.lower() not in PLOT_SUFFIXES:
+    if plot and Path(plot).suffix.lower() not in IMAGE_SUFFIXES:
         raise FrugalError(f"--plot {plot}: end the name in .png, .svg or .pdf")
     src = tokenizer or model
     if not src:
         raise FrugalError("give --model M (its tokenizer counts the tokens) or --tokenizer DIR")
-    tok = _load_tokenizer(src)
-    out = summarize(data_stats(file, tok, seq, fmt), seq)
+    tok = load_tokenizer(src, "give --tokenizer DIR, a directory with tokenizer files")
+    out = summarize(file_stats(file, tok, seq, fmt), seq)
     if plot:
         write_plot(out, plot)
         out["wrote_plot"] = plot
@@ -54,20 +55,6 @@ def check(
         print(json.dumps(out))
     else:
         render(file, out)
-
-
-def _load_tokenizer(src: str) -> Any:
-    from frugal.errors import FrugalError
-
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(src, local_files_only=True)
-    except Exception as e:
-        raise FrugalError(
-            f"no tokenizer at {src} offline ({type(e).__name__}): give --tokenizer DIR, "
-            "a directory with tokenizer files"
-        ) from None
 
 
 def histogram(lengths: list[int], bins: int = BINS) -> list[dict[str, int]]:
@@ -85,8 +72,7 @@ def histogram(lengths: list[int], bins: int = BINS) -> list[dict[str, int]]:
 
 def summarize(st: DataStats, seq: int) -> dict[str, Any]:
     ls = sorted(st.lengths)
-    mid = len(ls) // 2
-    median = ls[mid] if len(ls) % 2 else (ls[mid - 1] + ls[mid]) / 2
+    median = statistics.median(ls)
     median = int(median) if float(median).is_integer() else median
     warnings: list[str] = []
     share = st.over_length / st.rows
@@ -132,16 +118,11 @@ def summarize(st: DataStats, seq: int) -> dict[str, Any]:
 
 
 def write_plot(out: dict[str, Any], path: str) -> None:
-    from frugal.errors import FrugalError
+    from frugal.plan.plot import pyplot
 
-    try:
-        import matplotlib
+    plt = pyplot(path)
+    from matplotlib.ticker import MaxNLocator
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        raise FrugalError(f"--plot {path} needs matplotlib: pip install 'frugal[plot]'") from None
     hist = out["histogram"]
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     ax.bar(

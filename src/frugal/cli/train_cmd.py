@@ -73,11 +73,8 @@ def _launch(n: int) -> int:
     import signal
 
     from frugal import cli
-    from frugal.errors import FrugalError
     from frugal.run.recipe import RESUMABLE_EXIT
 
-    if torch_gpus() not in (0, None) and n > (torch_gpus() or 0):
-        raise FrugalError(f"job.gpus={n} but this machine has {torch_gpus()} GPUs")
     args = [a for a in cli.ARGV if a != "--debug"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={n}", "-m", "frugal.cli.main", *args]  # fmt: skip
@@ -123,12 +120,6 @@ TORCHRUN_NOISE = re.compile(r"^(Traceback|[WEI]\d{4} |\[[WEI] |W\d|E\d|torch\.di
 
 def _worker_codes(text: str) -> set[int]:
     return {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", text)}
-
-
-def torch_gpus() -> int | None:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else None
 
 
 def render(s: dict[str, Any], dry: bool) -> None:

@@ -74,6 +74,18 @@ class TrainJob(BaseModel):
             return "all-linear"
         return [m.strip() for m in t.split(",") if m.strip()]
 
+    def lora_config(self) -> Any:
+        """The peft LoraConfig of this job: one for the simulation and the trainer."""
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_r,
+            lora_alpha=self.alpha,
+            target_modules=self.target_modules,
+            lora_dropout=self.lora_dropout,
+            task_type="CAUSAL_LM",
+        )
+
     @property
     def compute_dtype(self) -> str:
         return {"bf16-mixed": "bf16", "bf16-true": "bf16", "fp16-mixed": "fp16"}.get(

@@ -94,30 +94,29 @@ def build_model(config: dict[str, Any], job: TrainJob, n_layers: int) -> nn.Modu
         with torch.device("meta"):
             quantize_linears(model, compute, skip={"lm_head"})
     if job.grad_checkpointing:
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_checkpointing(model)
     model.config.use_cache = False
     if job.method == "full":
         for p in model.parameters():
             p.requires_grad_(True)
         return model
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    lora = LoraConfig(
-        r=job.lora_r,
-        lora_alpha=job.alpha,
-        target_modules=job.target_modules,
-        lora_dropout=job.lora_dropout,
-        task_type="CAUSAL_LM",
-    )
+    lora = job.lora_config()
     logging.getLogger("peft").setLevel(logging.ERROR)
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # bf16-true keeps adapters in bf16; mixed precision keeps them fp32 (peft's default)
         return get_peft_model(model, lora, autocast_adapter_dtype=job.precision != "bf16-true")
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Non-reentrant activation checkpointing, as training and the simulation both run it."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:

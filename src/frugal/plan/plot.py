@@ -11,7 +11,7 @@ import html
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from frugal.errors import FrugalError
 
@@ -45,16 +45,20 @@ def _describe(p: Plan) -> str:
     )
 
 
-def _matplotlib_chart(result: Result, k: Constraints, path: str) -> None:
+def pyplot(path: str) -> Any:
+    """matplotlib.pyplot on the file-only Agg backend, or an error naming the install."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise FrugalError(
-            f"--plot {path} needs matplotlib: pip install 'frugal[plot]', or use a .html file"
-        ) from None
+        raise FrugalError(f"--plot {path} needs matplotlib: pip install 'frugal[plot]'") from None
+    return plt
+
+
+def _matplotlib_chart(result: Result, k: Constraints, path: str) -> None:
+    plt = pyplot(path)
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     pts = result.plans
     ax.scatter([p.hours for p in pts], [p.cost_usd for p in pts], s=12, c="#9aa5b1", label="plan")

@@ -23,19 +23,16 @@ def choose_precision(wanted: str) -> tuple[str, str]:
 
 
 def load_model(cfg: RunConfig, precision: str) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    from frugal.estimate.simulate import enable_checkpointing
     from frugal.models.specs import load_spec
+    from frugal.run.data import load_tokenizer
 
     job = cfg.job
-    tok_src = cfg.tokenizer or cfg.model
-    try:
-        tok = AutoTokenizer.from_pretrained(tok_src, local_files_only=True)
-    except Exception as e:
-        raise FrugalError(
-            f"no tokenizer at {tok_src} offline ({type(e).__name__}): set tokenizer= to a "
-            "directory with tokenizer files"
-        ) from None
+    tok = load_tokenizer(
+        cfg.tokenizer or cfg.model, "set tokenizer= to a directory with tokenizer files"
+    )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
@@ -68,25 +65,18 @@ def load_model(cfg: RunConfig, precision: str) -> tuple[Any, Any]:
             f"{model.get_input_embeddings().num_embeddings}: pair the model with its tokenizer"
         )
     if job.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.config.use_cache = False
     if job.method == "full":
         return model, tok
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model, prepare_model_for_kbit_training
 
     if job.method == "qlora":
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=job.grad_checkpointing
         )
-    lora = LoraConfig(
-        r=job.lora_r,
-        lora_alpha=job.alpha,
-        lora_dropout=job.lora_dropout,
-        target_modules=job.target_modules,
-        task_type="CAUSAL_LM",
-    )
     try:
-        model = get_peft_model(model, lora)
+        model = get_peft_model(model, job.lora_config())
     except ValueError as e:
         raise FrugalError(
             f"job.lora_targets={job.lora_targets}: {str(e).splitlines()[0][:160]}; name "
@@ -134,7 +124,19 @@ def auto_micro_batch(cfg: RunConfig, per_rank: int) -> tuple[int, str]:
 
 
 def refuse_unsupported(cfg: RunConfig) -> None:
+    """Configs `frugal train` cannot run, refused before any work with the fix named."""
     job, t = cfg.job, cfg.training
+    if job.sharding != "ddp":
+        raise FrugalError(
+            f"job.sharding={job.sharding}: frugal train runs DDP (one full copy per GPU) for "
+            "now; use job.sharding=ddp, or a method that fits one GPU (lora/qlora)"
+        )
+    if job.method == "qlora" and not torch.cuda.is_available():
+        raise FrugalError(
+            "QLoRA needs a CUDA GPU (bitsandbytes 4-bit kernels): use job.method=lora on CPU"
+        )
+    if not cfg.data.path:
+        raise FrugalError("data.path is not set: give the training file (data.path=FILE)")
     if cfg.plan and cfg.plan.nodes > 1:
         raise FrugalError(
             f"the plan spans {cfg.plan.nodes} machines; frugal train runs on one machine: "
@@ -163,3 +165,8 @@ def refuse_unsupported(cfg: RunConfig) -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus and job.gpus > gpus:
         raise FrugalError(f"job.gpus={job.gpus} but this machine has {gpus} GPUs")
+    if cfg.budget_usd is not None and not cfg.hourly_usd:
+        raise FrugalError(
+            "a budget needs the machine's price: run a plan's config, or give "
+            "--price-per-hour USD (price_per_hour_usd=...)"
+        )

@@ -30,10 +30,8 @@ from typing import Any
 import torch
 
 from frugal.errors import FrugalError
-from frugal.plan.dataset import rows as read_rows
 from frugal.run.losses import IGNORE
-
-FORMATS = ("text", "prompt_completion", "chat")
+from frugal.run.rows import FORMATS, detect_format, messages, read_rows
 
 
 @dataclass
@@ -52,40 +50,6 @@ class DataStats:
     trained_tokens: int = 0  # after truncation, labels not masked
     lengths: list[int] = field(default_factory=list)
     format: str = ""
-
-
-def detect_format(row: dict[str, Any], where: str) -> str:
-    def given(key: str) -> bool:  # CSV reads a blank cell as "", not as missing
-        return row.get(key) not in (None, "")
-
-    if given("messages"):
-        return "chat"
-    if given("prompt") or given("completion"):
-        return "prompt_completion"
-    if row.get("text") is not None:  # a blank text is still a text row
-        return "text"
-    keys = ", ".join(sorted(row)) or "none"
-    raise FrugalError(
-        f"{where}: no 'text', 'prompt'/'completion' or 'messages' (keys: {keys}); "
-        "rename the column or set data.format"
-    )
-
-
-def _messages(row: dict[str, Any], where: str) -> list[dict[str, str]]:
-    import json
-
-    msgs = row.get("messages")
-    if isinstance(msgs, str):
-        try:
-            msgs = json.loads(msgs)
-        except json.JSONDecodeError:
-            msgs = None
-    ok = isinstance(msgs, list) and all(
-        isinstance(m, dict) and "role" in m and "content" in m for m in msgs
-    )
-    if not ok:
-        raise FrugalError(f"{where}: 'messages' must be a list of {{role, content}} objects")
-    return list(msgs)  # type: ignore[arg-type]
 
 
 def _chat(tok: Any, msgs: list[dict[str, str]], where: str) -> Example:
@@ -119,7 +83,7 @@ def tokenize(row: dict[str, Any], fmt: str, tok: Any, where: str) -> Example:
     """One row as an example, with its loss mask; ends with EOS; first label masked."""
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     if fmt == "chat":
-        ex = _chat(tok, _messages(row, where), where)
+        ex = _chat(tok, messages(row, where), where)
     elif fmt == "prompt_completion":
         p = tok(str(row.get("prompt") or ""))["input_ids"]
         c = tok(str(row.get("completion") or ""), add_special_tokens=False)["input_ids"] + eos
@@ -135,9 +99,15 @@ def tokenize(row: dict[str, Any], fmt: str, tok: Any, where: str) -> Example:
 
 
 def load_examples(
-    path: str, tok: Any, seq: int, fmt: str = "auto", stats: DataStats | None = None
+    path: str,
+    tok: Any,
+    seq: int,
+    fmt: str = "auto",
+    stats: DataStats | None = None,
+    need_trainable: bool = True,
 ) -> list[Example]:
-    """Tokenized examples of a data file, truncated to `seq`; empty rows dropped."""
+    """Tokenized examples of a data file, truncated to `seq`; empty rows dropped. A file with
+    nothing to train is refused unless `need_trainable` is off (a count, not a run)."""
     st = stats if stats is not None else DataStats()
     seen: set[bytes] = set()
     out: list[Example] = []
@@ -165,9 +135,28 @@ def load_examples(
         out.append(ex)
     if not st.rows:
         raise FrugalError(f"dataset {path} has no rows")
-    if not out:
+    if not out and need_trainable:
         raise FrugalError(f"dataset {path}: no row has tokens to train on (all empty or masked)")
     return out
+
+
+def file_stats(path: str, tok: Any, seq: int, fmt: str = "auto") -> DataStats:
+    """What `frugal train`'s tokenization makes of a file: `frugal data check` prints it,
+    `frugal plan --dataset` takes its token total."""
+    st = DataStats()
+    load_examples(path, tok, seq, fmt, st, need_trainable=False)
+    return st
+
+
+def load_tokenizer(src: str, fix: str) -> Any:
+    """The tokenizer at `src` (a local dir, or a hub id in the local cache), offline;
+    a FrugalError that ends with `fix` when there is none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(src, local_files_only=True)
+    except Exception as e:  # not cached, no tokenizer files, offline
+        raise FrugalError(f"no tokenizer at {src} offline ({type(e).__name__}): {fix}") from None
 
 
 # -- rows of the model's input ----------------------------------------------------------------

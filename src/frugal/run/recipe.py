@@ -65,17 +65,15 @@ class Run:
     tokenizer: Any
     optimizer: Any
     scheduler: Any
-    rows: list[Row]
-    val_rows: list[Row]
+    batches: Batcher  # the training rows
+    val_batches: Batcher  # the validation rows
     schedule: Schedule
     precision: str
     precision_reason: str
     micro: int
     eval_micro: int
     total_steps: int
-    params: list[Any] = field(default_factory=list)  # the trainable parameters
-    batches: Any = None  # data.Batcher of the training rows
-    val_batches: Any = None
+    params: list[Any]  # the trainable parameters
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -99,23 +97,7 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
     from accelerate.utils import set_seed
 
     job = cfg.job
-    if job.sharding != "ddp":
-        raise FrugalError(
-            f"job.sharding={job.sharding}: frugal train runs DDP (one full copy per GPU) for "
-            "now; use job.sharding=ddp, or a method that fits one GPU (lora/qlora)"
-        )
-    if job.method == "qlora" and not torch.cuda.is_available():
-        raise FrugalError(
-            "QLoRA needs a CUDA GPU (bitsandbytes 4-bit kernels): use job.method=lora on CPU"
-        )
-    if not cfg.data.path:
-        raise FrugalError("data.path is not set: give the training file (data.path=FILE)")
     refuse_unsupported(cfg)
-    if cfg.budget_usd is not None and not cfg.hourly_usd:
-        raise FrugalError(
-            "a budget needs the machine's price: run a plan's config, or give "
-            "--price-per-hour USD (price_per_hour_usd=...)"
-        )
     precision, reason = choose_precision(job.precision)
     mixed = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, "no")
     acc = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available())
@@ -127,6 +109,7 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
     set_seed(cfg.training.seed)
     model, tok = load_model(cfg, precision)
 
+    assert cfg.data.path  # refuse_unsupported checked it
     examples = load_examples(cfg.data.path, tok, job.seq, cfg.data.format)
     if cfg.data.val_path:
         train_ex, val_ex = examples, load_examples(cfg.data.val_path, tok, job.seq, cfg.data.format)
@@ -162,11 +145,10 @@ def setup(cfg: RunConfig, quiet: bool = False) -> Run:
     out = Path(cfg.output_dir)
     run = Run(
         cfg=cfg, out=out, acc=acc, model=model, tokenizer=tok, optimizer=optimizer,
-        scheduler=scheduler, rows=rows, val_rows=val_rows, schedule=sched_data,
+        scheduler=scheduler, batches=Batcher(rows, pad, cfg.data.packing),
+        val_batches=Batcher(val_rows, pad, cfg.data.packing), schedule=sched_data,
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
         total_steps=total, params=params, notes=[f"micro-batch {micro}: {why}"],
-        batches=Batcher(rows, pad, cfg.data.packing),
-        val_batches=Batcher(val_rows, pad, cfg.data.packing),
     )  # fmt: skip
     return run
 
@@ -278,11 +260,11 @@ def _free_memory(run: Run) -> None:
 
 def evaluate(run: Run) -> float | None:
     """Mean token loss on the validation rows; an OOM halves only the evaluation batch."""
-    if not run.val_rows:
+    if not len(run.val_batches):
         return None
     # the unwrapped model: DDP's forward would wait for processes that have no rows left
     model, acc = run.acc.unwrap_model(run.model), run.acc
-    mine = list(range(acc.process_index, len(run.val_rows), run.world))
+    mine = list(range(acc.process_index, len(run.val_batches), run.world))
     while True:
         try:
             model.eval()
@@ -500,7 +482,7 @@ def _run_key(run: Run) -> dict[str, Any]:
     c = run.cfg
     return {"job.method": c.job.method, "job.optimizer": c.job.optimizer,
             "job.seq": c.job.seq, "job.lora_r": c.job.lora_r, "data.path": c.data.path,
-            "data.packing": c.data.packing, "rows": len(run.rows),
+            "data.packing": c.data.packing, "rows": len(run.batches),
             "training.effective_batch": c.training.effective_batch,
             "training.learning_rate": c.training.learning_rate,
             "training.seed": c.training.seed, "total steps": run.total_steps}  # fmt: skip
@@ -545,7 +527,7 @@ def _loop(
         # session, with its warm-up, only while it is the only one), or the plan's before any
         slowest = max(times[1:] if len(times) > 1 else times, default=_planned_step_s(cfg))
         if eval_due:
-            nxt = eval_s if eval_s is not None else slowest * len(run.val_rows) / max(
+            nxt = eval_s if eval_s is not None else slowest * len(run.val_batches) / max(
                 1, t.effective_batch) / 2  # fmt: skip
         else:
             nxt = slowest if step < total else 0.0
