@@ -84,6 +84,29 @@ def test_flops_and_tokens_scale_with_batch(tiny_llama: ModelSpec) -> None:
     assert 0 < f["recompute"] <= f["forward"]
 
 
+def test_an_accumulating_run_also_gives_the_single_micro_step_profile(
+    tiny_llama: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import frugal.estimate.simulate as sim
+
+    accum = make_job(method="full", seq=128, grad_accum=4)
+    single = accum.model_copy(update={"grad_accum": 1})
+    monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path / "both"))
+    two = get_profile(tiny_llama, accum, 128)
+    with monkeypatch.context() as m:  # the single-step profile comes from that one run
+        m.setattr(sim, "simulate", lambda *a, **k: pytest.fail("simulated again"))
+        derived = get_profile(tiny_llama, single, 128)
+    monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path / "direct"))
+    direct = get_profile(tiny_llama, single, 128)
+    grads = CATEGORIES.index("gradients")
+    for b, s in ((1, 128), (3, 200)):
+        np.testing.assert_allclose(derived.segment_peaks(b, s), direct.segment_peaks(b, s))
+        assert derived.flops(b, s) == direct.flops(b, s)
+        # accumulating, the forward pass runs with the last micro-step's gradients alive
+        assert derived.segment_peaks(b, s)[0, grads] == 0
+        assert two.segment_peaks(b, s)[0, grads] > 0
+
+
 # -- (b) activation checkpointing ---------------------------------------------------------
 
 

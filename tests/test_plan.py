@@ -32,6 +32,24 @@ def test_search_recommends_the_cheapest_feasible(tiny_llama: ModelSpec) -> None:
     assert fastest.hours <= best.hours
 
 
+def test_plan_memory_is_the_estimate_of_the_printed_job(tiny_llama: ModelSpec) -> None:
+    """Fit is judged with the accumulation the plan prints: an accumulating job holds its
+    gradients through the next forward pass."""
+    from frugal.estimate.core import estimate
+    from frugal.hardware.gpus import GIB
+
+    r = search(
+        tiny_llama,
+        make_job(method="full", seq=1024),
+        catalog(),
+        Constraints(tokens=1e9, effective_batch=4096, methods=("full",)),
+    )
+    assert any(p.job.grad_accum > 1 for p in r.plans)
+    for p in r.plans[:20]:
+        want = estimate(tiny_llama, p.job).memory.device_total / GIB
+        assert p.device_total_gib == pytest.approx(want, rel=1e-6), p.label()
+
+
 def test_pareto_drops_dominated(tiny_llama: ModelSpec) -> None:
     r = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7))
     everything = r.frontier

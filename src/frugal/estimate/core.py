@@ -104,9 +104,18 @@ def regime(spec: ModelSpec, job: TrainJob, seq: int) -> tuple[str, int]:
 
 
 def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
+    """The memory and FLOPs profile of `job`, from the cache or simulated.
+
+    A job that accumulates gradients simulates two micro-steps, which also yields the
+    profile without accumulation; both are cached.
+    """
     basis, s0 = regime(spec, job, seq)
-    key = cache.profile_key(spec.config, job.profile_key(), f"{basis}:{s0}")
-    prof = cache.load(key)
+
+    def key(accum: int) -> str:
+        k = job.model_copy(update={"grad_accum": accum}).profile_key()
+        return cache.profile_key(spec.config, k, f"{basis}:{s0}")
+
+    prof = cache.load(key(job.grad_accum))
     if prof is not None:
         return prof
     from frugal.estimate.simulate import distinct_layer_kinds, simulate
@@ -115,15 +124,14 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
     depths = (k, k + 1) if k < spec.num_layers else (k - 1, k)
     depths = (max(depths[0], 1), max(depths[1], 2))
     shapes = grid(basis, s0)
-    fits = []
-    targets: list[str] = []
-    for n in depths:
-        traces = simulate(spec.config, job, n, shapes)
-        fits.append(LayerFit.from_traces(n, basis, shapes, traces))
-        targets = traces[0].lora_targets
-    prof = Profile(basis, spec.num_layers, (fits[0], fits[1]), targets)
-    cache.save(key, prof)
-    return prof
+    runs = [(n, simulate(spec.config, job, n, shapes)) for n in depths]
+    targets = runs[0][1][0].lora_targets
+    made = {}
+    for micro in range(1, min(job.grad_accum, 2) + 1):
+        lo, hi = (LayerFit.from_traces(n, basis, shapes, t, micro) for n, t in runs)
+        made[micro] = Profile(basis, spec.num_layers, (lo, hi), targets)
+        cache.save(key(micro), made[micro])
+    return made[min(job.grad_accum, 2)]
 
 
 # -- memory --------------------------------------------------------------------------

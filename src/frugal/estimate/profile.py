@@ -98,8 +98,17 @@ class LayerFit:
 
     @classmethod
     def from_traces(
-        cls, n_layers: int, basis: str, shapes: list[tuple[int, int]], traces: list[Any]
+        cls,
+        n_layers: int,
+        basis: str,
+        shapes: list[tuple[int, int]],
+        traces: list[Any],
+        micro_steps: int = 2,
     ) -> LayerFit:
+        """Fit the traces of one depth. With `micro_steps=1`, a run of two accumulation
+        micro-steps also gives the single-micro-step step: its first micro-step and its
+        optimizer segment, which starts from the same state (weights, full gradients,
+        optimizer state) either way."""
         ref = traces[0]
         samples = [ref.live]
         for t in traces[1:]:
@@ -114,6 +123,7 @@ class LayerFit:
         attn = np.array([ref.attn_flops[p] for p in PHASES], dtype=np.float64) / (b0 * s0 * s0)
         seg_index = {s: i for i, s in enumerate(SEGMENTS)}
         segs = np.array([seg_index.get(s, -1) for s in ref.segments])
+        segs[(ref.micro > micro_steps) & (ref.segments != "opt")] = -1
         return cls(n_layers, coef, segs, flop_coef, attn, ref.total_params, ref.trainable_params)
 
     def peaks(self, phi: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ class Trace:
 
     live: np.ndarray  # (ops + 1, categories) live bytes after each op
     segments: np.ndarray  # (ops + 1,) segment name of each op
+    micro: np.ndarray  # (ops + 1,) micro-step of each op (1 or 2; 0 before the first)
     flops: dict[str, int]  # forward / backward / recompute FLOPs of one micro-step
     attn_flops: dict[str, int]  # the part of those in fused attention kernels
     op_ids: np.ndarray  # (ops + 1,) which aten op ran, to align runs of other shapes
@@ -237,7 +238,8 @@ def simulate(
             try:
                 with tracking(tracker):
                     ids = torch.zeros((batch, seq), dtype=torch.long)
-                    for _micro in range(min(job.grad_accum, 2)):
+                    for micro in range(1, min(job.grad_accum, 2) + 1):
+                        tracker.micro = micro
                         tracker.set_segment("fwd")
                         with torch.autocast("cpu", dtype=compute, enabled=autocast):
                             loss = model(input_ids=ids, labels=ids).loss
@@ -258,6 +260,7 @@ def simulate(
                 Trace(
                     live=tracker.timeline(),
                     segments=tracker.segments(),
+                    micro=tracker.micro_steps(),
                     flops=dict(tracker.flops),
                     attn_flops=dict(tracker.attn_flops),
                     op_ids=np.array(tracker.op_ids),

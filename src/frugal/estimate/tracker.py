@@ -114,6 +114,8 @@ class StepTracker(TorchDispatchMode):
         self.op = 0
         self.segment = "fwd"
         self.segment_of_op: list[str] = ["setup"]
+        self.micro = 1  # which micro-step of gradient accumulation is running
+        self.micro_of_op: list[int] = [0]
         self.op_ids: list[int] = [-1]  # which aten op each op was (to align runs)
         self.records: list[_Storage] = []
         self._live: dict[int, _Storage] = {}
@@ -179,6 +181,7 @@ class StepTracker(TorchDispatchMode):
             return func(*args, **kwargs)
         self.op += 1
         self.segment_of_op.append(self.segment)
+        self.micro_of_op.append(self.micro)
         self.op_ids.append(_OP_IDS.setdefault(func, len(_OP_IDS)))
         out = func(*args, **kwargs)
         if self.count_flops:
@@ -222,6 +225,9 @@ class StepTracker(TorchDispatchMode):
 
     def segments(self) -> np.ndarray:
         return np.array(self.segment_of_op)
+
+    def micro_steps(self) -> np.ndarray:
+        return np.array(self.micro_of_op)
 
 
 _ACTIVE: list[StepTracker] = []

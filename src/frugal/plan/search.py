@@ -162,8 +162,9 @@ class Result:
 
 
 class _Profiles:
-    """One memory profile per (method, precision, optimizer, checkpointing): the expensive
-    part, simulated once and cached on disk; everything else is arithmetic on it."""
+    """One memory profile per (method, precision, optimizer, checkpointing, accumulating
+    or not): the expensive part, simulated once and cached on disk; everything else is
+    arithmetic on it."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -311,7 +312,7 @@ def _best_config(
                         "optimizer": opt,
                         "batch": 1,
                         "seq": base.seq,
-                        "grad_accum": 1,
+                        "grad_accum": 1 if per_gpu_share == 1 else 2,
                         "grad_checkpointing": ckpt,
                         "attention": base.attention,
                         "gpus": n,
@@ -319,20 +320,22 @@ def _best_config(
                         **lora,
                     }
                 )
-                prof = profiles.get(job)
-                mb = 0
+                fitted = None
                 b = 1
                 while b <= per_gpu_share:
-                    mem = memory_at(prof, job, b, base.seq, ov)
+                    # accumulating micro-steps hold the gradients through the next forward
+                    accum = math.ceil(k.effective_batch / (b * n))
+                    trial = job.model_copy(update={"batch": b, "grad_accum": accum})
+                    prof = profiles.get(trial)
+                    mem = memory_at(prof, trial, b, base.seq, ov)
                     if mem.device_total > cap:
                         smallest_need = min(smallest_need, mem.device_total)
                         break
-                    mb, fit_mem = b, mem
+                    fitted = (trial, mem, prof)
                     b *= 2
-                if mb == 0:
+                if fitted is None:
                     continue
-                accum = math.ceil(k.effective_batch / (mb * n))
-                job = job.model_copy(update={"batch": mb, "grad_accum": accum})
+                job, fit_mem, prof = fitted
                 speed = step_time(
                     prof, job, gpu, spec.hidden_size, per_node, 0.0 if nodes == 1 else node_gbps, sc
                 )
