@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from frugal.estimate.core import estimate
-from frugal.estimate.job import make_job
+from frugal.estimate.job import FIXED_4BIT_INPUT, make_job
 from frugal.hardware.csvdata import data_rows
 from frugal.models.specs import load_spec
 
@@ -45,6 +45,7 @@ def predict(r: dict[str, str]) -> tuple[float, float]:
         grad_checkpointing=r["grad_checkpointing"] == "true",
         gpus=int(r["gpus"]),
         sharding=r["sharding"],
+        bitsandbytes=r["bitsandbytes"] or FIXED_4BIT_INPUT,  # blank: a current release
     )
     est = estimate(load_spec(r["model"]), job).to_json()
     measured = float(r["measured"]) * (1e9 / 2**30 if r["unit"] == "GB" else 1.0)

@@ -143,6 +143,42 @@ def test_qlora_frozen_weights_are_a_quarter() -> None:
     assert qlora == pytest.approx(expect_q, abs=4096)
 
 
+def test_old_bitsandbytes_keeps_each_4bit_input(tiny_llama: ModelSpec) -> None:
+    """Before 0.43.2, bitsandbytes held each 4-bit layer's input on the autograd context: the
+    forward keeps it (what LitGPT's QLoRA rows measured), and since checkpointing only frees
+    saved tensors, it keeps every layer's inputs even with checkpointing on."""
+    h, f, n, t = 64, 128, 4, 2 * 256  # TINY_LLAMA: hidden, MLP, layers; tokens
+
+    def acts(version: str, ckpt: bool) -> float:
+        job = make_job(
+            method="qlora", batch=2, seq=256, grad_checkpointing=ckpt, bitsandbytes=version
+        )
+        return estimate(tiny_llama, job).memory.breakdown["activations"]
+
+    assert acts("0.41.1", ckpt=False) > acts("0.45.0", ckpt=False)
+    kept = acts("0.43.1", ckpt=True) - acts("0.43.2", ckpt=True)
+    # per layer, in bf16: the attention input (q, k, v share it), o_proj's input, the MLP's
+    # (gate and up share it) and down_proj's
+    assert kept == n * (3 * h + f) * t * 2
+
+
+def test_bitsandbytes_version_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    import frugal.estimate.job as jobmod
+    from frugal.errors import FrugalError
+
+    monkeypatch.setattr(jobmod, "_installed", lambda pkg: "0.42.0")
+    assert make_job(method="qlora").keeps_4bit_input  # the installed bitsandbytes decides
+    assert not make_job(method="qlora", bitsandbytes="0.44.1").keeps_4bit_input
+    assert not make_job(method="lora").keeps_4bit_input  # no 4-bit layers at all
+    monkeypatch.setattr(jobmod, "_installed", lambda pkg: None)
+    assert not make_job(method="qlora").keeps_4bit_input  # not installed: the current one
+    # the profile depends on the behaviour, not on the version string
+    key = make_job(method="qlora", bitsandbytes="0.45.0").profile_key()
+    assert key == make_job(method="qlora", bitsandbytes="0.48.2").profile_key()
+    with pytest.raises(FrugalError, match="--bitsandbytes 'new' is not a version"):
+        make_job(method="qlora", bitsandbytes="new")
+
+
 # -- (d) the profile reproduces a direct simulation ---------------------------------------
 
 

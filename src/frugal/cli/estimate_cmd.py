@@ -32,6 +32,7 @@ def estimate(
     attention: str = typer.Option("sdpa", help=_help("attention")),
     gpus: int = typer.Option(1, help=_help("gpus")),
     sharding: str = typer.Option("ddp", help=_help("sharding")),
+    bitsandbytes: str | None = typer.Option(None, help=_help("bitsandbytes")),
     gpu: str | None = typer.Option(None, help="GPU to check the fit on (see gpus.csv names)."),
     gpu_memory: float | None = typer.Option(None, help="Or: usable GPU memory in GiB."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -58,6 +59,7 @@ def estimate(
         attention=attention,
         gpus=gpus,
         sharding=sharding,
+        bitsandbytes=bitsandbytes,
     )
     if gpu is not None and gpu_memory is not None:
         raise FrugalError("give --gpu or --gpu-memory, not both")

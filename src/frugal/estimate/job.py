@@ -19,6 +19,27 @@ Attention = Literal["sdpa", "eager"]
 Sharding = Literal["ddp", "fsdp", "zero2", "zero3"]
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_targets", "lora_dropout")
+FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops its input
+
+
+def _version(text: str) -> Any:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise ValueError(
+            f"--bitsandbytes {text!r} is not a version: give one like 0.45.0"
+        ) from None
+
+
+def _installed(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 class TrainJob(BaseModel):
@@ -46,12 +67,19 @@ class TrainJob(BaseModel):
     attention: Attention = Field("sdpa", description="attention kernel: sdpa (flash) or eager")
     gpus: int = Field(1, description="number of GPUs")
     sharding: Sharding = Field("ddp", description="how state is split across GPUs")
+    bitsandbytes: str | None = Field(
+        None,
+        description="bitsandbytes version a QLoRA run uses (before 0.43.2, each 4-bit layer "
+        "also kept its input for backward); default: the installed one, else the newest",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainJob:
         for name in ("batch", "seq", "grad_accum", "gpus"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_flag(name)} must be at least 1")
+        if self.bitsandbytes is not None:
+            _version(self.bitsandbytes)
         if self.method != "full":
             if self.lora_r < 1:
                 raise ValueError("--lora-r must be a positive rank (e.g. 8, 16, 64)")
@@ -87,6 +115,19 @@ class TrainJob(BaseModel):
         )
 
     @property
+    def keeps_4bit_input(self) -> bool:
+        """Whether each 4-bit layer holds its input until backward.
+
+        bitsandbytes kept the input A of `MatMul4Bit` on the autograd context although a
+        frozen weight never needs it, until PR #1270 (released in 0.43.2, July 2024). It is
+        a context attribute, not a saved tensor, so checkpointing does not free it either.
+        """
+        if self.method != "qlora":
+            return False
+        v = self.bitsandbytes or _installed("bitsandbytes")
+        return v is not None and _version(v) < _version(FIXED_4BIT_INPUT)
+
+    @property
     def compute_dtype(self) -> str:
         return {"bf16-mixed": "bf16", "bf16-true": "bf16", "fp16-mixed": "fp16"}.get(
             self.precision, "fp32"
@@ -101,7 +142,8 @@ class TrainJob(BaseModel):
         """The settings a memory profile depends on (not batch, seq or parallelism).
         Accumulation only matters as 1 or more: the simulation runs min(grad_accum, 2)
         micro-steps, since from the second on, every micro-step holds the same buffers."""
-        key = self.model_dump(exclude={"batch", "seq", "gpus", "sharding"})
+        key = self.model_dump(exclude={"batch", "seq", "gpus", "sharding", "bitsandbytes"})
+        key["keeps_4bit_input"] = self.keeps_4bit_input
         key["grad_accum"] = min(self.grad_accum, 2)
         return key
 

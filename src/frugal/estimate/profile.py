@@ -17,7 +17,7 @@ Two facts make a handful of small simulations exact for the whole model:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -149,6 +149,10 @@ class Profile:
     n_layers: int  # the model's depth
     fits: tuple[LayerFit, LayerFit]  # depths k and k + 1
     lora_targets: list[str]
+    # evaluated shapes: a search asks for the same few (batch, seq) thousands of times
+    _memo: dict[tuple[str, int, int], np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def _extrapolate(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         k = self.fits[0].n_layers
@@ -156,9 +160,12 @@ class Profile:
 
     def segment_peaks(self, batch: int, seq: int) -> np.ndarray:
         """(segments, categories) bytes at each segment's peak for the full depth."""
-        phi = features(self.basis, batch, seq)
-        lo, hi = (f.peaks(phi) for f in self.fits)
-        return np.maximum(self._extrapolate(lo, hi), 0.0)
+        key = ("peaks", batch, seq)
+        if key not in self._memo:
+            phi = features(self.basis, batch, seq)
+            lo, hi = (f.peaks(phi) for f in self.fits)
+            self._memo[key] = np.maximum(self._extrapolate(lo, hi), 0.0)
+        return self._memo[key].copy()
 
     def flops(self, batch: int, seq: int) -> dict[str, float]:
         """FLOPs of one micro-step (forward, backward, recompute) for the full depth."""

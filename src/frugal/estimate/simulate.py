@@ -93,7 +93,7 @@ def build_model(config: dict[str, Any], job: TrainJob, n_layers: int) -> nn.Modu
         from frugal.estimate.qlora import quantize_linears
 
         with torch.device("meta"):
-            quantize_linears(model, compute, skip={"lm_head"})
+            quantize_linears(model, compute, skip={"lm_head"}, keeps_input=job.keeps_4bit_input)
     if job.grad_checkpointing:
         enable_checkpointing(model)
     model.config.use_cache = False
