@@ -139,3 +139,35 @@ def test_decreasing_loss_is_no_plateau() -> None:
     for s in range(1, 201):
         out += d.on_step(s, 2.0 * 0.995**s + 0.1, 1.0)
     assert [f for f in out if f.kind == "plateau"] == []
+
+
+def test_state_round_trip_continues_like_an_uninterrupted_run() -> None:
+    """A resumed run restores the windows: the findings match a run never stopped."""
+    import json
+
+    rng = random.Random(3)
+    losses = [1.5 + rng.gauss(0.0, 0.005) for _ in range(60)]
+    norms = [1.0] * 30 + [50.0] + [1.0] * 29
+    evals = [(10, 1.0), (20, 1.1), (30, 1.2)]
+
+    def feed(d: Diagnostics, steps: range) -> list[Finding]:
+        out: list[Finding] = []
+        for s in steps:
+            out += d.on_step(s, losses[s - 1], norms[s - 1])
+            for at, ev in evals:
+                if at == s:
+                    out += d.on_eval(s, ev, None)
+        return out
+
+    whole = feed(_diag(), range(1, 61))
+    first = _diag()
+    part = feed(first, range(1, 26))
+    resumed = _diag()
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))  # via the checkpoint
+    part += feed(resumed, range(26, 61))
+    assert [(f.kind, f.step) for f in part] == [(f.kind, f.step) for f in whole]
+    assert {"plateau", "grad_spike", "overfitting"} <= {f.kind for f in whole}
+    # without the state, the second half misses what needed the first half's history
+    late = [(f.kind, f.step) for f in whole if f.step >= 26]
+    fresh = feed(_diag(), range(26, 61))
+    assert late and [(f.kind, f.step) for f in fresh] != late

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from test_cli import run_error
 
+from frugal.run import checkpoint as ckpt
 from frugal.run import recipe
 from frugal.run.config import RunConfig, apply_overrides, load_run_config, validate_run_config
 
@@ -116,10 +117,15 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     s = recipe.train(make_cfg(b, *over), on_step=kill_at_5, quiet=True)
     assert s["outcome"] == "preempted" and s["resumable"] and s["steps"] == 5
     assert not (b / "final").exists()
+    at_5 = ckpt.read_state(b / "checkpoints" / "step-00000005")["diagnostics"]
+    assert at_5["n_losses"] == 5 and len(at_5["grads"]) == 5  # the windows ride along
     s = recipe.train(make_cfg(b, *over), quiet=True)
     assert s["outcome"] == "completed" and s["steps_this_session"] == 7
     assert "resumed from step-00000005 (step 5)" in s["notes"]
     assert_same_weights(a, b)
+    # the resumed session judged steps 6-12 with steps 1-5 still in its windows
+    last = ckpt.read_state(ckpt.latest(b / "checkpoints"))  # type: ignore[arg-type]
+    assert last["diagnostics"]["n_losses"] == last["step"]
     la, lb = losses(a), losses(b)  # the same data in the same order, step by step
     assert la.keys() == lb.keys() == set(range(1, 13))
     assert all(abs(la[k] - lb[k]) < 1e-6 for k in la)

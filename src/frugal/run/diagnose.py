@@ -1,7 +1,8 @@
 """Training-run diagnostics: watch the loss and gradient norm as a run goes and say, in one
 line, what looks wrong, the likely cause and the run-config knob to turn.
 
-Pure Python and small state (a few bounded deques), so the runner can call it every step.
+Pure Python and small state (a few bounded deques), so the runner can call it every step;
+the state rides in each checkpoint, so a resumed run keeps its windows.
 Only a non-finite loss is fatal: the runner checkpoints the last good state and stops.
 """
 
@@ -11,6 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from statistics import fmean, median
+from typing import Any
 
 
 @dataclass
@@ -52,6 +54,27 @@ class Diagnostics:
         self._last_plateau: int | None = None
         self._evals: deque[tuple[float, float | None]] = deque(maxlen=3)
         self._overfit_reported = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The windows and counters, JSON-ready: a resumed run keeps judging the same way."""
+        return {
+            "grads": list(self._grads),
+            "losses": list(self._losses),
+            "n_losses": self._n_losses,
+            "last_spike": self._last_spike,
+            "last_plateau": self._last_plateau,
+            "evals": [list(e) for e in self._evals],
+            "overfit_reported": self._overfit_reported,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._grads.extend(float(x) for x in state["grads"])
+        self._losses.extend(float(x) for x in state["losses"])
+        self._n_losses = int(state["n_losses"])
+        self._last_spike = state["last_spike"]
+        self._last_plateau = state["last_plateau"]
+        self._evals.extend((float(e), t) for e, t in state["evals"])
+        self._overfit_reported = bool(state["overfit_reported"])
 
     def train_loss_avg(self) -> float | None:
         """Moving average of the last `window` finite step losses (None before any)."""

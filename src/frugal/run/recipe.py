@@ -439,7 +439,8 @@ def _start(
     out = run.out
     book: dict[str, Any] = {"best_eval": None, "best_step": None, "bad_evals": 0,
                             "tokens": 0.0, "train_tokens": 0.0, "train_time_s": 0.0,
-                            "step_times": [], "findings": []}  # fmt: skip
+                            "step_times": [], "findings": [],
+                            "diagnostics": None}  # fmt: skip
     source = None
     if resume not in ("auto", "never"):
         source = Path(resume)
@@ -499,6 +500,8 @@ def _loop(
     for n in run.notes:
         progress.print(n)
     diag = Diagnostics(t.learning_rate, run.precision, t.max_grad_norm)
+    if book["diagnostics"] is not None:  # resumed: the windows carry on
+        diag.load_state_dict(book["diagnostics"])
     save_every_s = 60 * (t.save_every_min or _plan_interval(cfg) or DEFAULT_SAVE_MIN)
     # a clean stop writes a checkpoint and the final weights: guess their time from the bytes
     # until a checkpoint has been timed (1 GB/s disk, 20 ms of fixed cost)
@@ -518,6 +521,7 @@ def _loop(
         if at == saved_step:
             return
         t0 = clock()
+        book["diagnostics"] = diag.state_dict()
         save_checkpoint(run, at, meter, book)
         save_s, last_save, saved_step = clock() - t0, clock(), at
 
