@@ -328,3 +328,10 @@ def test_profile_is_reused_from_cache(
     d = core.cache.cache_dir()
     assert d == Path(os.environ["FRUGAL_CACHE_DIR"])
     assert any(d.glob("*.npz"))
+
+
+def test_sharded_estimates_say_how_far_to_trust_them(tiny_llama: ModelSpec) -> None:
+    fsdp = estimate(tiny_llama, make_job(gpus=2, sharding="fsdp", seq=128))
+    assert any("6-25% above" in n for n in fsdp.notes)
+    ddp = estimate(tiny_llama, make_job(gpus=2, sharding="ddp", seq=128))
+    assert not any("6-25% above" in n for n in ddp.notes)

@@ -223,6 +223,11 @@ def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str],
         )
     if job.gpus == 1 and job.sharding != "ddp":
         notes.append(f"--sharding {job.sharding} has no effect on one GPU")
+    elif job.sharding in ("fsdp", "zero3"):
+        notes.append(
+            f"{job.sharding} terms are closed-form and cover the training step only: "
+            "third-party FSDP runs peaked 6-25% above them (docs/accuracy.md); keep headroom"
+        )
     if spec.is_moe and job.method != "full":
         notes.append(
             "MoE experts are fused 3D parameters in transformers 5; see lora_targets for "
