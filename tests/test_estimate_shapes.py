@@ -166,11 +166,11 @@ def test_bitsandbytes_version_default_and_errors(monkeypatch: pytest.MonkeyPatch
     import frugal.estimate.job as jobmod
     from frugal.errors import FrugalError
 
-    monkeypatch.setattr(jobmod, "_installed", lambda pkg: "0.42.0")
+    monkeypatch.setattr(jobmod, "installed_version", lambda pkg: "0.42.0")
     assert make_job(method="qlora").keeps_4bit_input  # the installed bitsandbytes decides
     assert not make_job(method="qlora", bitsandbytes="0.44.1").keeps_4bit_input
     assert not make_job(method="lora").keeps_4bit_input  # no 4-bit layers at all
-    monkeypatch.setattr(jobmod, "_installed", lambda pkg: None)
+    monkeypatch.setattr(jobmod, "installed_version", lambda pkg: None)
     assert not make_job(method="qlora").keeps_4bit_input  # not installed: the current one
     # the profile depends on the behaviour, not on the version string
     key = make_job(method="qlora", bitsandbytes="0.45.0").profile_key()

@@ -12,6 +12,9 @@ class FrugalError(Exception):
     exit_code = 2
 
 
+RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped on a signal, checkpoint saved, run `--resume auto`
+
+
 def norm(s: str) -> str:
     """Lower case, letters and digits only: 'RTX 4090' == 'rtx4090' == 'rtx-4090'."""
     return "".join(c for c in s.lower() if c.isalnum())

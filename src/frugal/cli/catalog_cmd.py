@@ -6,6 +6,8 @@ import json
 
 import typer
 
+from frugal.hardware.offers import KWH_USD
+
 
 def gpus(json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """GPU specs: usable memory, dense tensor TFLOPS, bandwidth, bf16, interconnect."""
@@ -45,7 +47,7 @@ def offers(
         None, help="PROVIDER=PERCENT off its prices, e.g. aws=15."
     ),
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
-    kwh_usd: float = typer.Option(0.17, help="Electricity price for --local, $/kWh."),
+    kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for --local, $/kWh."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """GPU offers: provider, instance, GPUs, on-demand and spot $/hour, terms."""

@@ -10,29 +10,31 @@ import typer
 from frugal.estimate.job import TrainJob
 
 
-def _help(field: str) -> str:
+def field_help(field: str) -> str:
     return TrainJob.model_fields[field].description or ""
 
 
 def estimate(
     model: str = typer.Argument(..., help="Bundled hub id, local dir or config.json, or hub id."),
-    method: str = typer.Option("lora", help=_help("method")),
-    precision: str = typer.Option("bf16-mixed", help=_help("precision")),
-    optimizer: str = typer.Option("adamw", help=_help("optimizer")),
-    lora_r: int | None = typer.Option(None, help=_help("lora_r") + " [default: 16]"),
-    lora_alpha: int | None = typer.Option(None, help=_help("lora_alpha")),
+    method: str = typer.Option("lora", help=field_help("method")),
+    precision: str = typer.Option("bf16-mixed", help=field_help("precision")),
+    optimizer: str = typer.Option("adamw", help=field_help("optimizer")),
+    lora_r: int | None = typer.Option(None, help=field_help("lora_r") + " [default: 16]"),
+    lora_alpha: int | None = typer.Option(None, help=field_help("lora_alpha")),
     lora_targets: str | None = typer.Option(
-        None, help=_help("lora_targets") + " [default: all-linear]"
+        None, help=field_help("lora_targets") + " [default: all-linear]"
     ),
-    lora_dropout: float | None = typer.Option(None, help=_help("lora_dropout") + " [default: 0]"),
-    batch: int = typer.Option(1, help=_help("batch")),
-    seq: int = typer.Option(2048, help=_help("seq")),
-    grad_accum: int = typer.Option(1, help=_help("grad_accum")),
-    grad_checkpointing: bool = typer.Option(True, help=_help("grad_checkpointing")),
-    attention: str = typer.Option("sdpa", help=_help("attention")),
-    gpus: int = typer.Option(1, help=_help("gpus")),
-    sharding: str = typer.Option("ddp", help=_help("sharding")),
-    bitsandbytes: str | None = typer.Option(None, help=_help("bitsandbytes")),
+    lora_dropout: float | None = typer.Option(
+        None, help=field_help("lora_dropout") + " [default: 0]"
+    ),
+    batch: int = typer.Option(1, help=field_help("batch")),
+    seq: int = typer.Option(2048, help=field_help("seq")),
+    grad_accum: int = typer.Option(1, help=field_help("grad_accum")),
+    grad_checkpointing: bool = typer.Option(True, help=field_help("grad_checkpointing")),
+    attention: str = typer.Option("sdpa", help=field_help("attention")),
+    gpus: int = typer.Option(1, help=field_help("gpus")),
+    sharding: str = typer.Option("ddp", help=field_help("sharding")),
+    bitsandbytes: str | None = typer.Option(None, help=field_help("bitsandbytes")),
     gpu: str | None = typer.Option(None, help="GPU to check the fit on (see gpus.csv names)."),
     gpu_memory: float | None = typer.Option(None, help="Or: usable GPU memory in GiB."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),

@@ -7,11 +7,8 @@ from typing import Any
 
 import typer
 
-from frugal.estimate.job import TrainJob
-
-
-def _help(field: str) -> str:
-    return TrainJob.model_fields[field].description or ""
+from frugal.cli.estimate_cmd import field_help
+from frugal.hardware.offers import KWH_USD
 
 
 def _si(n: float) -> str:
@@ -40,17 +37,17 @@ def plan(
     tokens: str | None = typer.Option(None, help="Training tokens per epoch, e.g. 20M."),
     dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count."),
     epochs: float = typer.Option(1.0, help="Passes over the data."),
-    seq: int = typer.Option(2048, help=_help("seq")),
+    seq: int = typer.Option(2048, help=field_help("seq")),
     effective_batch: int = typer.Option(16, help="Sequences per optimizer step, all GPUs."),
-    method: str = typer.Option("lora", help=_help("method")),
+    method: str = typer.Option("lora", help=field_help("method")),
     methods: str | None = typer.Option(None, help="Methods to compare, e.g. lora,qlora."),
-    precision: str = typer.Option("bf16-mixed", help=_help("precision")),
+    precision: str = typer.Option("bf16-mixed", help=field_help("precision")),
     optimizers: str = typer.Option(
         "adamw,adamw-8bit", help="Optimizers to try for full fine-tuning."
     ),
-    lora_r: int | None = typer.Option(None, help=_help("lora_r") + " [default: 16]"),
-    lora_targets: str | None = typer.Option(None, help=_help("lora_targets")),
-    attention: str = typer.Option("sdpa", help=_help("attention")),
+    lora_r: int | None = typer.Option(None, help=field_help("lora_r") + " [default: 16]"),
+    lora_targets: str | None = typer.Option(None, help=field_help("lora_targets")),
+    attention: str = typer.Option("sdpa", help=field_help("attention")),
     budget: float | None = typer.Option(None, help="Most you will spend, USD."),
     deadline: float | None = typer.Option(None, help="Hours until the run must be done."),
     max_gpus: int = typer.Option(64, help="Most GPUs in one run."),
@@ -68,7 +65,7 @@ def plan(
     ),
     discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
-    kwh_usd: float = typer.Option(0.17, help="Electricity price for --local, $/kWh."),
+    kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for --local, $/kWh."),
     write: str | None = typer.Option(None, help="Write the run config for `frugal train`."),
     emit: str | None = typer.Option(None, help="hf (print trainer arguments) or skypilot."),
     emit_file: str = typer.Option("sky.yaml", help="Where --emit skypilot writes its task."),

@@ -16,6 +16,8 @@ from typing import Any
 
 import typer
 
+from frugal.errors import RESUMABLE_EXIT
+
 
 def train(
     config: str = typer.Argument(..., help="Run config YAML (`frugal plan --write` makes one)."),
@@ -51,7 +53,6 @@ def train(
     if cfg.job.gpus > 1 and "LOCAL_RANK" not in os.environ:
         raise typer.Exit(_launch(cfg.job.gpus))
 
-    from frugal.run.recipe import RESUMABLE_EXIT
     from frugal.run.recipe import train as run_train
 
     summary = run_train(cfg, resume=resume, dry_run=dry_run, quiet=quiet or json_out)
@@ -73,7 +74,6 @@ def _launch(n: int) -> int:
     import signal
 
     from frugal import cli
-    from frugal.run.recipe import RESUMABLE_EXIT
 
     args = [a for a in cli.ARGV if a != "--debug"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -10,13 +10,12 @@ import hashlib
 import io
 import json
 import os
-from functools import cache
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from frugal.estimate.job import installed_version
 from frugal.estimate.profile import LayerFit, Profile
 
 
@@ -29,15 +28,10 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("frugal")) / "profiles"
 
 
-@cache
 def _versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("frugal", "torch", "transformers", "peft"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "?"
-    return out
+    return {
+        pkg: installed_version(pkg) or "?" for pkg in ("frugal", "torch", "transformers", "peft")
+    }
 
 
 def profile_key(config: dict[str, Any], job_key: dict[str, Any], regime: str) -> str:

@@ -6,6 +6,7 @@ the run config of `frugal train` embeds the same model, so there is one schema.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,7 +34,9 @@ def _version(text: str) -> Any:
         ) from None
 
 
-def _installed(package: str) -> str | None:
+@cache
+def installed_version(package: str) -> str | None:
+    """The installed distribution's version, or None (read once per process)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -124,7 +127,7 @@ class TrainJob(BaseModel):
         """
         if self.method != "qlora":
             return False
-        v = self.bitsandbytes or _installed("bitsandbytes")
+        v = self.bitsandbytes or installed_version("bitsandbytes")
         return v is not None and _version(v) < _version(FIXED_4BIT_INPUT)
 
     @property

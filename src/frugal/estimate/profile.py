@@ -150,7 +150,7 @@ class Profile:
     fits: tuple[LayerFit, LayerFit]  # depths k and k + 1
     lora_targets: list[str]
     # evaluated shapes: a search asks for the same few (batch, seq) thousands of times
-    _memo: dict[tuple[str, int, int], np.ndarray] = field(
+    _memo: dict[tuple[int, int], np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -160,12 +160,11 @@ class Profile:
 
     def segment_peaks(self, batch: int, seq: int) -> np.ndarray:
         """(segments, categories) bytes at each segment's peak for the full depth."""
-        key = ("peaks", batch, seq)
-        if key not in self._memo:
+        if (batch, seq) not in self._memo:
             phi = features(self.basis, batch, seq)
             lo, hi = (f.peaks(phi) for f in self.fits)
-            self._memo[key] = np.maximum(self._extrapolate(lo, hi), 0.0)
-        return self._memo[key].copy()
+            self._memo[batch, seq] = np.maximum(self._extrapolate(lo, hi), 0.0)
+        return self._memo[batch, seq].copy()
 
     def flops(self, batch: int, seq: int) -> dict[str, float]:
         """FLOPs of one micro-step (forward, backward, recompute) for the full depth."""

@@ -174,14 +174,28 @@ def parse_offers(text: str, file: str) -> list[Offer]:
     return out
 
 
-# SkyPilot names accelerators its own way; these are the ones that differ from ours.
-_SKYPILOT_GPU = {
-    "A100": "A100 40GB",
-    "A100-80GB": "A100 80GB",
-    "V100-32GB": "V100 32GB",
-    "V100": "V100 16GB",
-    "A6000": "RTX A6000",
+# SkyPilot accelerator names for our GPU names (sky show-gpus), and back (first one wins:
+# SkyPilot's "H100" is the SXM part)
+SKY_GPU = {
+    "H100 SXM": "H100",
+    "H100 PCIe": "H100",
+    "H200": "H200",
+    "A100 80GB": "A100-80GB",
+    "A100 40GB": "A100",
+    "L40S": "L40S",
+    "L4": "L4",
+    "A10G": "A10G",
+    "A10": "A10",
+    "T4": "T4",
+    "V100 16GB": "V100",
+    "V100 32GB": "V100-32GB",
+    "RTX 4090": "RTX4090",
+    "RTX 3090": "RTX3090",
+    "RTX A6000": "A6000",
 }
+_FROM_SKYPILOT: dict[str, str] = {}
+for _ours, _sky in SKY_GPU.items():
+    _FROM_SKYPILOT.setdefault(_sky, _ours)
 # GCP sells the GPU apart from its host VM; the host family each GPU needs (SkyPilot rows).
 _GCP_HOST = {
     "A100 40GB": "a2-highgpu-{n}g",
@@ -221,7 +235,7 @@ def parse_skypilot(text: str, file: str, cloud: str) -> list[Offer]:
             continue  # fractional GPUs cannot hold a training job
         count = int(count_f)
         instance = (r.get("InstanceType") or "").strip()
-        gpu_name = _SKYPILOT_GPU.get(name, name)
+        gpu_name = _FROM_SKYPILOT.get(name, name)
         if "pcie" in instance.lower() and name == "H100":
             gpu_name = "H100 PCIe"
         gpu = lookup_gpu(gpu_name)

@@ -6,24 +6,7 @@ from typing import Any
 
 import yaml
 
-# SkyPilot accelerator names for our GPU names (sky show-gpus)
-SKY_GPU = {
-    "H100 SXM": "H100",
-    "H100 PCIe": "H100",
-    "H200": "H200",
-    "A100 80GB": "A100-80GB",
-    "A100 40GB": "A100",
-    "L40S": "L40S",
-    "L4": "L4",
-    "A10G": "A10G",
-    "A10": "A10",
-    "T4": "T4",
-    "V100 16GB": "V100",
-    "V100 32GB": "V100-32GB",
-    "RTX 4090": "RTX4090",
-    "RTX 3090": "RTX3090",
-    "RTX A6000": "A6000",
-}
+from frugal.hardware.offers import SKY_GPU
 
 
 def hf_arguments(model: str, plan: Any) -> str:

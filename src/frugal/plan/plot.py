@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.errors import FrugalError
+from frugal.files import write_text_atomic
 
 if TYPE_CHECKING:
     from frugal.plan.search import Constraints, Plan, Result
@@ -32,10 +33,7 @@ def write_plot(result: Result, k: Constraints, path: str) -> None:
     if check_plot_path(path) != ".html":
         _matplotlib_chart(result, k, path)
         return
-    text = html_chart(result, k)
-    tmp = Path(path + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text_atomic(path, html_chart(result, k))
 
 
 def _describe(p: Plan) -> str:

@@ -196,8 +196,7 @@ def search(
     profiles = _Profiles(spec)
     plans: list[Plan] = []
     rejected: list[Rejected] = []
-    notes: list[str] = []
-    fit_memo: dict[tuple[Any, ...], tuple[TrainJob, Any, Speed] | str] = {}
+    fit_memo: dict[tuple[Any, ...], tuple[TrainJob, Any, Speed, Profile] | str] = {}
     offers = list(offers)
     if not offers:
         raise FrugalError("no offers to plan on: check --providers and --prices")
@@ -232,8 +231,7 @@ def search(
                     kind = "dtype" if "cannot run" in found else "fit"
                     rejected.append(Rejected(label, found, kind))
                     continue
-                job, mem, speed = found
-                prof = profiles.get(job)
+                job, mem, speed, prof = found
                 plans.extend(_price(offer, nodes, job, mem, speed, prof, k))
     feasible, over = [], []
     for p in plans:
@@ -259,7 +257,7 @@ def search(
     _explain(best, feasible, frontier, k)
     over.sort(key=lambda r: r.cost_usd or 0.0)
     fit_rej = sorted(rejected, key=lambda r: r.label)
-    return Result(best, frontier, feasible, over[:5] + fit_rej[:5], notes)
+    return Result(best, frontier, feasible, over[:5] + fit_rej[:5], [])
 
 
 def _best_config(
@@ -276,7 +274,7 @@ def _best_config(
     memo: dict[tuple[Any, ...], Any],
     node_gbps: float,
     ov: Overheads,
-) -> tuple[TrainJob, Any, Speed] | str:
+) -> tuple[TrainJob, Any, Speed, Profile] | str:
     """The fastest fitting (checkpointing, optimizer, sharding, micro-batch) for one GPU
     set-up, or why none fits."""
     key = (gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0)
@@ -288,7 +286,7 @@ def _best_config(
         return memo[key]
     cap = gpu.usable_gib * GIB * (1 - k.margin)
     per_gpu_share = max(1, math.ceil(k.effective_batch / n))
-    best: tuple[TrainJob, Any, Speed] | None = None
+    best: tuple[TrainJob, Any, Speed, Profile] | None = None
     smallest_need = math.inf
     optimizers = k.optimizers if method == "full" else k.optimizers[:1]
     shardings = ("ddp",) if n == 1 else ("ddp", "fsdp")
@@ -342,7 +340,7 @@ def _best_config(
                 if speed is None:
                     continue
                 if best is None or speed.tokens_per_s > best[2].tokens_per_s:
-                    best = (job, fit_mem, speed)
+                    best = (job, fit_mem, speed, prof)
     if best is None:
         need = smallest_need / GIB
         memo[key] = (

@@ -110,14 +110,18 @@ def auto_micro_batch(cfg: RunConfig, per_rank: int) -> tuple[int, str]:
     want = cfg.job.batch
     why = f"job.batch={want}"
     if cfg.training.auto_micro_batch and torch.cuda.is_available():
-        from frugal.estimate.core import estimate
+        from frugal.estimate.core import get_profile, max_batch
+        from frugal.estimate.overheads import load_overheads
         from frugal.models.specs import load_spec
 
         _, total = torch.cuda.mem_get_info()
         cap_gib = total / 2**30 * 0.92  # keep 8% spare, as the plan's margin does
-        est = estimate(load_spec(cfg.model), cfg.job, gpu_memory_gib=cap_gib)
-        if est.max_batch:
-            want = est.max_batch
+        spec, job = load_spec(cfg.model), cfg.job
+        fits = max_batch(
+            spec, job, get_profile(spec, job, job.seq), cap_gib * 2**30, load_overheads()
+        )
+        if fits:
+            want = fits
             why = f"estimator: largest micro-batch fitting {cap_gib:.1f} GiB is {want}"
     micro = max(d for d in range(1, per_rank + 1) if per_rank % d == 0 and d <= max(1, want))
     return micro, why

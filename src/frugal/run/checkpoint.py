@@ -14,7 +14,6 @@ match the marker, is never resumed from.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from collections.abc import Callable
@@ -23,21 +22,11 @@ from typing import Any
 
 import torch
 
+from frugal.files import fsync_dir as _fsync_dir
+from frugal.files import fsync_file as _fsync_file
+
 MARKER = "COMPLETE"
 PREFIX = "step-"
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, Any]:
@@ -108,12 +97,9 @@ def save(
     tmp.mkdir()
     write(tmp)
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    files = {}
-    for f in sorted(tmp.iterdir()):
-        _fsync_file(f)
-        files[f.name] = f.stat().st_size
+    files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}))
-    swap_in(tmp, final)  # fsyncs the marker, then renames: the rename is the commit
+    swap_in(tmp, final)  # fsyncs every file and the marker, then renames: the commit
     for old in complete(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

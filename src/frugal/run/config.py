@@ -127,10 +127,9 @@ class RunConfig(Strict):
         return header + yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def write(self, path: str | Path) -> None:
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.to_yaml())
-        tmp.replace(p)
+        from frugal.files import write_text_atomic
+
+        write_text_atomic(path, self.to_yaml())
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -141,20 +140,26 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise FrugalError(f"override {item!r}: write key=value, e.g. training.max_steps=100")
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise FrugalError(f"override {item!r}: {part} is not a section")
-            node = child
         try:
-            node[parts[-1]] = yaml.safe_load(raw)
+            value = yaml.safe_load(raw)
         except yaml.YAMLError:
-            node[parts[-1]] = raw
+            value = raw
+        _set(data, key.strip(), value, what=f"override {item!r}")
     return data
+
+
+def _set(data: dict[str, Any], key: str, value: Any, what: str) -> None:
+    """Set dotted `key` in `data`, creating missing (or empty) sections on the way."""
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise FrugalError(f"{what}: {part} is not a section")
+        node = child
+    node[leaf] = value
 
 
 def _section(loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -201,11 +206,7 @@ def load_run_config(
     if overrides or values:
         data = apply_overrides(data if isinstance(data, dict) else {}, overrides or [])
         for key, value in (values or {}).items():
-            node = data
-            *parents, leaf = key.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
+            _set(data, key, value, what=key)
     return validate_run_config(data, str(path))
 
 

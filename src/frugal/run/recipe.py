@@ -21,7 +21,6 @@ import contextlib
 import gc
 import json
 import math
-import os
 import shutil
 import signal
 import time
@@ -32,7 +31,9 @@ from typing import Any
 
 import torch
 
+from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
+from frugal.files import write_text_atomic
 from frugal.run import checkpoint as ckpt
 from frugal.run.build import (
     auto_micro_batch,
@@ -50,7 +51,6 @@ from frugal.run.meter import CostMeter, Progress, Sinks
 # peft still asks transformers for is_gradient_checkpointing, deprecated in v5: not our warning
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 clock = time.monotonic  # step times, checkpoint times and dollars all read this clock
-RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped on a signal, checkpoint saved, run `--resume auto`
 DEFAULT_SAVE_MIN = 30.0
 
 
@@ -92,7 +92,7 @@ class Run:
 # -- setup ---------------------------------------------------------------------------------
 
 
-def setup(cfg: RunConfig, quiet: bool = False) -> Run:
+def setup(cfg: RunConfig) -> Run:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
@@ -422,7 +422,7 @@ def train(
     all processes agree on: stop signal, budget, time limit."""
     meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=lambda: clock())  # bills setup too
     with _Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
-        run = setup(cfg, quiet)
+        run = setup(cfg)
         if dry_run:
             run.out = run.out / "dry-run"  # measurements only: the run's own files stay as they are
             if run.main:
@@ -672,9 +672,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
                 keep.append(ln)
         except json.JSONDecodeError:  # a line torn by a crash mid-write
             continue
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(ln + "\n" for ln in keep))
-    tmp.replace(path)
+    write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
 
 def _plan_interval(cfg: RunConfig) -> float | None:
@@ -722,20 +720,24 @@ def _predicted(cfg: RunConfig, micro: int) -> dict[str, Any]:
             peak_reserved_gib=p.peak_reserved_gib,
             gpu=p.gpu,
         )
-    if torch.cuda.is_available():
-        from frugal.estimate.core import estimate
+    if torch.cuda.is_available():  # the estimate of the step that ran: memory and speed only
+        from frugal.estimate.core import get_profile, memory_at
         from frugal.hardware.gpus import lookup_gpu
         from frugal.models.specs import load_spec
+        from frugal.plan.throughput import step_time
 
+        spec = load_spec(cfg.model)
         job = cfg.job.model_copy(update={"batch": micro, "gpus": 1})
-        gpu = lookup_gpu(torch.cuda.get_device_name())
-        est = estimate(load_spec(cfg.model), job, gpu=gpu, gpu_memory_gib=None if gpu else 1e9)
+        prof = get_profile(spec, job, job.seq)
+        mem = memory_at(prof, job, job.batch, job.seq)
         pred.update(
-            peak_allocated_gib=round(est.memory.peak_allocated / 2**30, 3),
-            peak_reserved_gib=round(est.memory.peak_reserved / 2**30, 3),
+            peak_allocated_gib=round(mem.peak_allocated / 2**30, 3),
+            peak_reserved_gib=round(mem.peak_reserved / 2**30, 3),
         )
-        if est.tokens_per_s:
-            pred["tokens_per_s"] = round(est.tokens_per_s * cfg.job.gpus, 1)
+        gpu = lookup_gpu(torch.cuda.get_device_name())
+        speed = step_time(prof, job, gpu, spec.hidden_size) if gpu else None
+        if speed is not None:
+            pred["tokens_per_s"] = round(speed.tokens_per_s * cfg.job.gpus, 1)
     return pred
 
 
@@ -796,11 +798,7 @@ def _finish(
     }
     if run.main:
         name = "dry_run.json" if dry_run else "run_summary.json"
-        tmp = run.out / f".{name}.tmp"
-        tmp.write_text(json.dumps(summary, indent=1))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        tmp.replace(run.out / name)
+        write_text_atomic(run.out / name, json.dumps(summary, indent=1), durable=True)
         if dry_run:
             from frugal.calibration import record_measurement
 
