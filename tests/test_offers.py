@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from frugal.errors import FrugalError
-from frugal.hardware.gpus import find_gpu, gpus
+from frugal.hardware.gpus import find_gpu, gpus, lookup_gpu
 from frugal.hardware.offers import (
     bundled_offers,
     catalog,
@@ -44,6 +44,33 @@ def test_forgiving_gpu_names() -> None:
         find_gpu(name)
     with pytest.raises(FrugalError, match="closest"):
         find_gpu("rtx 9090")
+
+
+@pytest.mark.parametrize(
+    ("device", "ours"),
+    [  # what torch.cuda.get_device_name() reports on each card
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+        ("NVIDIA A100 80GB PCIe", "A100 80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100 40GB"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA A10G", "A10G"),
+        ("Tesla T4", "T4"),
+        ("Tesla V100-SXM2-16GB", "V100 16GB"),
+        ("Tesla V100-SXM2-32GB", "V100 32GB"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("NVIDIA RTX A6000", "RTX A6000"),
+        ("NVIDIA GeForce RTX 4050 Laptop GPU", "RTX 4050 Laptop"),
+    ],
+)
+def test_cuda_device_names_find_their_gpu(device: str, ours: str) -> None:
+    """The trainer looks up the card it runs on by this name (predicted tokens/s)."""
+    g = lookup_gpu(device)
+    assert g is not None and g.name == ours
 
 
 def _write(tmp_path: Path, body: str, name: str = "prices.csv") -> str:

@@ -87,7 +87,14 @@ def gpus() -> tuple[GPU, ...]:
 
 
 def lookup_gpu(name: str) -> GPU | None:
+    """Our name, an alias, or the device name CUDA reports ('NVIDIA H100 80GB HBM3',
+    'Tesla T4', 'NVIDIA GeForce RTX 4090'): vendor and brand words are dropped first."""
     key = norm(name)
+    for word in ("nvidia", "tesla", "geforce"):
+        if key.startswith(word) and len(key) > len(word):
+            key = key[len(word) :]
+    if key.endswith("gpu") and len(key) > 3:
+        key = key[:-3]
     for g in gpus():
         if key == norm(g.name) or key in (norm(a) for a in g.aliases):
             return g
