@@ -5,10 +5,10 @@ A checkpoint is a directory `checkpoints/step-NNNNNNNN/` holding the trainable w
 optimizer, scheduler and loss-scaler states, one RNG file per process and `state.json`
 (step, tokens, dollars, best evaluation, micro-batch). It is written into a hidden temporary
 directory with a `COMPLETE` marker listing each file and its size; every file and the
-marker are fsynced, then the directory is renamed into place and its parent fsynced. A crash at any point
-leaves either the previous checkpoints untouched or a temporary directory that `latest()`
-ignores and the next save removes. A checkpoint without a marker, or whose files do not
-match the marker, is never resumed from.
+marker are fsynced, then the directory is renamed into place and its parent fsynced. A
+crash at any point leaves either the previous checkpoints untouched or a temporary
+directory that `latest()` ignores and the next save removes. A checkpoint without a
+marker, or whose files do not match the marker, is never resumed from.
 """
 
 from __future__ import annotations
