@@ -7,6 +7,7 @@ with `--resume auto` (the default) to continue exactly where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -69,21 +70,38 @@ def train(
 
 def _launch(n: int) -> int:
     """One process per GPU through torchrun (gloo on CPU, NCCL on CUDA), same arguments.
-    SIGTERM/SIGINT are passed on to the workers (they checkpoint and stop); the exit code is
-    the workers' (75 if they stopped resumably); torchrun's own traceback is not shown."""
+    SIGTERM/SIGINT go straight to the workers, which checkpoint and stop however long that
+    takes; torchrun ignores them (it would give the workers 30 s, then kill them, and exit
+    1). The exit code is the workers' (75 if they stopped resumably); torchrun's own
+    traceback is not shown."""
     import signal
+
+    import psutil
 
     from frugal import cli
 
     args = [a for a in cli.ARGV if a != "--debug"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={n}", "-m", "frugal.cli.main", *args]  # fmt: skip
-    child = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1)
+           f"--nproc-per-node={n}", "--signals-to-handle=SIGHUP,SIGQUIT",
+           "-m", "frugal.cli.main", *args]  # fmt: skip
+    stops = (signal.SIGTERM, signal.SIGINT)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in stops}  # inherited by torchrun
+    try:
+        child = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
     def forward(signum: int, frame: Any) -> None:
-        child.send_signal(signum)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            workers = psutil.Process(child.pid).children()  # each in a session of its own
+            if not workers:  # still starting: nothing to save
+                child.kill()
+            for worker in workers:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    worker.send_signal(signum)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, forward) for s in stops}
     held: list[str] = []  # torchrun's own report, from its first log or traceback line on
     errors: list[str] = []
     try:
