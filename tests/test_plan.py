@@ -235,3 +235,14 @@ def test_plot_html_and_png(
 def test_plot_bad_suffix(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
     msg = run_error(capsys, "plan", str(tiny_llama_dir), "--tokens", "1M", "--plot", "x.jpg")
     assert ".png, .svg, .pdf or .html" in msg
+
+
+def test_plans_only_shardings_train_runs() -> None:
+    # 4-bit 70B needs ~49 GiB a GPU unsharded, more than an L40S; FSDP would split it, but
+    # `frugal train` runs QLoRA with DDP only, so no such plan may be offered
+    spec = load_spec("meta-llama/Llama-3.1-70B")
+    offers = catalog(local=["8x L40S"], bundled=False)
+    with pytest.raises(FrugalError, match="nothing fits"):
+        search(spec, make_job(method="qlora"), offers, Constraints(tokens=2e6, methods=("qlora",)))
+    lora = search(spec, make_job(method="lora"), offers, Constraints(tokens=2e6, methods=("lora",)))
+    assert lora.recommendation.job.sharding == "fsdp"  # LoRA shards: train runs that

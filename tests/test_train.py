@@ -270,7 +270,9 @@ def test_early_stopping_keeps_the_best(tmp_path: Path) -> None:
         ("data.format=chat", "'messages' must be a list"),
         ("training.effective_batch=4096", "fewer than training.effective_batch=4096"),
         ("job.optimizer=adamw-8bit", "needs CUDA"),
-        ("job.sharding=fsdp", "job.sharding=fsdp"),
+        ("job.sharding=zero3", "use job.sharding=fsdp"),
+        (("job.gpus=2", "job.sharding=fsdp", "job.method=qlora"), "QLoRA with FSDP"),
+        (("job.gpus=2", "job.sharding=fsdp", "training.merge=true"), "merge the saved adapter"),
         ("budget_usd=5", "--price-per-hour"),
         ("oops", "write key=value"),
         pytest.param(
@@ -283,10 +285,11 @@ def test_early_stopping_keeps_the_best(tmp_path: Path) -> None:
     ],
 )
 def test_bad_configs(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, override: str, needle: str
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, override: str | tuple[str, ...], needle: str
 ) -> None:
     cfg = write_cfg(tmp_path / "c.yaml", make_cfg(tmp_path / "out"))
-    msg = run_error(capsys, "train", str(cfg), override, "--quiet")
+    args = (override,) if isinstance(override, str) else override
+    msg = run_error(capsys, "train", str(cfg), *args, "--quiet")
     assert needle in msg and "\n" not in msg.strip()
 
 
@@ -323,30 +326,76 @@ def test_cli_json_summary_and_exit_code(tmp_path: Path) -> None:
     assert s["outcome"] == "completed" and s["steps"] == 2
 
 
-def test_two_processes_gloo_match_one(tmp_path: Path) -> None:
-    # one validation row for two processes, an evaluation and a checkpoint after every step:
-    # the processes must agree on every save and evaluation, or they wait for each other
-    same = ("training.max_steps=3", "job.optimizer=sgd", "data.val_ratio=0.004",
-            "training.eval_every=1", "training.save_every_min=1e-6")  # fmt: skip
-    over = ("job.batch=2", *same)
-    one = tmp_path / "one"
-    recipe.train(make_cfg(one, "job.batch=4", *same), quiet=True)
-    cfg = write_cfg(tmp_path / "c.yaml", make_cfg(tmp_path / "two", *over, "job.gpus=2"))
+def launch(cfg: Path, stop_after: int | None = None) -> tuple[int, str, str]:
+    """`frugal train CFG --json` in a child (two gloo processes when the config asks); with
+    `stop_after`, SIGTERM once that many steps are logged. Returns (exit code, out, err)."""
+    import time
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "frugal.cli.main", "train", str(cfg), "--json"]
     # its own process group: on a hang, the workers are killed with the launcher
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=env, start_new_session=True)  # fmt: skip
     try:
+        if stop_after is not None:
+            metrics = load_run_config(cfg).output_dir + "/metrics.jsonl"
+            deadline = time.monotonic() + 240
+            while len(losses(Path(metrics).parent) if Path(metrics).exists() else ()) < stop_after:
+                assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1]
+                time.sleep(0.05)
+            p.send_signal(signal.SIGTERM)
         stdout, stderr = p.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         raise
-    assert p.returncode == 0, stderr[-3000:]
+    return p.returncode, stdout, stderr
+
+
+# one validation row for two processes, an evaluation and a checkpoint after every step:
+# the processes must agree on every save and evaluation, or they wait for each other
+EVERY_STEP = ("job.optimizer=sgd", "data.val_ratio=0.004", "training.eval_every=1",
+              "training.save_every_min=1e-6")  # fmt: skip
+
+
+@pytest.mark.parametrize("setup", [("job.sharding=ddp",), ("job.sharding=fsdp", "job.method=full")])
+def test_two_processes_gloo_match_one(tmp_path: Path, setup: tuple[str, ...]) -> None:
+    same = ("training.max_steps=3", *EVERY_STEP, *setup)
+    one = tmp_path / "one"
+    recipe.train(make_cfg(one, "job.batch=4", *same), quiet=True)
+    cfg = write_cfg(tmp_path / "c.yaml", make_cfg(tmp_path / "two", "job.batch=2", *same,
+                                                  "job.gpus=2"))  # fmt: skip
+    rc, stdout, stderr = launch(cfg)
+    assert rc == 0, stderr[-3000:]
     s = json.loads(stdout.strip().splitlines()[-1])
     assert s["outcome"] == "completed" and s["steps"] == 3 and s["best_step"] is not None
-    # DDP over 2 processes x micro-batch 2 is the same maths as 1 process x micro-batch 4
+    # 2 processes x micro-batch 2 is the same maths as 1 process x micro-batch 4, whether
+    # each process holds the whole model (DDP) or a shard of every weight (FSDP)
     assert_same_weights(one, tmp_path / "two", tol=1e-5)
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_processes_sigterm_then_resume_equal_one(tmp_path: Path, sharding: str) -> None:
+    # the launcher passes SIGTERM to the workers; under FSDP each writes its shards into the
+    # checkpoint, and the resumed run reads them back
+    same = ("training.max_steps=8", *EVERY_STEP, f"job.sharding={sharding}")
+    one = tmp_path / "one"
+    recipe.train(make_cfg(one, "job.batch=4", *same), quiet=True)
+    two = tmp_path / "two"
+    cfg = write_cfg(tmp_path / "c.yaml", make_cfg(two, "job.batch=2", *same, "job.gpus=2"))
+    rc, stdout, stderr = launch(cfg, stop_after=2)
+    assert rc == recipe.RESUMABLE_EXIT, stderr[-3000:]
+    stopped = json.loads(stdout.strip().splitlines()[-1])
+    assert stopped["outcome"] == "preempted" and 2 <= stopped["steps"] < 8
+    shards = (ckpt.latest(two / "checkpoints") or two) / "tensors"
+    assert len(list(shards.glob("*.distcp"))) == 2
+    rc, stdout, stderr = launch(cfg)
+    assert rc == 0, stderr[-3000:]
+    s = json.loads(stdout.strip().splitlines()[-1])
+    assert s["outcome"] == "completed" and s["steps_this_session"] == 8 - stopped["steps"]
+    assert_same_weights(one, two, tol=1e-5)
+    la, lb = losses(one), losses(two)  # the same rows in the same order, step by step
+    assert la.keys() == lb.keys() == set(range(1, 9))
+    assert all(abs(la[k] - lb[k]) < 1e-5 for k in la)
 
 
 def test_every_config_key_is_documented() -> None:

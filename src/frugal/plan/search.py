@@ -289,7 +289,9 @@ def _best_config(
     best: tuple[TrainJob, Any, Speed, Profile] | None = None
     smallest_need = math.inf
     optimizers = k.optimizers if method == "full" else k.optimizers[:1]
-    shardings = ("ddp",) if n == 1 else ("ddp", "fsdp")
+    # the shardings `frugal train` runs: FSDP needs bf16 or fp32 and full or LoRA weights
+    fsdp_ok = n > 1 and method != "qlora" and precision != "fp16-mixed"
+    shardings = ("ddp", "fsdp") if fsdp_ok else ("ddp",)
     lora: dict[str, Any] = (
         {}
         if method == "full"

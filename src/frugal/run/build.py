@@ -1,6 +1,7 @@
 """Building a run's parts from its config: precision for this hardware, the model and its
-adapters (transformers + PEFT, bitsandbytes 4-bit for QLoRA), the optimizer, the starting
-micro-batch, and the configs refused before any work (one line naming the fix)."""
+adapters (transformers + PEFT, bitsandbytes 4-bit for QLoRA), FSDP sharding, the optimizer,
+the starting micro-batch, and the configs refused before any work (one line naming the
+fix)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,23 @@ from frugal.errors import FrugalError
 from frugal.run.config import RunConfig
 
 
-def choose_precision(wanted: str) -> tuple[str, str]:
+def choose_precision(wanted: str, sharded: bool = False) -> tuple[str, str]:
     """The precision to run with on this hardware, and why."""
     if not torch.cuda.is_available():
         return "fp32", "no CUDA GPU: fp32 on CPU, where fp16 is unsupported and bf16 slow"
     name = torch.cuda.get_device_name()
     if wanted.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        if sharded:
+            raise FrugalError(
+                f"{name} has no bf16, and fp16 loss scaling is not supported with FSDP here: "
+                "use job.sharding=ddp, or job.precision=fp32"
+            )
         return "fp16-mixed", f"{name} has no bf16: fp16-mixed with loss scaling instead"
+    if wanted == "fp16-mixed" and sharded:
+        raise FrugalError(
+            "job.precision=fp16-mixed with fsdp is not supported (loss scaling of sharded "
+            "gradients): use bf16-mixed, or job.sharding=ddp"
+        )
     return wanted, f"{wanted} as configured; {name} supports it"
 
 
@@ -87,6 +98,27 @@ def load_model(cfg: RunConfig, precision: str) -> tuple[Any, Any]:
     return model, tok
 
 
+def shard(model: Any) -> Any:
+    """FSDP (PyTorch's fully_shard): each decoder layer, the class transformers names in
+    `_no_split_modules`, is one unit whose weights are gathered just before it runs and
+    freed after; the embeddings, final norm and head form the root unit. Gradients are
+    reduce-scattered after every micro-batch, so each process only ever holds its shard
+    (the memory the estimator's fsdp terms count)."""
+    from torch.distributed.fsdp import fully_shard
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise FrugalError(
+            f"{type(base).__name__} names no decoder-layer class to shard by: use job.sharding=ddp"
+        )
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
 def make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter]) -> Any:
     t, name = cfg.training, cfg.job.optimizer
     if name in ("adamw-8bit", "paged-adamw-8bit"):
@@ -130,11 +162,6 @@ def auto_micro_batch(cfg: RunConfig, per_rank: int) -> tuple[int, str]:
 def refuse_unsupported(cfg: RunConfig) -> None:
     """Configs `frugal train` cannot run, refused before any work with the fix named."""
     job, t = cfg.job, cfg.training
-    if job.sharding != "ddp":
-        raise FrugalError(
-            f"job.sharding={job.sharding}: frugal train runs DDP (one full copy per GPU) for "
-            "now; use job.sharding=ddp, or a method that fits one GPU (lora/qlora)"
-        )
     if job.method == "qlora" and not torch.cuda.is_available():
         raise FrugalError(
             "QLoRA needs a CUDA GPU (bitsandbytes 4-bit kernels): use job.method=lora on CPU"

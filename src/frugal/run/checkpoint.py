@@ -1,14 +1,16 @@
 """Atomic, resumable checkpoints.
 
-A checkpoint is a directory `checkpoints/step-NNNNNNNN/` holding the trainable weights
-(`trainable.safetensors`: the LoRA adapter, or every weight of a full fine-tune), the
-optimizer, scheduler and loss-scaler states, one RNG file per process and `state.json`
-(step, tokens, dollars, best evaluation, micro-batch). It is written into a hidden temporary
-directory with a `COMPLETE` marker listing each file and its size; every file and the
-marker are fsynced, then the directory is renamed into place and its parent fsynced. A
-crash at any point leaves either the previous checkpoints untouched or a temporary
-directory that `latest()` ignores and the next save removes. A checkpoint without a
-marker, or whose files do not match the marker, is never resumed from.
+A checkpoint is a directory `checkpoints/step-NNNNNNNN/` holding `tensors/` (the trainable
+weights, the LoRA adapter or every weight of a full fine-tune, and the optimizer state, in
+PyTorch's distributed checkpoint format: each process writes its own shard under FSDP, and
+a resume on another number of processes reshards), the scheduler and loss-scaler states,
+one RNG file per process and `state.json` (step, tokens, dollars, best evaluation,
+micro-batch). It is written into a hidden temporary directory with a `COMPLETE` marker
+listing each file and its size; every file and the marker are fsynced, then the directory
+is renamed into place and its parent fsynced. A crash at any point leaves either the
+previous checkpoints untouched or a temporary directory that `latest()` ignores and the
+next save removes. A checkpoint without a marker, or whose files do not match the marker,
+is never resumed from.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,65 +53,130 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {
-        n: p.detach().to("cpu", copy=True).contiguous()
-        for n, p in model.named_parameters()
-        if p.requires_grad
-    }
+def whole(p: torch.Tensor) -> torch.Tensor:
+    """A parameter as one tensor: FSDP's shards (a DTensor) gathered from every process."""
+    from torch.distributed.tensor import DTensor
+
+    return p.full_tensor() if isinstance(p, DTensor) else p
+
+
+def trainable_state(model: torch.nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
+    """The trainable weights, whole, on the CPU. Under FSDP every process must call it (each
+    weight is gathered in turn, one at a time on the GPU); only where `keep` is the result
+    kept (the main process), so the CPU holds one copy."""
+    out = {}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            full = whole(p.detach())
+            if keep:
+                out[n] = full.to("cpu", copy=True).contiguous()
+    return out
 
 
 def load_trainable(model: torch.nn.Module, path: Path) -> None:
-    from safetensors.torch import load_file
+    """Copy whole trainable weights saved by `trainable_state` into `model`; under FSDP
+    every process calls it and keeps its own shard."""
+    from safetensors import safe_open
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    saved = load_file(str(path))
     params = dict(model.named_parameters())
-    missing = [n for n, p in params.items() if p.requires_grad and n not in saved]
-    unknown = [n for n in saved if n not in params]
-    if missing or unknown:
-        from frugal.errors import FrugalError
+    with safe_open(str(path), framework="pt") as f:
+        saved = set(f.keys())
+        missing = [n for n, p in params.items() if p.requires_grad and n not in saved]
+        unknown = [n for n in saved if n not in params]
+        if missing or unknown:
+            from frugal.errors import FrugalError
 
-        raise FrugalError(
-            f"{path} does not match this model ({len(missing)} weights missing, "
-            f"{len(unknown)} unknown, e.g. {(missing + unknown)[0]}): resume with the run "
-            "config the checkpoint was made with"
-        )
-    with torch.no_grad():
-        for n, t in saved.items():
-            params[n].copy_(t)
+            raise FrugalError(
+                f"{path} does not match this model ({len(missing)} weights missing, "
+                f"{len(unknown)} unknown, e.g. {(missing + unknown)[0]}): resume with the run "
+                "config the checkpoint was made with"
+            )
+        with torch.no_grad():
+            for n in sorted(saved, key=list(params).index):  # the same order on every process
+                p, t = params[n], f.get_tensor(n)
+                if isinstance(p, DTensor):
+                    t = distribute_tensor(t.to(p.device), p.device_mesh, p.placements)
+                p.copy_(t)
 
 
-def save(
-    root: Path,
-    step: int,
-    write: Callable[[Path], None],
-    state: dict[str, Any],
-    keep: int,
-) -> Path:
-    """Write a checkpoint for `step` atomically; `write(tmp)` fills in the tensors.
-    Keeps the newest `keep` checkpoints."""
+def _tensor_states(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    """The trainable weights and the optimizer state, as distributed-checkpoint state dicts
+    (FSDP shards stay shards; frozen weights are left out: they come from the base model)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    weights, optim = get_state_dict(model, optimizer)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {"model": {k: v for k, v in weights.items() if k in trainable}, "optim": optim}
+
+
+def save_tensors(path: Path, model: torch.nn.Module, optimizer: Any) -> None:
+    """Write the trainable weights and optimizer state under `path`; every process calls it
+    and writes its part (the main process also the metadata)."""
+    import torch.distributed.checkpoint as dcp
+
+    # not fsynced here: `commit` fsyncs every file of the checkpoint once
+    writer = dcp.FileSystemWriter(str(path), sync_files=False)
+    dcp.save(_tensor_states(model, optimizer), storage_writer=writer)
+
+
+def load_tensors(path: Path, model: torch.nn.Module, optimizer: Any) -> None:
+    """Restore what `save_tensors` wrote, resharded for this number of processes."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    states = _tensor_states(model, optimizer)
+    dcp.load(states, checkpoint_id=str(path))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=states["model"],
+        optim_state_dict=states["optim"],
+        options=StateDictOptions(strict=False),  # the frozen weights are not in it
+    )
+
+
+def staging(root: Path, step: int) -> Path:
+    """Where the checkpoint of `step` is written before it is committed."""
+    return root / f".tmp-{PREFIX}{step:08d}"
+
+
+def begin(root: Path, step: int) -> Path:
+    """A fresh, empty staging directory for `step` (the main process only); what a crash
+    left of an earlier save is removed."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{step:08d}"
-    tmp = root / f".tmp-{PREFIX}{step:08d}"
     for stale in root.glob(f".tmp-{PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
+    tmp = staging(root, step)
     tmp.mkdir()
-    write(tmp)
+    return tmp
+
+
+def commit(tmp: Path, state: dict[str, Any], keep: int) -> Path:
+    """Mark the filled staging directory complete and rename it into place; keeps the
+    newest `keep` checkpoints."""
+    step = int(state["step"])
+    final = tmp.parent / f"{PREFIX}{step:08d}"
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+    files = {str(f.relative_to(tmp)): f.stat().st_size for f in _files(tmp)}
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}))
     swap_in(tmp, final)  # fsyncs every file and the marker, then renames: the commit
-    for old in complete(root)[:-keep]:
+    for old in complete(tmp.parent)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(f for f in root.rglob("*") if f.is_file())
 
 
 def swap_in(tmp: Path, final: Path) -> None:
     """Make the finished directory `tmp` be `final`: fsynced, then renamed; an existing
     `final` is moved aside first and removed after, so one of the two is always whole."""
-    for f in tmp.iterdir():
-        if f.is_file():
-            _fsync_file(f)
+    for f in _files(tmp):
+        _fsync_file(f)
+    for d in sorted((d for d in tmp.rglob("*") if d.is_dir()), reverse=True):
+        _fsync_dir(d)
     _fsync_dir(tmp)
     aside = final.with_name(f".old-{final.name}")
     shutil.rmtree(aside, ignore_errors=True)  # left by a crash during an earlier swap

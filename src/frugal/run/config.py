@@ -112,6 +112,22 @@ class RunConfig(Strict):
                 f"training.effective_batch {self.training.effective_batch} is not a multiple "
                 f"of job.batch x job.gpus = {per_step}"
             )
+        job = self.job
+        if job.sharding in ("zero2", "zero3"):
+            raise ValueError(
+                f"job.sharding={job.sharding}: frugal train shards with PyTorch FSDP, not "
+                "DeepSpeed; use job.sharding=fsdp (ZeRO-3's equivalent) or ddp"
+            )
+        if job.sharding == "fsdp" and job.gpus > 1 and job.method == "qlora":
+            raise ValueError(
+                "QLoRA with FSDP is not supported by frugal train: use job.sharding=ddp "
+                "(the 4-bit model on every GPU), or job.method=lora with fsdp"
+            )
+        if job.sharding == "fsdp" and job.gpus > 1 and self.training.merge:
+            raise ValueError(
+                "training.merge with fsdp would gather the whole model in one process: set "
+                "training.merge=false and merge the saved adapter with PEFT after training"
+            )
         return self
 
     @property

@@ -1,7 +1,8 @@
 """The training recipe: setup → train → cleanup, read top to bottom.
 
-One process per GPU (launched by torchrun for `job.gpus > 1`), DDP through accelerate,
-transformers models, PEFT adapters, bitsandbytes for QLoRA and 8-bit optimizers on CUDA.
+One process per GPU (launched by torchrun for `job.gpus > 1`), DDP through accelerate or
+PyTorch FSDP (`job.sharding=fsdp`), transformers models, PEFT adapters, bitsandbytes for
+QLoRA and 8-bit optimizers on CUDA.
 What the runner adds to a plain loop, and where:
 - exact gradient accumulation: each micro-batch's summed token loss is divided by the token
   count of the whole optimizer step, so micro-batch 4 x accum 2 equals micro-batch 8;
@@ -41,6 +42,7 @@ from frugal.run.build import (
     load_model,
     make_optimizer,
     refuse_unsupported,
+    shard,
 )
 from frugal.run.config import RunConfig
 from frugal.run.data import Batcher, Row, Schedule, load_examples, pack, split, unpacked
@@ -50,6 +52,8 @@ from frugal.run.meter import CostMeter, Progress, Sinks
 
 # peft still asks transformers for is_gradient_checkpointing, deprecated in v5: not our warning
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+# the distributed checkpoint API says so each time it runs in one process: that is intended
+warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 clock = time.monotonic  # step times, checkpoint times and dollars all read this clock
 DEFAULT_SAVE_MIN = 30.0
 
@@ -74,6 +78,7 @@ class Run:
     eval_micro: int
     total_steps: int
     params: list[Any]  # the trainable parameters
+    sharded: bool  # FSDP: every process holds a shard of each weight
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -88,6 +93,16 @@ class Run:
     def accum(self) -> int:
         return self.cfg.training.effective_batch // (self.micro * self.world)
 
+    @property
+    def unwrapped(self) -> Any:
+        """The model itself (DDP's wrapper removed; an FSDP model is not wrapped)."""
+        return self.acc.unwrap_model(self.model)
+
+    @property
+    def inner_optimizer(self) -> Any:
+        """The torch optimizer (accelerate's wrapper removed)."""
+        return getattr(self.optimizer, "optimizer", self.optimizer)
+
 
 # -- setup ---------------------------------------------------------------------------------
 
@@ -98,7 +113,8 @@ def setup(cfg: RunConfig) -> Run:
 
     job = cfg.job
     refuse_unsupported(cfg)
-    precision, reason = choose_precision(job.precision)
+    sharded = job.sharding == "fsdp" and job.gpus > 1
+    precision, reason = choose_precision(job.precision, sharded)
     mixed = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, "no")
     acc = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available())
     if acc.num_processes != job.gpus:
@@ -128,6 +144,8 @@ def setup(cfg: RunConfig) -> Run:
     if cfg.training.max_steps:
         total = min(total, cfg.training.max_steps)
 
+    if sharded:
+        model = shard(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(cfg, params)
     from transformers import get_scheduler
@@ -139,7 +157,10 @@ def setup(cfg: RunConfig) -> Run:
         num_warmup_steps=math.ceil(cfg.training.warmup_ratio * total),
         num_training_steps=total,
     )
-    model, optimizer = acc.prepare(model, optimizer)
+    if sharded:
+        optimizer = acc.prepare(optimizer)  # the model is already distributed
+    else:
+        model, optimizer = acc.prepare(model, optimizer)
     per_rank = cfg.training.effective_batch // acc.num_processes
     micro, why = auto_micro_batch(cfg, per_rank)
     out = Path(cfg.output_dir)
@@ -148,7 +169,8 @@ def setup(cfg: RunConfig) -> Run:
         scheduler=scheduler, batches=Batcher(rows, pad, cfg.data.packing),
         val_batches=Batcher(val_rows, pad, cfg.data.packing), schedule=sched_data,
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
-        total_steps=total, params=params, notes=[f"micro-batch {micro}: {why}"],
+        total_steps=total, params=params, sharded=sharded,
+        notes=[f"micro-batch {micro}: {why}"],
     )  # fmt: skip
     return run
 
@@ -194,7 +216,7 @@ def train_step(run: Run, step: int) -> dict[str, float]:
         else 0
     )
     n_tok, n_seg = _global_sum(run, local_tok, local_seg)
-    # DDP averages gradients over processes; scaling by world makes that average a global sum
+    # DDP and FSDP average gradients over processes; scaling by world makes it a global sum
     ce_scale = run.world / max(n_tok, 1.0)
     cl_scale = run.world * cfg.training.contrastive_weight / max(n_seg, 1.0)
     model.train()
@@ -204,7 +226,10 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     for i, b in enumerate(batches):
         real_tokens += int((b["segment_ids"] > 0).sum())  # still on the CPU
         b = {k: v.to(acc.device, non_blocking=True) for k, v in b.items()}
-        sync = contextlib.nullcontext() if i == len(batches) - 1 else acc.no_sync(model)
+        # DDP all-reduces once, after the last micro-batch; FSDP reduce-scatters after each,
+        # so that no process ever holds more than its shard of the gradients
+        last = i == len(batches) - 1
+        sync = contextlib.nullcontext() if last or run.sharded else acc.no_sync(model)
         with sync, acc.autocast():
             out = _forward(model, b, contrastive)
             ce_sum, _ = causal_lm_loss(out.logits, b["labels"])
@@ -224,8 +249,9 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     if cfg.training.max_grad_norm > 0:
         norm = acc.clip_grad_norm_(params, cfg.training.max_grad_norm)
     else:
-        grads = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else zero
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else zero
+    norm = ckpt.whole(norm)  # under FSDP a distributed tensor of the shards' norms
     run.optimizer.step()
     skipped = bool(getattr(run.optimizer, "step_was_skipped", False))  # fp16 overflow
     if not skipped:
@@ -262,20 +288,28 @@ def evaluate(run: Run) -> float | None:
     """Mean token loss on the validation rows; an OOM halves only the evaluation batch."""
     if not len(run.val_batches):
         return None
-    # the unwrapped model: DDP's forward would wait for processes that have no rows left
-    model, acc = run.acc.unwrap_model(run.model), run.acc
-    mine = list(range(acc.process_index, len(run.val_batches), run.world))
+    # the unwrapped model: DDP's forward would wait for processes that have no rows left.
+    # FSDP gathers each layer from all processes, so all run the same number of forwards:
+    # a process out of rows runs one on row 0 and does not count it.
+    model, acc = run.unwrapped, run.acc
+    n_rows = len(run.val_batches)
+    mine = list(range(acc.process_index, n_rows, run.world))
     while True:
         try:
             model.eval()
             total = count = 0.0
+            m = run.eval_micro
+            chunks = [mine[i : i + m] for i in range(0, len(mine), m)]
+            if run.sharded:
+                chunks += [[]] * (math.ceil(math.ceil(n_rows / run.world) / m) - len(chunks))
             with torch.no_grad():
-                for i in range(0, len(mine), run.eval_micro):
-                    b = run.val_batches(mine[i : i + run.eval_micro])
+                for rows in chunks:
+                    b = run.val_batches(rows or [0])
                     b = {k: v.to(acc.device) for k, v in b.items()}
                     with acc.autocast():
                         s, n = causal_lm_loss(_forward(model, b, False).logits, b["labels"])
-                    total, count = total + float(s), count + float(n)
+                    if rows:
+                        total, count = total + float(s), count + float(n)
             total, count = _global_sum(run, total, count)
             return total / max(count, 1.0)
         except (torch.OutOfMemoryError, RuntimeError) as e:
@@ -307,36 +341,29 @@ def _state(run: Run, step: int, meter: CostMeter, book: dict[str, Any]) -> dict[
 
 
 def save_checkpoint(run: Run, step: int, meter: CostMeter, book: dict[str, Any]) -> None:
-    """Every process sends its RNG state; the main process writes the checkpoint."""
+    """Every process writes its part of the weights and optimizer state and sends its RNG
+    state; the main process writes the rest and commits the checkpoint."""
+    root = run.out / "checkpoints"
+    tmp = ckpt.staging(root, step)
+    if run.main:
+        ckpt.begin(root, step)
+    run.acc.wait_for_everyone()
+    ckpt.save_tensors(tmp / "tensors", run.unwrapped, run.inner_optimizer)
     rngs = [ckpt.rng_state()]
     if run.world > 1:
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * run.world
-        dist.all_gather_object(gathered, rngs[0])
+        dist.all_gather_object(gathered, rngs[0])  # also: every process's shard is written
         rngs = gathered
     if run.main:
-        unwrapped = run.acc.unwrap_model(run.model)
-
-        def write(tmp: Path) -> None:
-            from safetensors.torch import save_file
-
-            save_file(ckpt.trainable_state(unwrapped), str(tmp / "trainable.safetensors"))
-            torch.save(run.optimizer.state_dict(), tmp / "optimizer.pt")
-            scaler = run.acc.scaler.state_dict() if run.acc.scaler is not None else None
-            torch.save(
-                {"scheduler": run.scheduler.state_dict(), "scaler": scaler}, tmp / "scheduler.pt"
-            )
-            for r, state in enumerate(rngs):
-                torch.save(state, tmp / f"rng-{r}.pt")
-
-        ckpt.save(
-            run.out / "checkpoints",
-            step,
-            write,
-            _state(run, step, meter, book),
-            run.cfg.training.keep_checkpoints,
+        scaler = run.acc.scaler.state_dict() if run.acc.scaler is not None else None
+        torch.save(
+            {"scheduler": run.scheduler.state_dict(), "scaler": scaler}, tmp / "scheduler.pt"
         )
+        for r, state in enumerate(rngs):
+            torch.save(state, tmp / f"rng-{r}.pt")
+        ckpt.commit(tmp, _state(run, step, meter, book), run.cfg.training.keep_checkpoints)
     run.acc.wait_for_everyone()
 
 
@@ -347,8 +374,12 @@ def _load(path: Path) -> Any:
 
 def restore(run: Run, path: Path) -> dict[str, Any]:
     state = ckpt.read_state(path)
-    ckpt.load_trainable(run.acc.unwrap_model(run.model), path / "trainable.safetensors")
-    run.optimizer.load_state_dict(_load(path / "optimizer.pt"))
+    if not (path / "tensors").is_dir():
+        raise FrugalError(
+            f"{path} was written by an older frugal (no tensors/): resume it with that "
+            "version, or start again in a new output_dir"
+        )
+    ckpt.load_tensors(path / "tensors", run.unwrapped, run.inner_optimizer)
     sched = _load(path / "scheduler.pt")
     run.scheduler.load_state_dict(sched["scheduler"])
     if sched["scaler"] is not None and run.acc.scaler is not None:
@@ -371,6 +402,7 @@ def restore(run: Run, path: Path) -> dict[str, Any]:
 
 def _save_best(run: Run, step: int) -> None:
     """The trainable weights of the best evaluation so far, in `best/`, swapped in whole."""
+    weights = ckpt.trainable_state(run.unwrapped, keep=run.main)  # FSDP: all gather
     if not run.main:
         return
     from safetensors.torch import save_file
@@ -378,7 +410,6 @@ def _save_best(run: Run, step: int) -> None:
     tmp = run.out / ".tmp-best"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    weights = ckpt.trainable_state(run.acc.unwrap_model(run.model))
     save_file(weights, str(tmp / "trainable.safetensors"))
     (tmp / "step.json").write_text(json.dumps({"step": step}))
     ckpt.swap_in(tmp, run.out / "best")
@@ -684,17 +715,32 @@ def _plan_interval(cfg: RunConfig) -> float | None:
 
 def _export(run: Run, book: dict[str, Any]) -> dict[str, str]:
     """The adapter (or the full model) in HF format, from the best evaluation if there was
-    one; with training.merge, the adapter merged into the model as well."""
+    one; with training.merge, the adapter merged into the model as well. Every process
+    calls it (under FSDP each sends its shards); the main process writes."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress line is enough
-    model = run.acc.unwrap_model(run.model)
+    model = run.unwrapped
     best = run.out / "best" / "trainable.safetensors"
     if book.get("best_step") is not None and best.exists():
         ckpt.load_trainable(model, best)
+    whole: dict[str, Any] = {}  # the weights to save, gathered from the shards
+    if run.sharded and run.cfg.job.method == "full":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        sd = get_model_state_dict(model, options=opts)
+        # a tied weight (the head sharing the embeddings) is saved once, as transformers does
+        tied = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+        tied -= {n for n, _ in model.named_parameters()}
+        whole = {"state_dict": {k: v for k, v in sd.items() if k not in tied}}
+    elif run.sharded:  # an adapter: its weights are all PEFT saves
+        whole = {"state_dict": ckpt.trainable_state(model, keep=run.main)}
+    if not run.main:
+        return {}
     final, tmp = run.out / "final", run.out / ".tmp-final"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
+    model.save_pretrained(str(tmp), safe_serialization=True, **whole)
     run.tokenizer.save_pretrained(str(tmp))
     ckpt.swap_in(tmp, final)
     outputs = {"adapter" if run.cfg.job.method != "full" else "model": str(final)}
@@ -708,7 +754,7 @@ def _export(run: Run, book: dict[str, Any]) -> dict[str, str]:
     return outputs
 
 
-def _predicted(cfg: RunConfig, micro: int) -> dict[str, Any]:
+def _predicted(cfg: RunConfig, micro: int, accum: int) -> dict[str, Any]:
     """What the plan (or, on CUDA, the estimator for this GPU) predicted."""
     pred: dict[str, Any] = {}
     if cfg.plan:
@@ -727,7 +773,7 @@ def _predicted(cfg: RunConfig, micro: int) -> dict[str, Any]:
         from frugal.plan.throughput import step_time
 
         spec = load_spec(cfg.model)
-        job = cfg.job.model_copy(update={"batch": micro, "gpus": 1})
+        job = cfg.job.model_copy(update={"batch": micro, "grad_accum": accum})
         prof = get_profile(spec, job, job.seq)
         mem = memory_at(prof, job, job.batch, job.seq)
         pred.update(
@@ -737,7 +783,7 @@ def _predicted(cfg: RunConfig, micro: int) -> dict[str, Any]:
         gpu = lookup_gpu(torch.cuda.get_device_name())
         speed = step_time(prof, job, gpu, spec.hidden_size) if gpu else None
         if speed is not None:
-            pred["tokens_per_s"] = round(speed.tokens_per_s * cfg.job.gpus, 1)
+            pred["tokens_per_s"] = round(speed.tokens_per_s, 1)
     return pred
 
 
@@ -756,7 +802,7 @@ def _finish(
 ) -> dict[str, Any]:
     cfg = run.cfg
     outputs: dict[str, str] = {}
-    if run.main and not dry_run and outcome in ("completed", "budget-stopped"):
+    if not dry_run and outcome in ("completed", "budget-stopped"):
         outputs = _export(run, book)
     times = book["step_times"]
     typical = sorted(times)[len(times) // 2] if times else None
@@ -787,7 +833,7 @@ def _finish(
         "tokens_per_step": tokens_step,
         "precision": run.precision,
         "precision_reason": run.precision_reason,
-        "predicted": _predicted(cfg, run.micro),
+        "predicted": _predicted(cfg, run.micro, run.accum),
         "actual": actual,
         "budget_usd": cfg.budget_usd,
         "best_eval_loss": book["best_eval"],
