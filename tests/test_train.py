@@ -512,3 +512,66 @@ def test_checkpoint_due_every_step_still_makes_progress(
     assert s["outcome"] == "completed" and s["steps"] == 3
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step-00000001", "step-00000002", "step-00000003"]  # fmt: skip
+
+
+class Tracker:
+    """Records what frugal asks of an experiment tracker (MLflow's or W&B's module API)."""
+
+    def __init__(self, name: str) -> None:
+        import importlib.machinery
+        import types
+
+        self.module = types.ModuleType(name)
+        self.module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.runs = 0
+        for fn in ("start_run", "init", "log_params", "log_metrics", "log", "end_run", "finish"):
+            setattr(self.module, fn, self._recorder(fn))
+
+    def _recorder(self, fn: str) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            self.calls.append((fn, {**kw, **({"args": args} if args else {})}))
+            if fn not in ("start_run", "init"):
+                return None
+            self.runs += 1
+            run_id = kw.get("run_id") or kw.get("id") or f"run-{self.runs}"
+            return types_ns(id=run_id, info=types_ns(run_id=run_id))
+
+        return call
+
+    def named(self, fn: str) -> list[dict[str, Any]]:
+        return [kw for f, kw in self.calls if f == fn]
+
+
+def types_ns(**kw: Any) -> Any:
+    import types
+
+    return types.SimpleNamespace(**kw)
+
+
+def test_resume_carries_on_the_mlflow_and_wandb_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ml, wb = Tracker("mlflow"), Tracker("wandb")
+    monkeypatch.setitem(sys.modules, "mlflow", ml.module)
+    monkeypatch.setitem(sys.modules, "wandb", wb.module)
+    over = ("training.max_steps=6", "training.loggers=[jsonl, mlflow, wandb]")
+    out = tmp_path / "run"
+
+    def stop_at_3(step: int, m: dict[str, Any]) -> None:
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    assert recipe.train(make_cfg(out, *over), on_step=stop_at_3, quiet=True)["steps"] == 3
+    s = recipe.train(make_cfg(out, *over), quiet=True)
+    assert s["outcome"] == "completed"
+    first, again = ml.named("start_run")
+    assert first == {"run_name": "run"} and again == {"run_id": "run-1"}
+    assert len(ml.named("log_params")) == 1  # MLflow params cannot be logged twice
+    assert [kw["id"] for kw in wb.named("init")] == [None, "run-1"]
+    assert all(kw["resume"] == "allow" for kw in wb.named("init"))
+    trained = [kw["step"] for kw in ml.named("log_metrics") if "loss" in kw["args"][0]]
+    assert trained == [1, 2, 3, 4, 5, 6]  # into one run, each step once
+    # a fresh run in a new directory starts new tracker runs
+    recipe.train(make_cfg(tmp_path / "other", *over), quiet=True)
+    assert ml.named("start_run")[-1] == {"run_name": "other"}

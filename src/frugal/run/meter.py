@@ -54,7 +54,13 @@ class CostMeter:
 
 
 class Sinks:
-    def __init__(self, out: Path, names: Sequence[str], config: dict[str, Any]) -> None:
+    """Where metrics go: metrics.jsonl always, TensorBoard, MLflow and W&B when asked for.
+    A resumed run (`resume`) carries on the MLflow and W&B runs it started, whose ids are
+    kept in `trackers.json` beside the metrics."""
+
+    def __init__(
+        self, out: Path, names: Sequence[str], config: dict[str, Any], resume: bool = False
+    ) -> None:
         self.jsonl = (out / "metrics.jsonl").open("a", encoding="utf-8")
         self.tb: Any = None
         self.mlflow: Any = None
@@ -67,13 +73,24 @@ class Sinks:
                 self.tb = SummaryWriter(str(out / "tensorboard"))
             except ImportError:
                 self.notes.append("tensorboard is not installed: metrics go to metrics.jsonl")
+        ids_file = out / "trackers.json"
+        ids = json.loads(ids_file.read_text()) if resume and ids_file.exists() else {}
         if "mlflow" in names:
             self.mlflow = importlib.import_module("mlflow")  # installed: build.py checked
-            self.mlflow.start_run(run_name=out.name)
-            self.mlflow.log_params(_flat(config))
+            if ids.get("mlflow"):
+                self.mlflow.start_run(run_id=ids["mlflow"])  # params were logged at the start
+            else:
+                ids["mlflow"] = self.mlflow.start_run(run_name=out.name).info.run_id
+                self.mlflow.log_params(_flat(config))
         if "wandb" in names:
             self.wandb = importlib.import_module("wandb")
-            self.wandb.init(project="frugal", name=out.name, config=config)
+            run = self.wandb.init(project="frugal", name=out.name, config=config,
+                                  id=ids.get("wandb"), resume="allow")  # fmt: skip
+            ids["wandb"] = run.id
+        if ids:
+            from frugal.files import write_text_atomic
+
+            write_text_atomic(ids_file, json.dumps(ids))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")

@@ -525,7 +525,8 @@ def _loop(
     total: int, on_step: Any, quiet: bool, dry_run: int | None,
 ) -> dict[str, Any]:  # fmt: skip
     t = cfg.training
-    sinks = Sinks(run.out, t.loggers, cfg.model_dump(mode="json")) if run.main else None
+    config = cfg.model_dump(mode="json")
+    sinks = Sinks(run.out, t.loggers, config, resume=step > 0) if run.main else None
     progress = Progress(total, enabled=run.main and not quiet)
     progress.print(f"precision: {run.precision} ({run.precision_reason})")
     for n in run.notes:
