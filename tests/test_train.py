@@ -575,3 +575,26 @@ def test_resume_carries_on_the_mlflow_and_wandb_runs(
     # a fresh run in a new directory starts new tracker runs
     recipe.train(make_cfg(tmp_path / "other", *over), quiet=True)
     assert ml.named("start_run")[-1] == {"run_name": "other"}
+
+
+def test_budget_guard_covers_the_first_step_from_the_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no plan: on a GPU the estimator predicts the step; here it says 8 x 96 tokens take 2 s,
+    # and on the clock every step takes 1 s, at $1 a second
+    monkeypatch.setattr(recipe, "_predicted", lambda cfg, micro, accum: {"tokens_per_s": 384})
+    now = [0.0]
+    monkeypatch.setattr(recipe, "clock", lambda: now[0])
+    real_step = recipe.train_step
+
+    def one_second_step(run: Any, step: int) -> dict[str, float]:
+        now[0] += 1.0
+        return real_step(run, step)
+
+    monkeypatch.setattr(recipe, "train_step", one_second_step)
+    over = ("data.epochs=5", "price_per_hour_usd=3600")
+    s = recipe.train(make_cfg(tmp_path / "a", *over, "budget_usd=1.5"), quiet=True)
+    assert s["outcome"] == "budget-stopped" and s["steps"] == 0  # a $2 step would cross $1.50
+    # the estimate lets the first step run; then the timed 1 s steps guide the guard
+    s = recipe.train(make_cfg(tmp_path / "b", *over, "budget_usd=2.5"), quiet=True)
+    assert s["outcome"] == "budget-stopped" and s["steps"] == 2

@@ -535,6 +535,7 @@ def _loop(
     if book["diagnostics"] is not None:  # resumed: the windows carry on
         diag.load_state_dict(book["diagnostics"])
     save_every_s = 60 * (t.save_every_min or _plan_interval(cfg) or DEFAULT_SAVE_MIN)
+    expected_s = _expected_step_s(run)
     # a clean stop writes a checkpoint and the final weights: guess their time from the bytes
     # until a checkpoint has been timed (1 GB/s disk, 20 ms of fixed cost)
     trainable = sum(p.numel() * p.element_size() for p in run.params)
@@ -560,8 +561,8 @@ def _loop(
     while True:
         times = book["step_times"]
         # the guards plan for a slow step: the slowest of the last ten (the first step of a
-        # session, with its warm-up, only while it is the only one), or the plan's before any
-        slowest = max(times[1:] if len(times) > 1 else times, default=_planned_step_s(cfg))
+        # session, with its warm-up, only while it is the only one), or the expected before any
+        slowest = max(times[1:] if len(times) > 1 else times, default=expected_s)
         if eval_due:
             nxt = eval_s if eval_s is not None else slowest * len(run.val_batches) / max(
                 1, t.effective_batch) / 2  # fmt: skip
@@ -686,11 +687,14 @@ def _back_off(run: Run, progress: Progress) -> None:
     progress.print(f"OOM: micro-batch now {run.micro}, gradient accumulation {run.accum}")
 
 
-def _planned_step_s(cfg: RunConfig) -> float:
-    p = cfg.plan
-    if p is None or not p.tokens_per_s:
-        return 0.0
-    return cfg.training.effective_batch * cfg.job.seq / p.tokens_per_s
+def _expected_step_s(run: Run) -> float:
+    """A step's seconds before one is timed, for the guards: the estimator's for this GPU on
+    CUDA, else the plan's; 0 when neither knows (then only the first step is unguarded)."""
+    cfg = run.cfg
+    if cfg.budget_usd is None and cfg.training.max_time_min is None:
+        return 0.0  # no guard to feed
+    tokens_per_s = _predicted(cfg, run.micro, run.accum).get("tokens_per_s")
+    return cfg.training.effective_batch * cfg.job.seq / tokens_per_s if tokens_per_s else 0.0
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
