@@ -33,7 +33,10 @@ def choose_precision(wanted: str, sharded: bool = False) -> tuple[str, str]:
     return wanted, f"{wanted} as configured; {name} supports it"
 
 
-def load_model(cfg: RunConfig, precision: str) -> tuple[Any, Any]:
+def load_model(cfg: RunConfig, precision: str, empty: bool = False) -> tuple[Any, Any]:
+    """The model with its adapters, and its tokenizer. `empty`: the weights on the meta
+    device (buffers real) and nothing read from disk, for an FSDP process that receives
+    its shards from the main process (`shard`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from frugal.estimate.simulate import enable_checkpointing
@@ -58,9 +61,15 @@ def load_model(cfg: RunConfig, precision: str) -> tuple[Any, Any]:
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=compute,
         )
-    if cfg.init == "random":
-        spec = load_spec(cfg.model)
-        conf = AutoConfig.for_model(**spec.config)
+    if empty:
+        from accelerate import init_empty_weights
+
+        conf = AutoConfig.for_model(**load_spec(cfg.model).config)
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(conf, **kwargs)
+        model.tie_weights()  # the meta patch unties them; the main process's are tied
+    elif cfg.init == "random":
+        conf = AutoConfig.for_model(**load_spec(cfg.model).config)
         model = AutoModelForCausalLM.from_config(conf, **kwargs)
     else:
         try:
@@ -98,12 +107,17 @@ def load_model(cfg: RunConfig, precision: str) -> tuple[Any, Any]:
     return model, tok
 
 
-def shard(model: Any) -> Any:
+def shard(model: Any, device: torch.device, main: bool) -> Any:
     """FSDP (PyTorch's fully_shard): each decoder layer, the class transformers names in
     `_no_split_modules`, is one unit whose weights are gathered just before it runs and
     freed after; the embeddings, final norm and head form the root unit. Gradients are
     reduce-scattered after every micro-batch, so each process only ever holds its shard
-    (the memory the estimator's fsdp terms count)."""
+    (the memory the estimator's fsdp terms count).
+
+    Only the main process has read the weights (the others' are on the meta device, see
+    `load_model`): it sends each to all, and each keeps its shard, so the machine's CPU
+    memory holds one copy of the model, not one per GPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -113,9 +127,20 @@ def shard(model: Any) -> Any:
         raise FrugalError(
             f"{type(base).__name__} names no decoder-layer class to shard by: use job.sharding=ddp"
         )
+    whole = model.state_dict() if main else {}  # the main process's weights, to send
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}  # real everywhere
     for layer in layers:
         fully_shard(layer)
     fully_shard(model)
+    if not main:
+        model.to_empty(device=device)  # meta shards become memory, filled just below
+    set_model_state_dict(
+        model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+    del whole
+    with torch.no_grad():  # buffers outside the state dict (rotary frequencies) too
+        for n, b in model.named_buffers():
+            b.copy_(buffers[n])
     return model
 
 

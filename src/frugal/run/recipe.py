@@ -123,7 +123,7 @@ def setup(cfg: RunConfig) -> Run:
             "let `frugal train` launch them (no torchrun of your own)"
         )
     set_seed(cfg.training.seed)
-    model, tok = load_model(cfg, precision)
+    model, tok = load_model(cfg, precision, empty=sharded and not acc.is_main_process)
 
     assert cfg.data.path  # refuse_unsupported checked it
     examples = load_examples(cfg.data.path, tok, job.seq, cfg.data.format)
@@ -145,7 +145,7 @@ def setup(cfg: RunConfig) -> Run:
         total = min(total, cfg.training.max_steps)
 
     if sharded:
-        model = shard(model)
+        model = shard(model, acc.device, acc.is_main_process)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(cfg, params)
     from transformers import get_scheduler
