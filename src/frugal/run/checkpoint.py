@@ -54,7 +54,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def whole(p: torch.Tensor) -> torch.Tensor:
-    """A parameter as one tensor: FSDP's shards (a DTensor) gathered from every process."""
+    """A tensor whole: FSDP's shards (a DTensor) gathered from every process."""
     from torch.distributed.tensor import DTensor
 
     return p.full_tensor() if isinstance(p, DTensor) else p
@@ -93,7 +93,7 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
                 "config the checkpoint was made with"
             )
         with torch.no_grad():
-            for n in sorted(saved, key=list(params).index):  # the same order on every process
+            for n in (n for n in params if n in saved):  # the same order on every process
                 p, t = params[n], f.get_tensor(n)
                 if isinstance(p, DTensor):
                     t = distribute_tensor(t.to(p.device), p.device_mesh, p.placements)
