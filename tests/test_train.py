@@ -598,3 +598,14 @@ def test_budget_guard_covers_the_first_step_from_the_estimate(
     # the estimate lets the first step run; then the timed 1 s steps guide the guard
     s = recipe.train(make_cfg(tmp_path / "b", *over, "budget_usd=2.5"), quiet=True)
     assert s["outcome"] == "budget-stopped" and s["steps"] == 2
+
+
+def test_launcher_knows_whether_torchrun_can_leave_signals() -> None:
+    import torch.distributed.run as torchrun
+
+    from frugal.cli.train_cmd import _torchrun_can_leave_signals
+
+    # read from the installed source without importing torch: the same answer as importing
+    assert _torchrun_can_leave_signals() == (
+        "--signals-to-handle" in Path(torchrun.__file__).read_text()
+    )

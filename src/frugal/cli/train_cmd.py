@@ -81,9 +81,9 @@ def _launch(n: int) -> int:
     from frugal import cli
 
     args = [a for a in cli.ARGV if a != "--debug"]
+    own = ["--signals-to-handle=SIGHUP,SIGQUIT"] if _torchrun_can_leave_signals() else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={n}", "--signals-to-handle=SIGHUP,SIGQUIT",
-           "-m", "frugal.cli.main", *args]  # fmt: skip
+           f"--nproc-per-node={n}", *own, "-m", "frugal.cli.main", *args]  # fmt: skip
     stops = (signal.SIGTERM, signal.SIGINT)
     old = {s: signal.signal(s, signal.SIG_IGN) for s in stops}  # inherited by torchrun
     try:
@@ -134,6 +134,20 @@ def _launch(n: int) -> int:
 
 TORCHRUN_BANNER = re.compile(r"^(\*+\s*$|Setting OMP_NUM_THREADS)")
 TORCHRUN_NOISE = re.compile(r"^(Traceback|[WEI]\d{4} |\[[WEI] |W\d|E\d|torch\.distributed)")
+
+
+def _torchrun_can_leave_signals() -> bool:
+    """Whether this torchrun takes --signals-to-handle (torch 2.9 on). An older one handles
+    SIGTERM/SIGINT itself, but only when they reach it directly (a Ctrl-C in its terminal,
+    a shutdown signalling every process), since the launcher signals the workers alone.
+    Read from its source: importing torch to ask would cost the launcher a second."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        run = distribution("torch").locate_file("torch/distributed/run.py")
+        return "--signals-to-handle" in run.read_text()
+    except (PackageNotFoundError, OSError):
+        return False
 
 
 def _worker_codes(text: str) -> set[int]:
