@@ -164,10 +164,10 @@ def test_kill_9_during_checkpoint_write_resumes_from_previous(tmp_path: Path) ->
     assert_same_weights(a, b)
 
 
-def test_budget_guard_stops_within_a_step_with_a_usable_adapter(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # a clock on which every training step takes exactly one second, at $1 a second
+@pytest.fixture
+def one_second_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock on which every training step takes exactly one second (and nothing else
+    takes any time)."""
     now = [0.0]
     monkeypatch.setattr(recipe, "clock", lambda: now[0])
     real_step = recipe.train_step
@@ -177,6 +177,11 @@ def test_budget_guard_stops_within_a_step_with_a_usable_adapter(
         return real_step(run, step)
 
     monkeypatch.setattr(recipe, "train_step", one_second_step)
+
+
+@pytest.mark.usefixtures("one_second_steps")
+def test_budget_guard_stops_within_a_step_with_a_usable_adapter(tmp_path: Path) -> None:
+    # every training step takes one second, at $1 a second
     out = tmp_path / "run"
     s = recipe.train(
         make_cfg(out, "data.epochs=50", "price_per_hour_usd=3600", "budget_usd=10.5"),
@@ -577,21 +582,13 @@ def test_resume_carries_on_the_mlflow_and_wandb_runs(
     assert ml.named("start_run")[-1] == {"run_name": "other"}
 
 
+@pytest.mark.usefixtures("one_second_steps")
 def test_budget_guard_covers_the_first_step_from_the_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # no plan: on a GPU the estimator predicts the step; here it says 8 x 96 tokens take 2 s,
     # and on the clock every step takes 1 s, at $1 a second
     monkeypatch.setattr(recipe, "_predicted", lambda cfg, micro, accum: {"tokens_per_s": 384})
-    now = [0.0]
-    monkeypatch.setattr(recipe, "clock", lambda: now[0])
-    real_step = recipe.train_step
-
-    def one_second_step(run: Any, step: int) -> dict[str, float]:
-        now[0] += 1.0
-        return real_step(run, step)
-
-    monkeypatch.setattr(recipe, "train_step", one_second_step)
     over = ("data.epochs=5", "price_per_hour_usd=3600")
     s = recipe.train(make_cfg(tmp_path / "a", *over, "budget_usd=1.5"), quiet=True)
     assert s["outcome"] == "budget-stopped" and s["steps"] == 0  # a $2 step would cross $1.50

@@ -5,6 +5,7 @@ fix)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -61,16 +62,14 @@ def load_model(cfg: RunConfig, precision: str, empty: bool = False) -> tuple[Any
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=compute,
         )
-    if empty:
+    if empty or cfg.init == "random":
         from accelerate import init_empty_weights
 
         conf = AutoConfig.for_model(**load_spec(cfg.model).config)
-        with init_empty_weights():
+        with init_empty_weights() if empty else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(conf, **kwargs)
-        model.tie_weights()  # the meta patch unties them; the main process's are tied
-    elif cfg.init == "random":
-        conf = AutoConfig.for_model(**load_spec(cfg.model).config)
-        model = AutoModelForCausalLM.from_config(conf, **kwargs)
+        if empty:
+            model.tie_weights()  # the meta patch unties them; the main process's are tied
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(cfg.model, local_files_only=True, **kwargs)

@@ -344,10 +344,8 @@ def save_checkpoint(run: Run, step: int, meter: CostMeter, book: dict[str, Any])
     """Every process writes its part of the weights and optimizer state and sends its RNG
     state; the main process writes the rest and commits the checkpoint."""
     root = run.out / "checkpoints"
-    tmp = ckpt.staging(root, step)
-    if run.main:
-        ckpt.begin(root, step)
-    run.acc.wait_for_everyone()
+    tmp = ckpt.begin(root, step) if run.main else ckpt.staging(root, step)
+    run.acc.wait_for_everyone()  # the staging directory exists, and is empty
     ckpt.save_tensors(tmp / "tensors", run.unwrapped, run.inner_optimizer)
     rngs = [ckpt.rng_state()]
     if run.world > 1:
