@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from frugal.estimate.core import estimate
-from frugal.estimate.job import FIXED_4BIT_INPUT, make_job
 from frugal.hardware.csvdata import data_rows
 from frugal.models.specs import load_spec
+from frugal.step.job import FIXED_4BIT_INPUT, make_job
 
 DATA = Path(__file__).parent / "data" / "measured_memory.csv"
 KIND_KEY = {

@@ -44,8 +44,8 @@ def run(args: list[str], cache: str) -> float:
 def library_call(cache: str) -> float:
     os.environ["FRUGAL_CACHE_DIR"] = cache
     from frugal.estimate.core import estimate
-    from frugal.estimate.job import make_job
     from frugal.models.specs import load_spec
+    from frugal.step.job import make_job
 
     spec = load_spec("meta-llama/Llama-3.1-8B")
     times = []

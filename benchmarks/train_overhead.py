@@ -37,8 +37,8 @@ from frugal.run import recipe
 from frugal.run.config import RunConfig, apply_overrides, validate_run_config
 from frugal.run.data import Row, Schedule, collate, load_examples, pack
 from frugal.run.diagnose import Diagnostics
-from frugal.run.losses import IGNORE
 from frugal.run.meter import CostMeter, Sinks
+from frugal.step.loss import IGNORE
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY, DATA = ROOT / "examples" / "tiny-llama", str(ROOT / "examples" / "data" / "spell.jsonl")

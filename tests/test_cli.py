@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from frugal.cli.main import main
+from frugal.hardware.gpus import MARGIN
 from frugal.models import specs
 
 ESTIMATE_KEYS = {
@@ -24,7 +25,7 @@ ESTIMATE_KEYS = {
     "flops_per_step",
     "tokens_per_step",
 }
-FIT_KEYS = {"fits", "max_batch", "max_seq"}
+FIT_KEYS = {"fits", "max_batch", "max_seq", "budget_gib", "headroom_gib"}
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +87,9 @@ def test_estimate_json_with_gpu_memory(
     assert set(d) >= ESTIMATE_KEYS | FIT_KEYS
     assert d["fits"] is True
     assert d["gpu_memory_gib"] == 24
-    assert d["headroom_gib"] == pytest.approx(24 - d["device_total_gib"], abs=0.01)
+    # the step may use all but the margin that plan and train's micro-batch also keep
+    assert d["budget_gib"] == pytest.approx(24 * (1 - MARGIN), abs=0.01)
+    assert d["headroom_gib"] == pytest.approx(d["budget_gib"] - d["device_total_gib"], abs=0.01)
     assert d["max_seq"] == 512  # a tiny model fits up to its positions
     mb = d["max_batch"]
     assert isinstance(mb, int) and 1 <= mb < 1 << 16
@@ -106,8 +109,8 @@ def test_estimate_json_with_gpu_memory(
         "24",
         "--json",
     )
-    assert at["fits"] is True and at["device_total_gib"] <= 24
-    assert over["fits"] is False and over["device_total_gib"] > 24 - 0.001
+    assert at["fits"] is True and at["device_total_gib"] <= at["budget_gib"]
+    assert over["fits"] is False and over["device_total_gib"] > over["budget_gib"] - 0.001
 
 
 def test_estimate_with_named_gpu(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:

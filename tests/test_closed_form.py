@@ -7,9 +7,9 @@ import pytest
 from frugal.estimate.categories import CATEGORIES, SEGMENTS
 from frugal.estimate.closed_form import lora_params, model_params, state_bytes
 from frugal.estimate.core import get_profile
-from frugal.estimate.job import TrainJob
-from frugal.estimate.simulate import build_model, count_params
 from frugal.models.specs import bundled_model_ids, load_spec
+from frugal.step.job import TrainJob
+from frugal.step.model import build_model, count_params
 
 DENSE = [
     m
@@ -21,7 +21,9 @@ DENSE = [
 @pytest.mark.parametrize("model_id", DENSE)
 def test_parameter_count_matches_simulated_model(model_id: str) -> None:
     spec = load_spec(model_id)
-    total, _ = count_params(build_model(spec.config, TrainJob(method="full"), spec.num_layers))
+    total, _ = count_params(
+        build_model(spec.config, TrainJob(method="full"), "meta", n_layers=spec.num_layers)
+    )
     assert model_params(spec.config) == total
 
 
@@ -29,7 +31,7 @@ def test_parameter_count_matches_simulated_model(model_id: str) -> None:
 def test_lora_count_matches_peft(targets: str) -> None:
     spec = load_spec("meta-llama/Llama-3.1-8B")
     job = TrainJob(method="lora", lora_r=16, lora_targets=targets)
-    _, trainable = count_params(build_model(spec.config, job, spec.num_layers))
+    _, trainable = count_params(build_model(spec.config, job, "meta", n_layers=spec.num_layers))
     assert lora_params(spec.config, job) == trainable
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from frugal.estimate.core import estimate
-from frugal.estimate.job import make_job
-from frugal.estimate.simulate import build_model, count_params
 from frugal.models.specs import load_spec
+from frugal.step.job import make_job
+from frugal.step.model import build_model, count_params
 
 LLAMA_31_8B = 8030261248
 # r = 16 on q, k, v, o, gate, up, down of 32 layers: 16 * (in + out) per linear
@@ -33,7 +33,7 @@ def test_lora_golden_is_the_textbook_count() -> None:
 def test_llama31_8b_full_depth_counts(method: str, expected: tuple[int, int]) -> None:
     spec = load_spec("meta-llama/Llama-3.1-8B")
     job = make_job(method=method) if method == "full" else make_job(method=method, lora_r=16)
-    model = build_model(spec.config, job, spec.num_layers)
+    model = build_model(spec.config, job, "meta", n_layers=spec.num_layers)
     assert count_params(model) == expected
 
 

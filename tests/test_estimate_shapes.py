@@ -18,13 +18,13 @@ from conftest import TINY_LLAMA, write_config
 
 from frugal.estimate import core
 from frugal.estimate.categories import CATEGORIES, PHASES
-from frugal.estimate.core import estimate, get_profile, memory_at, regime
-from frugal.estimate.job import make_job
+from frugal.estimate.core import base_length, estimate, get_profile, memory_at
 from frugal.estimate.overheads import MIB, Overheads
-from frugal.estimate.profile import LINEAR, QUADRATIC
-from frugal.estimate.qlora import packed_bytes
-from frugal.estimate.simulate import build_model, count_params, simulate
+from frugal.estimate.simulate import simulate
 from frugal.models.specs import ModelSpec, load_spec
+from frugal.step.job import make_job
+from frugal.step.model import build_model, count_params
+from frugal.step.qlora import packed_bytes
 
 TINY_GEMMA2 = {
     **TINY_LLAMA,
@@ -163,7 +163,7 @@ def test_old_bitsandbytes_keeps_each_4bit_input(tiny_llama: ModelSpec) -> None:
 
 
 def test_bitsandbytes_version_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    import frugal.estimate.job as jobmod
+    import frugal.step.job as jobmod
     from frugal.errors import FrugalError
 
     monkeypatch.setattr(jobmod, "installed_version", lambda pkg: "0.42.0")
@@ -263,18 +263,14 @@ def test_profile_exact_at_long_seq(tiny_llama: ModelSpec) -> None:
 
 @pytest.mark.parametrize("seq", [100, 24])  # beyond the 32-token window, and within it
 def test_sliding_window_profile_matches_direct(tiny_gemma2: ModelSpec, seq: int) -> None:
-    job = make_job(method="lora", seq=seq)
-    basis, s0 = regime(tiny_gemma2, job, seq)
-    assert basis == QUADRATIC  # Gemma 2 runs eager attention: scores are b·s²
-    assert s0 == (32 + 64 if seq > 32 else 32 // 3)
+    # the simulated lengths stay on the side of the window that `seq` is on
+    assert base_length(tiny_gemma2, seq) == (32 + 64 if seq > 32 else 32 // 3)
     (r,) = _compare(_key(tiny_gemma2), "lora", "sdpa", ((1, seq),))
-    assert r["profile"].basis == QUADRATIC
     _check_close(r, batch=1)
 
 
-def test_regimes_of_dense_model(tiny_llama: ModelSpec) -> None:
-    assert regime(tiny_llama, make_job(), 4096) == (LINEAR, 64)
-    assert regime(tiny_llama, make_job(attention="eager"), 4096) == (QUADRATIC, 64)
+def test_base_length_of_dense_model(tiny_llama: ModelSpec) -> None:
+    assert base_length(tiny_llama, 4096) == base_length(tiny_llama, 16) == 64
 
 
 # -- (f) mixture of experts ---------------------------------------------------------------
@@ -283,8 +279,10 @@ def test_regimes_of_dense_model(tiny_llama: ModelSpec) -> None:
 def test_moe_lora_estimate(tiny_moe: ModelSpec) -> None:
     job = make_job(method="lora", seq=128)
     est = estimate(tiny_moe, job)
-    total_full, _ = count_params(build_model(tiny_moe.config, make_job(method="full"), 4))
-    _, trainable = count_params(build_model(tiny_moe.config, job, 4))
+    total_full, _ = count_params(
+        build_model(tiny_moe.config, make_job(method="full"), "meta", n_layers=4)
+    )
+    _, trainable = count_params(build_model(tiny_moe.config, job, "meta", n_layers=4))
     assert est.trainable_params > 0
     assert est.trainable_params == trainable
     assert est.total_params == total_full
@@ -295,7 +293,9 @@ def test_moe_lora_estimate(tiny_moe: ModelSpec) -> None:
 
 def test_moe_full_finetune(tiny_moe: ModelSpec) -> None:
     est = estimate(tiny_moe, make_job(method="full", seq=128))
-    total, trainable = count_params(build_model(tiny_moe.config, make_job(method="full"), 4))
+    total, trainable = count_params(
+        build_model(tiny_moe.config, make_job(method="full"), "meta", n_layers=4)
+    )
     assert est.total_params == total == trainable == est.trainable_params
     # fp32 master weights, gradients and two AdamW moments
     b = est.memory.breakdown
@@ -305,7 +305,9 @@ def test_moe_full_finetune(tiny_moe: ModelSpec) -> None:
 
 def test_moe_full_finetune_bf16_true(tiny_moe: ModelSpec) -> None:
     est = estimate(tiny_moe, make_job(method="full", precision="bf16-true", seq=128))
-    total, _ = count_params(build_model(tiny_moe.config, make_job(method="full"), 4))
+    total, _ = count_params(
+        build_model(tiny_moe.config, make_job(method="full"), "meta", n_layers=4)
+    )
     assert est.total_params == est.trainable_params == total
 
 

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from frugal.errors import FrugalError
-from frugal.estimate.job import TrainJob, make_job
+from frugal.step.job import TrainJob, make_job
 
 
 def _message(**kwargs: Any) -> str:

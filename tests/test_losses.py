@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from frugal.run.losses import IGNORE, causal_lm_loss, contrastive_loss
+from frugal.step.loss import IGNORE, causal_lm_loss, contrastive_loss
 
 
 def _gen(seed: int) -> torch.Generator:

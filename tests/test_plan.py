@@ -11,11 +11,11 @@ from test_cli import run_error, run_json
 
 from frugal.cli.main import main
 from frugal.errors import FrugalError
-from frugal.estimate.job import make_job
 from frugal.hardware.offers import catalog
 from frugal.models.specs import ModelSpec, load_spec
 from frugal.plan.search import Constraints, pareto, search
 from frugal.run.config import load_run_config
+from frugal.step.job import make_job
 
 
 def test_search_recommends_the_cheapest_feasible(tiny_llama: ModelSpec) -> None:

@@ -8,11 +8,11 @@ import pytest
 
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile
-from frugal.estimate.job import make_job
 from frugal.hardware.gpus import find_gpu
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot
 from frugal.plan.throughput import step_time
+from frugal.step.job import make_job
 
 
 @pytest.mark.parametrize(("mtbi_min", "expected"), [(24 * 60, 116.7), (6 * 60, 56.7), (15, 9.1)])

@@ -30,7 +30,7 @@ from frugal.run.data import (
     tokenize,
     unpacked,
 )
-from frugal.run.losses import IGNORE, causal_lm_loss
+from frugal.step.loss import IGNORE, causal_lm_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny-llama"

@@ -25,6 +25,7 @@ from test_cli import run_error
 from frugal.run import checkpoint as ckpt
 from frugal.run import recipe
 from frugal.run.config import RunConfig, apply_overrides, load_run_config, validate_run_config
+from frugal.step import loop
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny-llama"
@@ -204,16 +205,17 @@ def test_oom_backs_off_and_keeps_the_effective_batch(
     over = ("training.max_steps=4", "training.eval_every=2")
     ref = tmp_path / "ref"
     recipe.train(make_cfg(ref, "job.batch=2", *over), quiet=True)
-    real = recipe._forward
+    real = loop.forward
 
-    def small_gpu(model: Any, batch: dict[str, torch.Tensor], hidden: bool) -> Any:
+    def small_gpu(model: Any, batch: dict[str, torch.Tensor], hidden: bool = False) -> Any:
         if batch["input_ids"].shape[0] > 2 and torch.is_grad_enabled():
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         if batch["input_ids"].shape[0] > 1 and not torch.is_grad_enabled():
             raise torch.OutOfMemoryError("CUDA out of memory in eval (simulated)")
         return real(model, batch, hidden)
 
-    monkeypatch.setattr(recipe, "_forward", small_gpu)
+    monkeypatch.setattr(loop, "forward", small_gpu)  # the training step's
+    monkeypatch.setattr(recipe, "forward", small_gpu)  # evaluation's
     out = tmp_path / "oom"
     s = recipe.train(make_cfg(out, "job.batch=4", *over), quiet=True)
     assert s["micro_batch"] == 2 and s["grad_accum"] == 4  # 4 x 2 became 2 x 4 on 1 process
@@ -225,7 +227,7 @@ def test_oom_backs_off_and_keeps_the_effective_batch(
 
 def test_contrastive_loss_trains(tmp_path: Path) -> None:
     s = recipe.train(
-        make_cfg(tmp_path / "r", "training.loss=ce+contrastive", "training.max_steps=3"),
+        make_cfg(tmp_path / "r", "job.loss=ce+contrastive", "training.max_steps=3"),
         quiet=True,
     )
     assert s["outcome"] == "completed"
@@ -280,6 +282,8 @@ def test_early_stopping_keeps_the_best(tmp_path: Path) -> None:
         (("job.gpus=2", "job.sharding=fsdp", "training.merge=true"), "merge the saved adapter"),
         ("budget_usd=5", "--price-per-hour"),
         ("oops", "write key=value"),
+        ("data.packing=false", "data.packing: moved to job.packing"),  # an older config
+        ("training.loss=ce", "training.loss: moved to job.loss"),
         pytest.param(
             "training.loggers=[jsonl, mlflow]",
             "pip install mlflow",

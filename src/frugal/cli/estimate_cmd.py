@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from frugal.estimate.job import TrainJob
+from frugal.step.job import TrainJob
 
 
 def field_help(field: str) -> str:
@@ -32,6 +32,8 @@ def estimate(
     grad_accum: int = typer.Option(1, help=field_help("grad_accum")),
     grad_checkpointing: bool = typer.Option(True, help=field_help("grad_checkpointing")),
     attention: str = typer.Option("sdpa", help=field_help("attention")),
+    packing: bool = typer.Option(True, help=field_help("packing")),
+    loss: str = typer.Option("ce", help=field_help("loss")),
     gpus: int = typer.Option(1, help=field_help("gpus")),
     sharding: str = typer.Option("ddp", help=field_help("sharding")),
     bitsandbytes: str | None = typer.Option(None, help=field_help("bitsandbytes")),
@@ -42,9 +44,9 @@ def estimate(
     """Exact per-GPU training memory and FLOPs of one step, without a GPU or weights."""
     from frugal.errors import FrugalError
     from frugal.estimate.core import estimate as run_estimate
-    from frugal.estimate.job import make_job
     from frugal.hardware.gpus import find_gpu
     from frugal.models.specs import load_spec
+    from frugal.step.job import make_job
 
     job = make_job(
         method=method,
@@ -59,6 +61,8 @@ def estimate(
         grad_accum=grad_accum,
         grad_checkpointing=grad_checkpointing,
         attention=attention,
+        packing=packing,
+        loss=loss,
         gpus=gpus,
         sharding=sharding,
         bitsandbytes=bitsandbytes,
@@ -145,8 +149,9 @@ def render(d: dict[str, Any]) -> None:
     if "fits" in d:
         verdict = "[green]fits[/]" if d["fits"] else "[red]does not fit[/]"
         c.print(
-            f"{d['gpu']} ({d['gpu_memory_gib']:.1f} GiB): {verdict}, headroom "
-            f"{d['headroom_gib']:.2f} GiB; largest micro-batch at seq {j['seq']}: "
+            f"{d['gpu']} ({d['gpu_memory_gib']:.1f} GiB usable, {d['budget_gib']:.1f} GiB "
+            f"after the margin): {verdict}, headroom {d['headroom_gib']:.2f} GiB; "
+            f"largest micro-batch at seq {j['seq']}: "
             f"{d['max_batch']}; longest seq at batch {j['batch']}: {d['max_seq']:,}"
         )
     if "step_time_s" in d:

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from frugal.cli.estimate_cmd import field_help
+from frugal.hardware.gpus import MARGIN
 from frugal.hardware.offers import KWH_USD
 
 
@@ -48,6 +49,8 @@ def plan(
     lora_r: int | None = typer.Option(None, help=field_help("lora_r") + " [default: 16]"),
     lora_targets: str | None = typer.Option(None, help=field_help("lora_targets")),
     attention: str = typer.Option("sdpa", help=field_help("attention")),
+    packing: bool = typer.Option(True, help=field_help("packing")),
+    loss: str = typer.Option("ce", help=field_help("loss")),
     budget: float | None = typer.Option(None, help="Most you will spend, USD."),
     deadline: float | None = typer.Option(None, help="Hours until the run must be done."),
     max_gpus: int = typer.Option(64, help="Most GPUs in one run."),
@@ -59,7 +62,7 @@ def plan(
         None, help="Mean hours between spot interruptions (overrides the offers' buckets)."
     ),
     optimize: str = typer.Option("cost", help="Objective: cost or time."),
-    margin: float = typer.Option(0.05, help="Share of GPU memory kept free."),
+    margin: float = typer.Option(MARGIN, help="Share of usable GPU memory kept free."),
     prices: list[str] | None = typer.Option(
         None, help="Your own price CSV (or a SkyPilot vms.csv)."
     ),
@@ -76,10 +79,10 @@ def plan(
 ) -> None:
     """The cheapest (or fastest) plan that fits and meets the deadline, with its reasons."""
     from frugal.errors import FrugalError
-    from frugal.estimate.job import make_job
     from frugal.hardware.offers import select_offers
     from frugal.models.specs import load_spec
     from frugal.plan.search import Constraints, search
+    from frugal.step.job import make_job
 
     if (tokens is None) == (dataset is None):
         raise FrugalError("give the amount of training: --tokens N or --dataset FILE")
@@ -112,6 +115,8 @@ def plan(
         lora_targets=lora_targets,
         seq=seq,
         attention=attention,
+        packing=packing,
+        loss=loss,
     )
     for m in method_list:
         make_job(method=m)  # names a bad method in --methods

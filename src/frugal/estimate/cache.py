@@ -1,7 +1,8 @@
 """Profiles cached in the user cache dir, so a new (batch, seq) needs no simulation.
 
 A profile is keyed by the model's config, the job settings it depends on, the fitting
-regime, and the versions of frugal, torch, transformers and peft that produced it.
+regime, the versions of frugal, torch, transformers and peft that produced it, and a digest
+of the step's and the simulation's source.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ import hashlib
 import io
 import json
 import os
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from frugal.estimate.job import installed_version
 from frugal.estimate.profile import LayerFit, Profile
+from frugal.step.job import installed_version
 
 
 def cache_dir() -> Path:
@@ -28,10 +30,30 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("frugal")) / "profiles"
 
 
+@cache
+def code_digest() -> str:
+    """A digest of the code a profile comes from (the step and its simulation): editing it
+    makes old profiles miss, even within one frugal version."""
+    from importlib import resources
+
+    h = hashlib.sha256()
+    for pkg, names in (
+        ("frugal.step", None),
+        ("frugal.estimate", ("simulate.py", "tracker.py", "profile.py", "categories.py")),
+    ):
+        root = resources.files(pkg)
+        for entry in sorted(root.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".py") and (names is None or entry.name in names):
+                h.update(entry.name.encode() + entry.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _versions() -> dict[str, str]:
-    return {
+    out = {
         pkg: installed_version(pkg) or "?" for pkg in ("frugal", "torch", "transformers", "peft")
     }
+    out["code"] = code_digest()
+    return out
 
 
 def profile_key(config: dict[str, Any], job_key: dict[str, Any], regime: str) -> str:
@@ -62,7 +84,7 @@ def load(key: str) -> Profile | None:
                 )
     except (OSError, KeyError, ValueError):
         return None  # missing or unreadable: simulate again
-    return Profile(meta["basis"], meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
+    return Profile(meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
 
 
 def save(key: str, profile: Profile) -> None:
@@ -81,7 +103,6 @@ def save(key: str, profile: Profile) -> None:
             }
         )
     meta = {
-        "basis": profile.basis,
         "n_layers": profile.n_layers,
         "lora_targets": profile.lora_targets,
         "fits": fits_meta,

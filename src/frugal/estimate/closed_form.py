@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from frugal.estimate.job import TrainJob
+from frugal.step.job import TrainJob
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -95,7 +95,7 @@ def state_bytes(trainable: int, job: TrainJob) -> dict[str, int]:
     elif job.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         opt = 2 * trainable + 2 * 4 * -(-trainable // 256)  # (small tensors keep fp32)
     elif job.optimizer == "sgd":
-        opt = 0
+        opt = w * trainable  # the momentum buffer
     else:
         opt = -1  # Adafactor: factored, depends on shapes; not in closed form
     return {"trainable_weights": w * trainable, "gradients": w * trainable, "optimizer_state": opt}

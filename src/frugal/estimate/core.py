@@ -10,11 +10,11 @@ import numpy as np
 from frugal.errors import FrugalError
 from frugal.estimate import cache
 from frugal.estimate.categories import CATEGORIES, SEGMENTS
-from frugal.estimate.job import TrainJob
 from frugal.estimate.overheads import MIB, Overheads, load_overheads
-from frugal.estimate.profile import LINEAR, QUADRATIC, LayerFit, Profile, grid
-from frugal.hardware.gpus import GIB, GPU
+from frugal.estimate.profile import LayerFit, Profile, grid
+from frugal.hardware.gpus import GIB, GPU, memory_budget
 from frugal.models.specs import ModelSpec
+from frugal.step.job import TrainJob
 
 BREAKDOWN = (*CATEGORIES, "cuda_context_and_workspace", "allocator_reserve")
 TRANSIENT = ("activations", "logits_and_loss", "temporaries")
@@ -45,6 +45,7 @@ class Estimate:
     lora_targets: list[str]
     gpu: str | None = None
     gpu_memory_gib: float | None = None
+    budget_gib: float | None = None  # usable memory less the margin: what the step may use
     fits: bool | None = None
     headroom_gib: float | None = None
     max_batch: int | None = None
@@ -77,6 +78,7 @@ class Estimate:
             out.update(
                 gpu=self.gpu,
                 gpu_memory_gib=round(self.gpu_memory_gib, 2),
+                budget_gib=round(self.budget_gib or 0.0, 2),
                 fits=self.fits,
                 headroom_gib=round(self.headroom_gib or 0.0, 3),
                 max_batch=self.max_batch,
@@ -93,14 +95,14 @@ class Estimate:
 # -- profiles ------------------------------------------------------------------------
 
 
-def regime(spec: ModelSpec, job: TrainJob, seq: int) -> tuple[str, int]:
-    """The fitting basis and base length valid for `seq` (see profile.py)."""
+def base_length(spec: ModelSpec, seq: int) -> int:
+    """The shortest of the three simulated lengths (s0, 2·s0, 3·s0) for a step of `seq`
+    tokens: 64, or for a sliding-window model one that stays on the same side of the window
+    as `seq` (within it, masks and scores grow as s²; beyond it, the band keeps them)."""
     w = spec.sliding_window
     if w and seq > w:
-        return QUADRATIC, w + 64  # sliding-window masks are materialized: s² terms
-    basis = QUADRATIC if spec.attention(job.attention) == "eager" else LINEAR
-    s0 = 64 if not w else max(4, min(64, w // 3))
-    return basis, s0
+        return w + 64
+    return 64 if not w else max(4, min(64, w // 3))
 
 
 def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
@@ -109,11 +111,11 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
     A job that accumulates gradients simulates two micro-steps, which also yields the
     profile without accumulation; both are cached.
     """
-    basis, s0 = regime(spec, job, seq)
+    s0 = base_length(spec, seq)
 
     def key(accum: int) -> str:
         k = job.model_copy(update={"grad_accum": accum}).profile_key()
-        return cache.profile_key(spec.config, k, f"{basis}:{s0}")
+        return cache.profile_key(spec.config, k, str(s0))
 
     prof = cache.load(key(job.grad_accum))
     if prof is not None:
@@ -123,13 +125,13 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
     k = min(distinct_layer_kinds(spec.config), spec.num_layers)
     depths = (k, k + 1) if k < spec.num_layers else (k - 1, k)
     depths = (max(depths[0], 1), max(depths[1], 2))
-    shapes = grid(basis, s0)
+    shapes = grid(s0)
     runs = [(n, simulate(spec.config, job, n, shapes)) for n in depths]
     targets = runs[0][1][0].lora_targets
     made = {}
     for micro in range(1, min(job.grad_accum, 2) + 1):
-        lo, hi = (LayerFit.from_traces(n, basis, shapes, t, micro) for n, t in runs)
-        made[micro] = Profile(basis, spec.num_layers, (lo, hi), targets)
+        lo, hi = (LayerFit.from_traces(n, shapes, t, micro) for n, t in runs)
+        made[micro] = Profile(spec.num_layers, (lo, hi), targets)
         cache.save(key(micro), made[micro])
     return made[min(job.grad_accum, 2)]
 
@@ -268,14 +270,15 @@ def estimate(
         warnings=warnings,
         notes=notes,
     )
-    cap_gib = gpu_memory_gib if gpu_memory_gib is not None else (gpu.usable_gib if gpu else None)
-    if cap_gib is not None:
-        cap = cap_gib * GIB
-        est.gpu = gpu.name if gpu else f"{cap_gib:g} GiB"
-        est.gpu_memory_gib = cap_gib
+    usable = gpu_memory_gib if gpu_memory_gib is not None else (gpu.usable_gib if gpu else None)
+    if usable is not None:
+        cap = memory_budget(usable)
+        est.gpu = gpu.name if gpu else f"{usable:g} GiB"
+        est.gpu_memory_gib = usable
+        est.budget_gib = cap / GIB
         est.fits = mem.device_total <= cap
         est.headroom_gib = (cap - mem.device_total) / GIB
-        est.max_batch = max_batch(spec, job, prof, cap, ov)
+        est.max_batch = max_batch(spec, job, cap, ov)
         est.max_seq = max_seq(spec, job, cap, ov)
     if gpu is not None:
         from frugal.plan.throughput import step_time
@@ -302,19 +305,71 @@ def _largest(ok: Any, lo: int, hi: int) -> int:
     return a
 
 
-def max_batch(spec: ModelSpec, job: TrainJob, prof: Profile, cap: float, ov: Overheads) -> int:
-    return _largest(
-        lambda b: memory_at(prof, job, b, job.seq, ov).device_total <= cap, 1, MAX_BATCH
-    )
+# -- what fits a GPU: one micro-batch rule (the margin is hardware.gpus.MARGIN) -------
+
+
+@dataclass
+class Fit:
+    """A micro-batch that fits, with its job (batch and accumulation set) and memory."""
+
+    job: TrainJob
+    memory: Memory
+    profile: Profile
+
+
+def largest_micro_batch(
+    job: TrainJob,
+    budget: float,
+    profile_of: Any,
+    share: int | None = None,
+    ov: Overheads | None = None,
+) -> tuple[Fit | None, Memory]:
+    """The one micro-batch rule: the largest micro-batch whose step's `device_total` fits
+    `budget` bytes.
+
+    With `share` (the sequences each GPU takes per optimizer step), the micro-batch divides
+    it and accumulation makes up the rest, so the effective batch stays exactly what was
+    asked (what `frugal train` needs); every divisor is tried, since the last one, without
+    accumulation, needs no gradients kept through the next forward. Without a share, any
+    micro-batch up to MAX_BATCH at the job's accumulation. `profile_of(job)` gives the
+    profile of a trial job. Returns the fit, or None, and the memory at micro-batch 1."""
+    ov = ov or load_overheads()
+
+    def at(b: int) -> Fit:
+        update: dict[str, int] = {"batch": b}
+        if share is not None:
+            update["grad_accum"] = share // b
+        trial = job.model_copy(update=update)
+        prof = profile_of(trial)
+        return Fit(trial, memory_at(prof, trial, b, job.seq, ov), prof)
+
+    first = at(1)
+    if first.memory.device_total > budget:
+        return None, first.memory
+    if share is None:
+        b = _largest(lambda n: at(n).memory.device_total <= budget, 1, MAX_BATCH)
+        return at(b), first.memory
+    best = first
+    for b in range(2, share + 1):
+        if share % b == 0:
+            f = at(b)
+            if f.memory.device_total <= budget:
+                best = f
+    return best, first.memory
+
+
+def max_batch(spec: ModelSpec, job: TrainJob, cap: float, ov: Overheads) -> int:
+    fit, _ = largest_micro_batch(job, cap, lambda j: get_profile(spec, j, j.seq), ov=ov)
+    return fit.job.batch if fit else 0
 
 
 def max_seq(spec: ModelSpec, job: TrainJob, cap: float, ov: Overheads) -> int:
     """Longest sequence that fits at the job's micro-batch, up to the model's positions."""
     limit = spec.max_positions or 1 << 20
-    profiles: dict[tuple[str, int], Profile] = {}
+    profiles: dict[int, Profile] = {}
 
     def ok(s: int) -> bool:
-        key = regime(spec, job, s)
+        key = base_length(spec, s)
         if key not in profiles:
             profiles[key] = get_profile(spec, job, s)
         return memory_at(profiles[key], job, job.batch, s, ov).device_total <= cap

@@ -2,11 +2,13 @@
 
 Two facts make a handful of small simulations exact for the whole model:
 
-* Shapes. Every tensor a step allocates has a size that is a polynomial in the tokens
-  t = b·s, with terms 1 and t (and t·s when attention scores or masks are materialized).
-  So the live bytes after each op are that same polynomial, and solving for its
-  coefficients from as many runs as there are terms predicts every op of a run with any
-  other shape. Runs are aligned op by op first (a longer run can add a view or a copy).
+* Shapes. Every tensor a step allocates has a size that is a polynomial in the batch b
+  and length s, with terms 1, s, b·s and b·s² (rotary tables of the shared positions grow
+  with s; activations with the tokens b·s; the attention mask of each row is s x s, and
+  eager attention stores b x heads x s x s scores). So the live bytes after each op are
+  that same polynomial, and solving for its four coefficients from four runs predicts
+  every op of a run with any other shape. Runs are aligned op by op first (a longer run
+  can add a view or a copy).
 * Depth. Decoder layers are identical, so within each segment of the step (forward;
   backward through the loss and LM head; through the layers; through the embeddings;
   optimizer) the peak grows linearly with the number of layers: the forward peak adds one
@@ -24,28 +26,17 @@ import numpy as np
 
 from frugal.estimate.categories import CATEGORIES, PHASES, SEGMENTS
 
-LINEAR = "linear"  # terms 1, t, with t = b·s tokens
-QUADRATIC = "quadratic"  # plus t·s (attention scores, masks)
+
+def features(b: int, s: int) -> np.ndarray:
+    """Polynomial terms 1, s, b·s and b·s² of a (batch, seq) shape: sizes fixed, per
+    sequence position (rotary tables, position ids shared by the rows), per token, and per
+    row and token pair (attention masks and scores)."""
+    return np.array([1.0, float(s), float(b * s), float(b * s * s)])
 
 
-def features(basis: str, b: int, s: int) -> np.ndarray:
-    """Polynomial terms of a (batch, seq) shape.
-
-    Runs use batch 1, so a size that grows with s alone (rotary tables, position ids) is
-    fitted as if it grew with b·s: exact at batch 1, a few MiB conservative above it.
-    """
-    f = [1.0, float(b * s)]
-    if basis == QUADRATIC:
-        f.append(float(b * s * s))
-    return np.array(f)
-
-
-def grid(basis: str, s0: int) -> list[tuple[int, int]]:
-    """The (batch, seq) runs whose features are independent for `basis`."""
-    pts = [(1, s0), (1, 2 * s0)]
-    if basis == QUADRATIC:
-        pts.append((1, 3 * s0))
-    return pts
+def grid(s0: int) -> list[tuple[int, int]]:
+    """The (batch, seq) runs whose features are independent."""
+    return [(1, s0), (1, 2 * s0), (1, 3 * s0), (2, s0)]
 
 
 def align(ref: np.ndarray, other: np.ndarray, window: int = 64, run: int = 6) -> np.ndarray:
@@ -100,7 +91,6 @@ class LayerFit:
     def from_traces(
         cls,
         n_layers: int,
-        basis: str,
         shapes: list[tuple[int, int]],
         traces: list[Any],
         micro_steps: int = 2,
@@ -113,7 +103,7 @@ class LayerFit:
         samples = [ref.live]
         for t in traces[1:]:
             samples.append(t.live[align(ref.op_ids, t.op_ids)])
-        phi = np.stack([features(basis, b, s) for b, s in shapes])  # (points, terms)
+        phi = np.stack([features(b, s) for b, s in shapes])  # (points, terms)
         y = np.stack(samples)  # (points, ops, categories)
         coef = np.linalg.solve(phi, y.reshape(len(shapes), -1))  # (terms, ops*categories)
         coef = coef.reshape(phi.shape[1], *ref.live.shape).transpose(1, 2, 0)
@@ -145,7 +135,6 @@ class LayerFit:
 class Profile:
     """Everything needed to answer any (batch, seq) for one model and job, without torch."""
 
-    basis: str
     n_layers: int  # the model's depth
     fits: tuple[LayerFit, LayerFit]  # depths k and k + 1
     lora_targets: list[str]
@@ -161,14 +150,14 @@ class Profile:
     def segment_peaks(self, batch: int, seq: int) -> np.ndarray:
         """(segments, categories) bytes at each segment's peak for the full depth."""
         if (batch, seq) not in self._memo:
-            phi = features(self.basis, batch, seq)
+            phi = features(batch, seq)
             lo, hi = (f.peaks(phi) for f in self.fits)
             self._memo[batch, seq] = np.maximum(self._extrapolate(lo, hi), 0.0)
         return self._memo[batch, seq].copy()
 
     def flops(self, batch: int, seq: int) -> dict[str, float]:
         """FLOPs of one micro-step (forward, backward, recompute) for the full depth."""
-        phi = features(self.basis, batch, seq)
+        phi = features(batch, seq)
         lo, hi = (f.flops(phi, batch, seq) for f in self.fits)
         return dict(zip(PHASES, (float(x) for x in self._extrapolate(lo, hi)), strict=True))
 

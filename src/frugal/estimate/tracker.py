@@ -6,6 +6,12 @@ op that created it, and a weakref finalizer records the op after which it died. 
 intervals `timeline()` rebuilds the live bytes per category after every op — what
 `torch.cuda.memory_allocated()` would read at that moment, before allocator rounding.
 
+It watches real tensors as well as fake ones: the estimate runs the training step on fake
+tensors under it, and the self-consistency tests run `frugal train`'s step on real CPU
+tensors under the same tracker and compare the two. The step's own marks
+(`frugal.step.marks`) say which phase and micro-step is running; `watch` adopts a model's
+weights and an optimizer's state and labels gradients as they are accumulated.
+
 FLOPs use PyTorch's own formulas (`torch.utils.flop_counter`, the table FlopCounterMode
 uses), with two additions registered below: the CPU flash-attention kernel that fake
 tensors on CPU dispatch to, and grouped GEMMs (MoE experts).
@@ -17,6 +23,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from frugal.estimate.categories import CAT_INDEX, CATEGORIES, PHASES, SEGMENTS
+from frugal.step import marks
 
 aten = torch.ops.aten
 
@@ -175,6 +183,37 @@ class StepTracker(TorchDispatchMode):
     def set_segment(self, name: str) -> None:
         self.segment = name
 
+    def begin_micro(self, index: int) -> None:
+        """Micro-step `index` of accumulation; FLOPs are those of the first one."""
+        self.micro = index
+        self.count_flops = index == 1
+
+    def watch(self, model: Any, optimizer: Any = None) -> list[Any]:
+        """Adopt the model's weights, buffers and 4-bit quantization state and the
+        optimizer's state; label each gradient when it is accumulated; mark the backward
+        segments at the decoder layers. Returns the hooks (remove them when done)."""
+        from frugal.step.optim import optimizer_tensors
+        from frugal.step.qlora import quant_state_tensors
+
+        for m in model.modules():
+            for p in m.parameters(recurse=False):
+                self.adopt(p, "trainable_weights" if p.requires_grad else "frozen_weights")
+            for b in m.buffers(recurse=False):
+                self.adopt(b, "frozen_weights")
+        for t in quant_state_tensors(model):
+            self.adopt(t, "frozen_weights")
+        if optimizer is not None:
+            for t in optimizer_tensors(optimizer):
+                self.adopt(t, "optimizer_state")
+        hooks = [
+            p.register_post_accumulate_grad_hook(
+                lambda p: self.relabel([p.grad], "gradients") if p.grad is not None else None
+            )
+            for p in model.parameters()
+            if p.requires_grad
+        ]
+        return hooks + _segment_hooks(model, self)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _NO_ALLOC:  # views and metadata: nothing to record, keep it cheap
@@ -230,34 +269,46 @@ class StepTracker(TorchDispatchMode):
         return np.array(self.micro_of_op)
 
 
-_ACTIVE: list[StepTracker] = []
-
-
-@contextmanager
-def function_forward() -> Iterator[None]:
-    """Mark ops of a custom autograd Function's forward, so a re-run counts as recompute."""
-    if not _ACTIVE:
-        yield
-        return
-    with _ACTIVE[-1].in_forward():
-        yield
-
-
-@contextmanager
-def as_temporaries() -> Iterator[None]:
-    """Mark storages made inside as temporaries on the active tracker, if any."""
-    if not _ACTIVE:
-        yield
-        return
-    with _ACTIVE[-1].temporary():
-        yield
-
-
 @contextmanager
 def tracking(tracker: StepTracker) -> Iterator[StepTracker]:
-    _ACTIVE.append(tracker)
-    try:
-        with tracker:
-            yield tracker
-    finally:
-        _ACTIVE.pop()
+    """Record every op under `tracker`, which also observes the step's marks."""
+    with marks.observing(tracker), tracker:
+        yield tracker
+
+
+def _decoder_layers(model: Any) -> torch.nn.ModuleList | None:
+    best: torch.nn.ModuleList | None = None
+    for name, m in model.named_modules():
+        is_layers = isinstance(m, torch.nn.ModuleList) and name.endswith("layers") and len(m) > 0
+        if is_layers and (best is None or len(m) > len(best)):
+            best = m
+    return best
+
+
+def _segment_hooks(model: Any, tracker: StepTracker) -> list[Any]:
+    """Backward segments: head (loss, LM head) -> decoder layers -> tail (embeddings)."""
+    layers = _decoder_layers(model)
+    if layers is None:
+        return []
+
+    def first(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x
+        if isinstance(x, tuple | list) and x and isinstance(x[0], torch.Tensor):
+            return x[0]
+        return None
+
+    def on_first_layer_input(module: Any, args: Any, kwargs: Any) -> None:
+        h = first(args) if args else first(kwargs.get("hidden_states"))
+        if tracker.segment == "fwd" and h is not None and h.requires_grad:
+            h.register_hook(lambda g: tracker.set_segment("bwd_tail"))
+
+    def on_last_layer_output(module: Any, args: Any, kwargs: Any, out: Any) -> None:
+        h = first(out)
+        if tracker.segment == "fwd" and h is not None and h.requires_grad:
+            h.register_hook(lambda g: tracker.set_segment("bwd_layers"))
+
+    return [
+        layers[0].register_forward_pre_hook(on_first_layer_input, with_kwargs=True),
+        layers[-1].register_forward_hook(on_last_layer_output, with_kwargs=True),
+    ]

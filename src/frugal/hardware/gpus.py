@@ -14,6 +14,19 @@ from frugal.errors import FrugalError, closest, norm
 from frugal.hardware.csvdata import data_rows
 
 GIB = 2**30
+MARGIN = 0.05
+"""Share of a GPU's usable memory that no estimate, plan or automatic micro-batch fills.
+
+A step's `device_total` already counts the CUDA context and the allocator's modelled
+reserve; the margin is for what a step-level model cannot see: fragmentation that grows
+over a long run, memory other processes hold, and the estimator's own error
+(docs/accuracy.md: core rows within 4% median, none more than 7.1% under). One value, used
+by `estimate --gpu`, `plan` and `frugal train`'s automatic micro-batch (docs/estimate.md)."""
+
+
+def memory_budget(usable_gib: float, margin: float = MARGIN) -> float:
+    """Bytes a training step may need on a GPU with `usable_gib` usable: all but the margin."""
+    return usable_gib * GIB * (1 - margin)
 
 
 @dataclass(frozen=True)

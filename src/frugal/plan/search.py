@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from frugal.errors import FrugalError
-from frugal.estimate.core import get_profile, memory_at
-from frugal.estimate.job import TrainJob
+from frugal.estimate.core import get_profile, largest_micro_batch
 from frugal.estimate.overheads import Overheads, load_overheads
 from frugal.estimate.profile import Profile
-from frugal.hardware.gpus import GIB, GPU
+from frugal.hardware.gpus import GIB, GPU, MARGIN, memory_budget
 from frugal.hardware.offers import Offer
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
 from frugal.plan.throughput import Speed, SpeedConstants, load_speed_constants, step_time
+from frugal.step.job import TrainJob
 
 SpotMode = Literal["auto", "only", "never"]
 NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
@@ -40,7 +40,7 @@ class Constraints:
     spot: SpotMode = "auto"
     methods: tuple[str, ...] = ("lora",)
     optimizers: tuple[str, ...] = ("adamw", "adamw-8bit")
-    margin: float = 0.05  # share of usable GPU memory kept free
+    margin: float = MARGIN  # share of usable GPU memory kept free
     mtbi_h: float | None = None  # override the offers' interruption buckets
     objective: Literal["cost", "time"] = "cost"
 
@@ -138,7 +138,7 @@ class Plan:
 class Rejected:
     label: str
     why: str
-    kind: str  # fit | deadline | budget | dtype
+    kind: str  # fit | deadline | budget | dtype | batch
     cost_usd: float | None = None
     hours: float | None = None
 
@@ -206,8 +206,19 @@ def search(
         node_options = NODE_COUNTS if terms.node_network_gbps > 0 and offer.gpus >= 8 else (1,)
         for nodes in node_options:
             n = nodes * offer.gpus
-            if n > k.max_gpus or (nodes > 1 and n > k.effective_batch):
-                continue  # each GPU needs at least one sequence of the step
+            if n > k.max_gpus:
+                continue
+            if k.effective_batch % n:  # each GPU takes an equal share of the step
+                if nodes == 1:
+                    rejected.append(
+                        Rejected(
+                            f"{offer.provider} {offer.instance}",
+                            f"{n} GPUs cannot share an effective batch of "
+                            f"{k.effective_batch} sequences equally: use a multiple of {n}",
+                            "batch",
+                        )
+                    )
+                continue
             for method in k.methods:
                 found = _best_config(
                     spec,
@@ -284,8 +295,8 @@ def _best_config(
     if gpu.peak_tflops(base.model_copy(update={"precision": precision}).compute_dtype) is None:
         memo[key] = f"{gpu.name} cannot run {base.precision}"
         return memo[key]
-    cap = gpu.usable_gib * GIB * (1 - k.margin)
-    per_gpu_share = max(1, math.ceil(k.effective_batch / n))
+    cap = memory_budget(gpu.usable_gib, k.margin)
+    share = k.effective_batch // n  # search() only tries GPU counts that divide it
     best: tuple[TrainJob, Any, Speed, Profile] | None = None
     smallest_need = math.inf
     optimizers = k.optimizers if method == "full" else k.optimizers[:1]
@@ -310,39 +321,28 @@ def _best_config(
                         "method": method,
                         "precision": precision,
                         "optimizer": opt,
-                        "batch": 1,
                         "seq": base.seq,
-                        "grad_accum": 1 if per_gpu_share == 1 else 2,
                         "grad_checkpointing": ckpt,
                         "attention": base.attention,
+                        "packing": base.packing,
+                        "loss": base.loss,
                         "gpus": n,
                         "sharding": sharding,
                         **lora,
                     }
                 )
-                fitted = None
-                b = 1
-                while b <= per_gpu_share:
-                    # accumulating micro-steps hold the gradients through the next forward
-                    accum = math.ceil(k.effective_batch / (b * n))
-                    trial = job.model_copy(update={"batch": b, "grad_accum": accum})
-                    prof = profiles.get(trial)
-                    mem = memory_at(prof, trial, b, base.seq, ov)
-                    if mem.device_total > cap:
-                        smallest_need = min(smallest_need, mem.device_total)
-                        break
-                    fitted = (trial, mem, prof)
-                    b *= 2
-                if fitted is None:
+                fit, at_one = largest_micro_batch(job, cap, profiles.get, share, ov)
+                if fit is None:
+                    smallest_need = min(smallest_need, at_one.device_total)
                     continue
-                job, fit_mem, prof = fitted
                 speed = step_time(
-                    prof, job, gpu, spec.hidden_size, per_node, 0.0 if nodes == 1 else node_gbps, sc
-                )
+                    fit.profile, fit.job, gpu, spec.hidden_size, per_node,
+                    0.0 if nodes == 1 else node_gbps, sc,
+                )  # fmt: skip
                 if speed is None:
                     continue
                 if best is None or speed.tokens_per_s > best[2].tokens_per_s:
-                    best = (job, fit_mem, speed, prof)
+                    best = (fit.job, fit.memory, speed, fit.profile)
     if best is None:
         need = smallest_need / GIB
         memo[key] = (

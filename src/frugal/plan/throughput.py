@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from frugal.estimate.job import TrainJob
 from frugal.estimate.profile import Profile
 from frugal.hardware.gpus import GPU
+from frugal.step.job import TrainJob
 
 
 @dataclass(frozen=True)

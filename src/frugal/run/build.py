@@ -1,11 +1,10 @@
 """Building a run's parts from its config: precision for this hardware, the model and its
-adapters (transformers + PEFT, bitsandbytes 4-bit for QLoRA), FSDP sharding, the optimizer,
-the starting micro-batch, and the configs refused before any work (one line naming the
-fix)."""
+adapters and the optimizer (through `frugal.step`, the builder the estimate simulates),
+FSDP sharding, the starting micro-batch, and the configs refused before any work (one line
+naming the fix)."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -35,74 +34,42 @@ def choose_precision(wanted: str, sharded: bool = False) -> tuple[str, str]:
 
 
 def load_model(cfg: RunConfig, precision: str, empty: bool = False) -> tuple[Any, Any]:
-    """The model with its adapters, and its tokenizer. `empty`: the weights on the meta
-    device (buffers real) and nothing read from disk, for an FSDP process that receives
-    its shards from the main process (`shard`)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from frugal.estimate.simulate import enable_checkpointing
+    """The model with its adapters (`frugal.step.model.build_model`, the estimate's own
+    builder, at the precision chosen for this hardware), and its tokenizer. `empty`: the
+    weights on the meta device (buffers real) and nothing read from disk, for an FSDP
+    process that receives its shards from the main process (`shard`)."""
     from frugal.models.specs import load_spec
     from frugal.run.data import load_tokenizer
+    from frugal.step.model import build_model
 
-    job = cfg.job
+    job = cfg.job.model_copy(update={"precision": precision})
     tok = load_tokenizer(
         cfg.tokenizer or cfg.model, "set tokenizer= to a directory with tokenizer files"
     )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
-    kwargs: dict[str, Any] = {"attn_implementation": job.attention, "dtype": dtype}
-    if job.method == "qlora":
-        from transformers import BitsAndBytesConfig
-
-        compute = torch.bfloat16 if precision.startswith("bf16") else torch.float16
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=compute,
-        )
-    if empty or cfg.init == "random":
-        from accelerate import init_empty_weights
-
-        conf = AutoConfig.for_model(**load_spec(cfg.model).config)
-        with init_empty_weights() if empty else contextlib.nullcontext():
-            model = AutoModelForCausalLM.from_config(conf, **kwargs)
-        if empty:
-            model.tie_weights()  # the meta patch unties them; the main process's are tied
-    else:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(cfg.model, local_files_only=True, **kwargs)
-        except OSError:
-            raise FrugalError(
-                f"no weights for {cfg.model} offline: give a local model directory with "
-                "weights, or init=random to train from random weights"
-            ) from None
-    if len(tok) > model.get_input_embeddings().num_embeddings:
-        raise FrugalError(
-            f"the tokenizer has {len(tok)} tokens, the model's vocabulary "
-            f"{model.get_input_embeddings().num_embeddings}: pair the model with its tokenizer"
-        )
-    if job.grad_checkpointing:
-        enable_checkpointing(model)
-    model.config.use_cache = False
-    if job.method == "full":
-        return model, tok
-    from peft import get_peft_model, prepare_model_for_kbit_training
-
-    if job.method == "qlora":
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=job.grad_checkpointing
-        )
+    config = load_spec(cfg.model).config
+    weights = "empty" if empty else cfg.init
     try:
-        model = get_peft_model(model, job.lora_config())
+        model = build_model(config, job, weights, path=cfg.model)
+    except OSError:
+        raise FrugalError(
+            f"no weights for {cfg.model} offline: give a local model directory with "
+            "weights, or init=random to train from random weights"
+        ) from None
     except ValueError as e:
+        if job.method == "full" or "target modules" not in str(e).lower():
+            raise
         raise FrugalError(
             f"job.lora_targets={job.lora_targets}: {str(e).splitlines()[0][:160]}; name "
             "modules of this model (e.g. q_proj,v_proj) or use all-linear"
         ) from None
-    if job.grad_checkpointing:
-        model.enable_input_require_grads()
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tok) > vocab:
+        raise FrugalError(
+            f"the tokenizer has {len(tok)} tokens, the model's vocabulary {vocab}: "
+            "pair the model with its tokenizer"
+        )
     return model, tok
 
 
@@ -144,42 +111,39 @@ def shard(model: Any, device: torch.device, main: bool) -> Any:
 
 
 def make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter]) -> Any:
-    t, name = cfg.training, cfg.job.optimizer
-    if name in ("adamw-8bit", "paged-adamw-8bit"):
-        if not torch.cuda.is_available():
-            raise FrugalError(f"job.optimizer={name} needs CUDA (bitsandbytes): use adamw on CPU")
-        import bitsandbytes as bnb
+    """The job's optimizer (`frugal.step.optim`, the estimate's own constructor)."""
+    from frugal.step.optim import make_optimizer as make
 
-        cls = bnb.optim.PagedAdamW8bit if name.startswith("paged") else bnb.optim.AdamW8bit
-        return cls(params, lr=t.learning_rate, weight_decay=t.weight_decay)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=t.learning_rate, momentum=0.9)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=t.learning_rate, scale_parameter=False, relative_step=False)
-    return torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
+    name, t = cfg.job.optimizer, cfg.training
+    if name in ("adamw-8bit", "paged-adamw-8bit") and not torch.cuda.is_available():
+        raise FrugalError(f"job.optimizer={name} needs CUDA (bitsandbytes): use adamw on CPU")
+    return make(name, params, lr=t.learning_rate, weight_decay=t.weight_decay)
 
 
 def auto_micro_batch(cfg: RunConfig, per_rank: int) -> tuple[int, str]:
-    """The starting micro-batch: a divisor of the rows each process reads per step."""
+    """The starting micro-batch: on CUDA, the estimator's largest micro-batch that divides
+    the rows each process reads per step and fits this GPU with the margin (the rule and
+    margin `estimate --gpu` and `plan` use); else the largest divisor up to job.batch."""
     want = cfg.job.batch
+    micro = max(d for d in range(1, per_rank + 1) if per_rank % d == 0 and d <= max(1, want))
     why = f"job.batch={want}"
     if cfg.training.auto_micro_batch and torch.cuda.is_available():
-        from frugal.estimate.core import get_profile, max_batch
-        from frugal.estimate.overheads import load_overheads
+        from frugal.estimate.core import get_profile, largest_micro_batch
+        from frugal.hardware.gpus import memory_budget
         from frugal.models.specs import load_spec
 
         _, total = torch.cuda.mem_get_info()
-        cap_gib = total / 2**30 * 0.92  # keep 8% spare, as the plan's margin does
-        spec, job = load_spec(cfg.model), cfg.job
-        fits = max_batch(
-            spec, job, get_profile(spec, job, job.seq), cap_gib * 2**30, load_overheads()
+        budget = memory_budget(total / 2**30)
+        spec = load_spec(cfg.model)
+        fit, _ = largest_micro_batch(
+            cfg.job, budget, lambda j: get_profile(spec, j, j.seq), share=per_rank
         )
-        if fits:
-            want = fits
-            why = f"estimator: largest micro-batch fitting {cap_gib:.1f} GiB is {want}"
-    micro = max(d for d in range(1, per_rank + 1) if per_rank % d == 0 and d <= max(1, want))
+        if fit:
+            micro = fit.job.batch
+            why = (
+                f"estimator: largest micro-batch fitting {budget / 2**30:.1f} GiB "
+                f"(all but the margin) is {micro}"
+            )
     return micro, why
 
 
@@ -210,6 +174,13 @@ def refuse_unsupported(cfg: RunConfig) -> None:
     if job.method == "qlora" and job.precision == "fp32":
         raise FrugalError("QLoRA computes in bf16 or fp16: set job.precision=bf16-mixed")
     import importlib.util
+
+    needs_bnb = job.method == "qlora" or job.optimizer.endswith("8bit")
+    if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:
+        raise FrugalError(
+            f"job.method={job.method} with job.optimizer={job.optimizer} needs bitsandbytes, "
+            "which is not installed: pip install 'bitsandbytes>=0.48'"
+        )
 
     for name in ("mlflow", "wandb"):
         if name in t.loggers and importlib.util.find_spec(name) is None:

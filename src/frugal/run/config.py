@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from frugal.errors import FrugalError, closest
-from frugal.estimate.job import TrainJob
+from frugal.step.job import TrainJob
 
 
 class Strict(BaseModel):
@@ -25,7 +25,6 @@ class DataConfig(Strict):
     format: Literal["auto", "text", "prompt_completion", "chat"] = Field(
         "auto", description="row format: text, prompt/completion or chat messages"
     )
-    packing: bool = Field(True, description="pack samples into full rows (no cross-attention)")
     val_path: str | None = Field(None, description="validation file (else a split of path)")
     val_ratio: float = Field(0.05, ge=0, lt=0.5, description="share held out for validation")
 
@@ -62,7 +61,6 @@ class TrainingConfig(Strict):
         True, description="on CUDA, start from the estimator's largest fitting micro-batch"
     )
     seed: int = Field(42, description="seed of weights init, data order and dropout")
-    loss: Literal["ce", "ce+contrastive"] = Field("ce", description="training loss")
     contrastive_weight: float = Field(1.0, ge=0, description="weight of the contrastive term")
     contrastive_margin: float = Field(0.5, ge=0, le=2, description="SimCTG margin rho")
     log_every: int = Field(1, ge=1, description="log metrics every N steps")
@@ -191,6 +189,9 @@ def _section(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
+MOVED = {"data.packing": "job.packing", "training.loss": "job.loss"}  # keys of older configs
+
+
 def validate_run_config(data: Any, where: str) -> RunConfig:
     if not isinstance(data, dict):
         raise FrugalError(f"{where}: a run config is a YAML mapping (see `frugal plan --write`)")
@@ -201,7 +202,9 @@ def validate_run_config(data: Any, where: str) -> RunConfig:
         loc = tuple(err.get("loc", ()))
         key = ".".join(str(x) for x in loc)
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        if err.get("type") == "extra_forbidden":
+        if err.get("type") == "extra_forbidden" and key in MOVED:
+            msg = f"moved to {MOVED[key]} (it shapes the step the estimate sizes)"
+        elif err.get("type") == "extra_forbidden":
             section = _section(loc)
             hint = closest(str(loc[-1]), section.model_fields) if section else []
             msg = "unknown key" + (f"; did you mean {', '.join(hint)}?" if hint else "")

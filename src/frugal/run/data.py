@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from frugal.errors import FrugalError
-from frugal.run.losses import IGNORE
 from frugal.run.rows import FORMATS, detect_format, messages, read_rows
+from frugal.step.batch import layout
+from frugal.step.loss import IGNORE
 
 
 @dataclass
@@ -207,23 +208,21 @@ def unpacked(examples: list[Example]) -> list[Row]:
 
 
 def collate(rows: list[Row], pad_id: int, packed: bool) -> dict[str, torch.Tensor]:
-    """Right-padded tensors. Packed rows get position ids and no attention mask (so the
-    model builds the block-diagonal mask); unpacked rows get an attention mask."""
+    """Right-padded tensors in the step's layout (`frugal.step.batch.layout`): packed rows
+    get position ids and no attention mask (so the model builds the block-diagonal mask);
+    unpacked rows get an attention mask."""
     width = max(len(r.input_ids) for r in rows)
 
     def padded(get: Any, fill: int) -> torch.Tensor:
         return torch.tensor([get(r) + [fill] * (width - len(get(r))) for r in rows])
 
-    batch = {
-        "input_ids": padded(lambda r: r.input_ids, pad_id),
-        "labels": padded(lambda r: r.labels, IGNORE),
-        "segment_ids": padded(lambda r: r.segments, 0),
-    }
-    if packed:
-        batch["position_ids"] = padded(lambda r: r.positions, 0)
-    else:
-        batch["attention_mask"] = (batch["segment_ids"] > 0).long()
-    return batch
+    return layout(
+        padded(lambda r: r.input_ids, pad_id),
+        padded(lambda r: r.labels, IGNORE),
+        padded(lambda r: r.segments, 0),
+        padded(lambda r: r.positions, 0),
+        packed,
+    )
 
 
 class Batcher:

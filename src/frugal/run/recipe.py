@@ -18,7 +18,6 @@ What the runner adds to a plain loop, and where:
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import math
@@ -47,8 +46,9 @@ from frugal.run.build import (
 from frugal.run.config import RunConfig
 from frugal.run.data import Batcher, Row, Schedule, load_examples, pack, split, unpacked
 from frugal.run.diagnose import Diagnostics
-from frugal.run.losses import IGNORE, causal_lm_loss, contrastive_loss
 from frugal.run.meter import CostMeter, Progress, Sinks
+from frugal.step.loop import Loss, Sums, forward, optimizer_step
+from frugal.step.loss import IGNORE, causal_lm_loss
 
 # peft still asks transformers for is_gradient_checkpointing, deprecated in v5: not our warning
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -134,7 +134,7 @@ def setup(cfg: RunConfig) -> Run:
     pad = tok.pad_token_id
 
     def to_rows(ex: list[Any]) -> list[Row]:
-        return pack(ex, job.seq, pad) if cfg.data.packing else unpacked(ex)
+        return pack(ex, job.seq, pad) if cfg.job.packing else unpacked(ex)
 
     rows, val_rows = to_rows(train_ex), to_rows(val_ex)
     sched_data = Schedule(
@@ -161,13 +161,16 @@ def setup(cfg: RunConfig) -> Run:
         optimizer = acc.prepare(optimizer)  # the model is already distributed
     else:
         model, optimizer = acc.prepare(model, optimizer)
+        # the step autocasts itself (frugal.step.loop), as the estimate does; accelerate's
+        # forward wrapper would also copy every output (all logits) to fp32
+        acc.unwrap_model(model, keep_fp32_wrapper=False)
     per_rank = cfg.training.effective_batch // acc.num_processes
     micro, why = auto_micro_batch(cfg, per_rank)
     out = Path(cfg.output_dir)
     run = Run(
         cfg=cfg, out=out, acc=acc, model=model, tokenizer=tok, optimizer=optimizer,
-        scheduler=scheduler, batches=Batcher(rows, pad, cfg.data.packing),
-        val_batches=Batcher(val_rows, pad, cfg.data.packing), schedule=sched_data,
+        scheduler=scheduler, batches=Batcher(rows, pad, cfg.job.packing),
+        val_batches=Batcher(val_rows, pad, cfg.job.packing), schedule=sched_data,
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
         total_steps=total, params=params, sharded=sharded,
         notes=[f"micro-batch {micro}: {why}"],
@@ -176,11 +179,6 @@ def setup(cfg: RunConfig) -> Run:
 
 
 # -- one optimizer step ------------------------------------------------------------------------
-
-
-def _forward(model: Any, batch: dict[str, torch.Tensor], hidden: bool) -> Any:
-    inputs = {k: v for k, v in batch.items() if k not in ("labels", "segment_ids")}
-    return model(**inputs, output_hidden_states=hidden, use_cache=False)
 
 
 def _segments_with_pairs(labels: torch.Tensor, segments: torch.Tensor) -> int:
@@ -204,70 +202,69 @@ def _global_sum(run: Run, *values: float | torch.Tensor) -> list[float]:
     return [float(x) for x in t.tolist()]
 
 
-def train_step(run: Run, step: int) -> dict[str, float]:
-    cfg, acc, model = run.cfg, run.acc, run.model
-    contrastive = cfg.training.loss == "ce+contrastive"
-    ids = list(run.schedule.micro_batches(step, acc.process_index, run.world, run.micro))
+@dataclass
+class StepInput:
+    """One step's micro-batches on the host and the counts that scale their losses."""
+
+    batches: list[dict[str, torch.Tensor]]
+    tokens: float  # trained tokens of the whole step, all processes
+    segments: float  # segments with a contrastive pair, all processes
+    real_tokens: int  # this process's tokens that are not padding
+
+
+def step_input(run: Run, step: int) -> StepInput:
+    contrastive = run.cfg.job.loss == "ce+contrastive"
+    ids = run.schedule.micro_batches(step, run.acc.process_index, run.world, run.micro)
     batches = [run.batches(b) for b in ids]
     local_tok = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
     local_seg = (
         sum(_segments_with_pairs(b["labels"], b["segment_ids"]) for b in batches)
-        if (contrastive)
+        if contrastive
         else 0
     )
     n_tok, n_seg = _global_sum(run, local_tok, local_seg)
+    real = sum(int((b["segment_ids"] > 0).sum()) for b in batches)
+    return StepInput(batches, n_tok, n_seg, real)
+
+
+def device_step(run: Run, inp: StepInput) -> Sums:
+    """The step itself (`frugal.step.loop.optimizer_step`, what the estimate simulates)."""
+    t = run.cfg.training
+    run.model.train()
     # DDP and FSDP average gradients over processes; scaling by world makes it a global sum
-    ce_scale = run.world / max(n_tok, 1.0)
-    cl_scale = run.world * cfg.training.contrastive_weight / max(n_seg, 1.0)
-    model.train()
-    zero = torch.zeros((), device=acc.device)
-    ce_total, cl_total = zero.clone(), zero.clone()  # on the device: no sync per micro-batch
-    real_tokens = 0
-    for i, b in enumerate(batches):
-        real_tokens += int((b["segment_ids"] > 0).sum())  # still on the CPU
-        b = {k: v.to(acc.device, non_blocking=True) for k, v in b.items()}
-        # DDP all-reduces once, after the last micro-batch; FSDP reduce-scatters after each,
-        # so that no process ever holds more than its shard of the gradients
-        last = i == len(batches) - 1
-        sync = contextlib.nullcontext() if last or run.sharded else acc.no_sync(model)
-        with sync, acc.autocast():
-            out = _forward(model, b, contrastive)
-            ce_sum, _ = causal_lm_loss(out.logits, b["labels"])
-            loss = ce_sum * ce_scale
-            if contrastive:
-                cl_sum, _ = contrastive_loss(
-                    out.hidden_states[-1],
-                    b["labels"],
-                    b["segment_ids"],
-                    cfg.training.contrastive_margin,
-                )
-                loss = loss + cl_sum * cl_scale
-                cl_total += cl_sum.detach()
-            acc.backward(loss)
-        ce_total += ce_sum.detach()
-    params = run.params
-    if cfg.training.max_grad_norm > 0:
-        norm = acc.clip_grad_norm_(params, cfg.training.max_grad_norm)
-    else:
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads) if grads else zero
-    norm = ckpt.whole(norm)  # under FSDP a distributed tensor of the shards' norms
-    run.optimizer.step()
+    return optimizer_step(
+        run.model,
+        run.optimizer,
+        run.params,
+        inp.batches,
+        run.acc,
+        Loss(run.cfg.job.loss == "ce+contrastive", t.contrastive_weight, t.contrastive_margin),
+        ce_scale=run.world / max(inp.tokens, 1.0),
+        cl_scale=run.world / max(inp.segments, 1.0),
+        max_grad_norm=t.max_grad_norm,
+        reduce_each=run.sharded,  # FSDP: no process ever holds more than its gradient shard
+    )
+
+
+def train_step(run: Run, step: int) -> dict[str, float]:
+    inp = step_input(run, step)
+    sums = device_step(run, inp)
     skipped = bool(getattr(run.optimizer, "step_was_skipped", False))  # fp16 overflow
     if not skipped:
         run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
+    norm = ckpt.whole(sums.grad_norm)  # under FSDP a distributed tensor of the shards' norms
     # one transfer (and one all-reduce) per step; the norm is the same on every process
-    stats = torch.stack([ce_total, cl_total, zero + real_tokens, norm.to(zero) / run.world])
+    real = torch.full_like(sums.ce, inp.real_tokens)
+    stats = torch.stack([sums.ce, sums.cl, real, norm.to(sums.ce) / run.world])
     ce_g, cl_g, tok_g, norm_g = _global_sum(run, stats)
     m = {
-        "loss": ce_g / max(n_tok, 1.0),
+        "loss": ce_g / max(inp.tokens, 1.0),
         "grad_norm": norm_g,
         "tokens": tok_g,
         "lr": float(run.scheduler.get_last_lr()[0]),
     }
-    if contrastive:
-        m["contrastive_loss"] = cl_g / max(n_seg, 1.0)
+    if run.cfg.job.loss == "ce+contrastive":
+        m["contrastive_loss"] = cl_g / max(inp.segments, 1.0)
     if skipped:
         m["skipped"] = 1.0
     return m
@@ -307,7 +304,7 @@ def evaluate(run: Run) -> float | None:
                     b = run.val_batches(rows or [0])
                     b = {k: v.to(acc.device) for k, v in b.items()}
                     with acc.autocast():
-                        s, n = causal_lm_loss(_forward(model, b, False).logits, b["labels"])
+                        s, n = causal_lm_loss(forward(model, b).logits, b["labels"])
                     if rows:
                         total, count = total + float(s), count + float(n)
             total, count = _global_sum(run, total, count)
@@ -512,7 +509,7 @@ def _run_key(run: Run) -> dict[str, Any]:
     c = run.cfg
     return {"job.method": c.job.method, "job.optimizer": c.job.optimizer,
             "job.seq": c.job.seq, "job.lora_r": c.job.lora_r, "data.path": c.data.path,
-            "data.packing": c.data.packing, "rows": len(run.batches),
+            "job.packing": c.job.packing, "rows": len(run.batches),
             "training.effective_batch": c.training.effective_batch,
             "training.learning_rate": c.training.learning_rate,
             "training.seed": c.training.seed, "total steps": run.total_steps}  # fmt: skip
@@ -813,7 +810,7 @@ def _finish(
         tokens_per_s: float | None = book["train_tokens"] / book["train_time_s"]
     else:
         tokens_per_s = book["tokens"] / sum(times) if times else None
-    tokens_step = cfg.training.effective_batch * cfg.job.seq if cfg.data.packing else None
+    tokens_step = cfg.training.effective_batch * cfg.job.seq if cfg.job.packing else None
     actual: dict[str, Any] = {
         "hours": round(meter.elapsed_s() / 3600, 5),
         "cost_usd": round(meter.spent_usd(), 4),

@@ -1,4 +1,4 @@
-"""Training losses that return (sum, count) pairs so gradient accumulation stays exact.
+"""The training step's losses: (sum, count) pairs, so that gradient accumulation is exact.
 
 Every loss here returns the *sum* of its terms in fp32 and the number of terms as a 0-dim
 tensor. The trainer adds sums and counts over all micro-batches of one optimizer step and
@@ -26,12 +26,17 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     sum / count is the usual mean (Hugging Face's ``ForCausalLMLoss``); the caller divides by
     the token count of the whole optimizer step (all micro-batches), so gradient accumulation
     is exact rather than a mean of per-micro-batch means.
+
+    The labels are shifted, not the logits (as transformers' own loss does): the logits stay
+    one contiguous tensor and the only copy of them is the fp32 one the loss needs, where
+    slicing the logits would first copy them in their own dtype (B x T x V more bytes).
     """
     vocab = logits.shape[-1]
-    shift_logits = logits[:, :-1, :].reshape(-1, vocab).float()
-    shift_labels = labels[:, 1:].reshape(-1)
-    total = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE, reduction="sum")
-    count = (shift_labels != IGNORE).sum()
+    target = F.pad(labels[:, 1:], (0, 1), value=IGNORE).reshape(-1)
+    total = F.cross_entropy(
+        logits.reshape(-1, vocab).float(), target, ignore_index=IGNORE, reduction="sum"
+    )
+    count = (target != IGNORE).sum()
     return total, count
 
 
@@ -60,9 +65,10 @@ def contrastive_loss(
     Returns (sum over segments of their L_CL in fp32, number of contributing segments as a
     0-dim tensor). With no contributing segment the sum is 0, still attached to the graph.
 
-    Vectorised: one [B, T, T] similarity and pair mask (memory O(B T^2)), per-anchor hinge
-    sums, then per-(row, segment) sums with ``index_add_``; no Python loop over tokens or
-    segments.
+    Vectorised with static shapes (so the estimate runs this very code on fake tensors): one
+    [B, T, T] similarity and pair mask (memory O(B T^2)); each anchor's hinge sum is divided
+    by its own segment's k (k - 1), so summing the anchors gives the per-segment averages;
+    no Python loop, no data-dependent indexing.
     """
     valid = labels != IGNORE  # [B, T]
     # Zero the excluded tokens first: they then cannot leak into the loss (not even a NaN)
@@ -72,24 +78,16 @@ def contrastive_loss(
     cos = h @ h.transpose(1, 2)  # [B, T, T]
 
     n_tok = labels.shape[1]
+    same = (segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)) & valid.unsqueeze(1)
+    k = same.sum(-1)  # [B, T]: valid tokens in each token's segment (itself included)
     eye = torch.eye(n_tok, dtype=torch.bool, device=labels.device)
-    same_seg = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
-    pairs = valid.unsqueeze(2) & valid.unsqueeze(1) & same_seg & ~eye  # [B, T, T]
+    pairs = same & valid.unsqueeze(2) & ~eye  # [B, T, T]
     hinge = torch.where(pairs, torch.clamp(margin - 1.0 + cos, min=0.0), 0.0)
     per_anchor = hinge.sum(dim=-1)  # [B, T]: sum over j of anchor i's terms
-
-    # One compact group index per (row, segment) among valid tokens; any int ids work.
-    rows = torch.arange(labels.shape[0], device=labels.device).unsqueeze(1).expand_as(labels)
-    row_seg = torch.stack((rows[valid], segment_ids[valid].long()), dim=1)  # [N, 2]
-    uniq, group = torch.unique(row_seg, dim=0, return_inverse=True)
-    n_groups = uniq.shape[0]
-
-    k = torch.zeros(n_groups, dtype=torch.float32, device=hidden.device)
-    k.index_add_(0, group, torch.ones_like(group, dtype=torch.float32))
-    seg_sum = torch.zeros(n_groups, dtype=torch.float32, device=hidden.device)
-    seg_sum = seg_sum.index_add(0, group, per_anchor[valid])
-
-    contributes = k >= 2
-    # Attached to the graph through seg_sum even when nothing contributes (an empty sum).
-    total = (seg_sum[contributes] / (k[contributes] * (k[contributes] - 1))).sum()
-    return total, contributes.sum()
+    kf = k.float()
+    anchors = valid & (k >= 2)
+    # Attached to the graph through per_anchor even when nothing contributes (an empty sum).
+    total = torch.where(anchors, per_anchor / (kf * (kf - 1)).clamp(min=1.0), 0.0).sum()
+    # a segment counts once: at its first valid token (no valid token of it earlier)
+    earlier = (same & torch.ones_like(eye).tril(-1)).any(-1)
+    return total, (anchors & ~earlier).sum()

@@ -18,6 +18,7 @@ Precision = Literal["bf16-mixed", "fp16-mixed", "bf16-true", "fp32"]
 Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor"]
 Attention = Literal["sdpa", "eager"]
 Sharding = Literal["ddp", "fsdp", "zero2", "zero3"]
+Loss = Literal["ce", "ce+contrastive"]
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_targets", "lora_dropout")
 FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops its input
@@ -46,7 +47,8 @@ def installed_version(package: str) -> str | None:
 
 
 class TrainJob(BaseModel):
-    """One training step of one model: method, precision, optimizer, shapes and parallelism."""
+    """One training step of one model: method, precision, optimizer, shapes, batch layout,
+    loss and parallelism."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -68,6 +70,14 @@ class TrainJob(BaseModel):
     grad_accum: int = Field(1, description="gradient accumulation steps")
     grad_checkpointing: bool = Field(True, description="recompute activations in backward")
     attention: Attention = Field("sdpa", description="attention kernel: sdpa (flash) or eager")
+    packing: bool = Field(
+        True,
+        description="pack samples into full rows (a block-diagonal mask keeps them apart); "
+        "off: one sample per row, padded",
+    )
+    loss: Loss = Field(
+        "ce", description="training loss: cross-entropy, or with SimCTG's contrastive term"
+    )
     gpus: int = Field(1, description="number of GPUs")
     sharding: Sharding = Field("ddp", description="how state is split across GPUs")
     bitsandbytes: str | None = Field(

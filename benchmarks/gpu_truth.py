@@ -1,0 +1,258 @@
+"""Ground truth on a GPU: `frugal train --dry-run` on random weights, measured beside the estimate.
+
+For each config of the matrix, one fresh process runs a few steps of frugal's own trainer
+(random weights built from a bundled config, the tiny example tokenizer, synthetic packed
+text) and records what CUDA measured: `max_memory_allocated`, `max_memory_reserved`, the
+device-wide memory in use at its highest (what nvidia-smi shows: total - free, read after
+every step), and tokens/s after the first (warm-up) step; beside each, frugal's estimate of
+the same step (same micro-batch and accumulation) and its error. A config that fails is a
+row with its error; the matrix never stops early. One CSV row per config, plus the
+environment (GPU, driver, library versions) in a JSON file beside it.
+
+    python benchmarks/gpu_truth.py --out DIR [--matrix core|full] [--steps 6] [--only SUBSTR]
+    python benchmarks/gpu_truth.py --out DIR --smoke     # one tiny config, CPU is enough
+
+Commit the CSV under benchmarks/data/ with the date and GPU in its name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import multiprocessing as mp
+import random
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "examples" / "tiny-llama"
+FIELDS = (
+    "id", "model", "method", "precision", "checkpointing", "seq", "micro_batch", "grad_accum",
+    "measured_allocated_gib", "measured_reserved_gib", "measured_device_gib",
+    "measured_tokens_per_s", "estimated_allocated_gib", "estimated_reserved_gib",
+    "estimated_device_gib", "estimated_tokens_per_s", "error_allocated", "error_reserved",
+    "error_device", "error_tokens_per_s", "seconds", "error",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    method: str
+    precision: str
+    checkpointing: bool
+    seq: int
+    micro: int | None  # None: the estimator's largest micro-batch (auto_micro_batch)
+
+    @property
+    def id(self) -> str:
+        short = self.model.split("/")[-1]
+        ckpt = "ckpt" if self.checkpointing else "nockpt"
+        mb = "auto" if self.micro is None else f"mb{self.micro}"
+        return f"{short}-{self.method}-{self.precision}-{ckpt}-s{self.seq}-{mb}"
+
+
+def matrix(name: str) -> list[Config]:
+    """`core`: 16 configs, about 15 minutes on an H100; `full`: the whole cross product."""
+    if name == "smoke":
+        return [Config("HuggingFaceTB/SmolLM2-135M", "lora", "fp32", False, 64, 2)]
+    if name == "core":
+        c = Config
+        return [
+            c("HuggingFaceTB/SmolLM2-360M", "full", "bf16-mixed", False, 2048, 1),
+            c("HuggingFaceTB/SmolLM2-360M", "full", "bf16-true", True, 2048, None),
+            c("meta-llama/Llama-3.2-1B", "full", "bf16-mixed", True, 2048, 1),
+            c("meta-llama/Llama-3.2-1B", "lora", "bf16-mixed", False, 512, 1),
+            c("meta-llama/Llama-3.2-1B", "lora", "bf16-mixed", True, 8192, 1),
+            c("meta-llama/Llama-3.2-1B", "qlora", "bf16-mixed", True, 2048, None),
+            c("meta-llama/Llama-3.2-3B", "lora", "bf16-true", True, 2048, 1),
+            c("meta-llama/Llama-3.2-3B", "lora", "bf16-mixed", False, 2048, 1),
+            c("meta-llama/Llama-3.2-3B", "qlora", "bf16-mixed", False, 512, 1),
+            c("meta-llama/Llama-3.2-3B", "qlora", "bf16-true", True, 8192, 1),
+            c("meta-llama/Llama-3.1-8B", "lora", "bf16-mixed", True, 2048, 1),
+            c("meta-llama/Llama-3.1-8B", "lora", "bf16-mixed", True, 2048, None),
+            c("meta-llama/Llama-3.1-8B", "lora", "bf16-true", False, 512, 1),
+            c("meta-llama/Llama-3.1-8B", "qlora", "bf16-mixed", True, 2048, 1),
+            c("meta-llama/Llama-3.1-8B", "qlora", "bf16-mixed", True, 8192, 1),
+            c("meta-llama/Llama-3.1-8B", "qlora", "bf16-true", False, 2048, 1),
+        ]
+    out = []
+    for model in (
+        "HuggingFaceTB/SmolLM2-360M",
+        "meta-llama/Llama-3.2-1B",
+        "meta-llama/Llama-3.2-3B",
+        "meta-llama/Llama-3.1-8B",
+    ):
+        small = not model.endswith(("3B", "8B"))
+        for method in ("full", "lora", "qlora") if small else ("lora", "qlora"):
+            for precision in ("bf16-mixed", "bf16-true"):
+                for ckpt in (True, False):
+                    for seq in (512, 2048, 8192):
+                        for micro in (1, None):
+                            out.append(Config(model, method, precision, ckpt, seq, micro))
+    return out
+
+
+def _data(path: Path, rows: int, seq: int) -> None:
+    """Synthetic text: the tiny tokenizer maps one character to one token."""
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz     "
+    with path.open("w") as f:
+        for _ in range(rows):
+            text = "".join(rng.choice(letters) for _ in range(seq - 2))
+            f.write(json.dumps({"text": text}) + "\n")
+
+
+def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
+    """One config in this (fresh) process; returns its measured and estimated figures."""
+    import torch
+
+    from frugal.estimate.core import estimate
+    from frugal.hardware.gpus import lookup_gpu
+    from frugal.models.specs import load_spec
+    from frugal.run import recipe
+    from frugal.run.config import validate_run_config
+
+    cuda = torch.cuda.is_available()
+    micro = cfg.micro or 1
+    data = work / "data.jsonl"
+    _data(data, rows=effective * (steps + 1), seq=cfg.seq)
+    run_cfg = validate_run_config(
+        {
+            "model": cfg.model,
+            "tokenizer": str(TOKENIZER),
+            "init": "random",
+            "job": {
+                "method": cfg.method,
+                "precision": cfg.precision,
+                "batch": micro,
+                "seq": cfg.seq,
+                "grad_checkpointing": cfg.checkpointing,
+            },
+            "data": {"path": str(data), "val_ratio": 0, "epochs": 1},
+            "training": {
+                "effective_batch": effective,
+                "auto_micro_batch": cfg.micro is None,
+                "loggers": ["jsonl"],
+            },
+            "output_dir": str(work / "run"),
+        },
+        cfg.id,
+    )
+    device_peak = 0.0
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        nonlocal device_peak
+        if cuda:
+            free, total = torch.cuda.mem_get_info()
+            device_peak = max(device_peak, (total - free) / 2**30)
+
+    t0 = time.perf_counter()
+    s = recipe.train(run_cfg, dry_run=steps, on_step=on_step, quiet=True)
+    job = run_cfg.job.model_copy(update={"batch": s["micro_batch"], "grad_accum": s["grad_accum"]})
+    gpu = lookup_gpu(torch.cuda.get_device_name()) if cuda else None
+    est = estimate(load_spec(cfg.model), job, gpu=gpu).to_json()
+    a = s["actual"]
+    row = {
+        "micro_batch": s["micro_batch"],
+        "grad_accum": s["grad_accum"],
+        "measured_allocated_gib": a.get("peak_allocated_gib"),
+        "measured_reserved_gib": a.get("peak_reserved_gib"),
+        "measured_device_gib": round(device_peak, 3) if cuda else None,
+        "measured_tokens_per_s": a.get("tokens_per_s"),
+        "estimated_allocated_gib": est["peak_allocated_gib"],
+        "estimated_reserved_gib": est["peak_reserved_gib"],
+        "estimated_device_gib": est["device_total_gib"],
+        "estimated_tokens_per_s": est.get("tokens_per_s"),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    for key in ("allocated", "reserved", "device", "tokens_per_s"):
+        m = row[f"measured_{key}" if key == "tokens_per_s" else f"measured_{key}_gib"]
+        e = row[f"estimated_{key}" if key == "tokens_per_s" else f"estimated_{key}_gib"]
+        row[f"error_{key}"] = round(e / m - 1, 4) if m and e else None
+    return row
+
+
+def _child(cfg: Config, steps: int, effective: int, queue: Any) -> None:
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            queue.put(_run(cfg, steps, effective, Path(d)))
+    except BaseException as e:  # a failed config is a row, never the end of the matrix
+        last = traceback.format_exc().strip().splitlines()[-1]
+        queue.put({"error": f"{type(e).__name__}: {last}"[:300]})
+
+
+def environment() -> dict[str, Any]:
+    import platform
+    import subprocess
+    from datetime import date
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    env: dict[str, Any] = {"date": date.today().isoformat(), "python": platform.python_version()}
+    for pkg in ("frugal", "torch", "transformers", "peft", "accelerate", "bitsandbytes"):
+        try:
+            env[pkg] = version(pkg)
+        except PackageNotFoundError:
+            env[pkg] = None
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+        try:
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30, check=False,
+            ).stdout.strip()  # fmt: skip
+        except OSError:
+            env["driver"] = None
+    return env
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="directory for the CSV and env JSON")
+    ap.add_argument("--matrix", default="core", choices=("core", "full"))
+    ap.add_argument("--smoke", action="store_true", help="one tiny config (CPU is enough)")
+    ap.add_argument("--steps", type=int, default=6, help="dry-run steps per config")
+    ap.add_argument("--effective-batch", type=int, default=16)
+    ap.add_argument("--only", default="", help="run the configs whose id contains this")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per config")
+    args = ap.parse_args()
+    configs = [c for c in matrix("smoke" if args.smoke else args.matrix) if args.only in c.id]
+    effective = 2 if args.smoke else args.effective_batch
+    steps = 2 if args.smoke else args.steps
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_truth_env.json").write_text(json.dumps(environment(), indent=1))
+    path = args.out / "gpu_truth.csv"
+    ctx = mp.get_context("spawn")  # a fresh CUDA context and allocator per config
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for cfg in configs:
+            queue = ctx.Queue()
+            p = ctx.Process(target=_child, args=(cfg, steps, effective, queue))
+            p.start()
+            p.join(args.timeout)
+            if p.is_alive():
+                p.kill()
+                res: dict[str, Any] = {"error": f"timed out after {args.timeout:.0f} s"}
+            else:
+                res = queue.get() if not queue.empty() else {"error": f"exit {p.exitcode}"}
+            row = {"id": cfg.id, **asdict(cfg), **res}
+            row["checkpointing"] = cfg.checkpointing
+            row.pop("micro", None)
+            w.writerow({k: row.get(k) for k in FIELDS})
+            f.flush()
+            print(json.dumps({k: row.get(k) for k in FIELDS if row.get(k) is not None}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

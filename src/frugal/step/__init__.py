@@ -1,0 +1,20 @@
+"""The training step: what it is (`job.TrainJob`) and its parts, built one way.
+
+`frugal train` runs these parts on real tensors and the estimate simulates the very same
+code on fake tensors, so the estimate is of the run:
+
+* `model.build_model`: dtypes, 4-bit quantization, checkpointing, adapters, input grads;
+* `optim.make_optimizer`: the optimizer class and flags;
+* `loss`: the summed cross-entropy and the contrastive term;
+* `batch`: the micro-batch layout (packed or padded);
+* `loop.optimizer_step`: micro-batches, backward, clipping, update, freeing the gradients.
+
+Stand-ins exist only where a kernel cannot run on fake tensors (bitsandbytes' 4-bit layers
+and 8-bit optimizers), and each is tested against the real thing's tensors.
+"""
+
+import logging
+
+# bitsandbytes' CPU backend warns at import when an optional kernel package is missing
+# (peft imports bitsandbytes whenever it is installed); nothing frugal runs needs it
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)

@@ -1,0 +1,48 @@
+"""The micro-batch layout: which tensors a step's model and loss receive.
+
+Packed rows (`job.packing`) carry position ids that restart at 0 for each sample and no
+attention mask, so transformers builds a block-diagonal causal mask from them
+(masking_utils.find_packed_sequence_indices) and packed samples never attend to each other.
+Padded rows carry an attention mask instead; when a micro-batch has padding, transformers
+builds the same-sized (b, 1, s, s) boolean mask for SDPA. Either way the loss reads
+`labels` (IGNORE where not trained) and `segment_ids` (1, 2, ... per sample, 0 for padding).
+
+`frugal train` collates real rows through `layout`; the estimate feeds the step
+`example(batch, seq, packing)`, the same keys, dtypes and shapes on fake tensors. Under fake
+tensors transformers cannot read the values, so it always builds the mask: exact for packed
+rows and for padded micro-batches with padding, a conservative s² bytes per row for a padded
+micro-batch whose rows all have the same length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NOT_MODEL_INPUTS = ("labels", "segment_ids")  # read by the loss, not by the model
+
+
+def layout(
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    segment_ids: torch.Tensor,
+    positions: torch.Tensor,
+    packed: bool,
+) -> dict[str, torch.Tensor]:
+    """One micro-batch's tensors, all (rows, width) int64."""
+    batch = {"input_ids": input_ids, "labels": labels, "segment_ids": segment_ids}
+    if packed:
+        batch["position_ids"] = positions
+    else:
+        batch["attention_mask"] = (segment_ids > 0).long()
+    return batch
+
+
+def example(rows: int, seq: int, packed: bool) -> dict[str, torch.Tensor]:
+    """A micro-batch of `rows` x `seq` tokens in the layout of `frugal train` (values are
+    irrelevant: the estimate runs it on fake tensors)."""
+    z = torch.zeros((rows, seq), dtype=torch.long)
+    return layout(z, z.clone(), z.clone(), z.clone(), packed)
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS}

@@ -1,0 +1,137 @@
+"""One optimizer step over a process's micro-batches: the code `frugal train` runs and the
+estimate simulates.
+
+For each micro-batch: forward under the engine's autocast, the loss (`loss.py`: summed
+token cross-entropy, plus the contrastive term when configured) scaled to its share of the
+step, backward (gradients reduced after the last micro-batch under DDP, after each under
+FSDP). Then gradient clipping (or just the norm), the optimizer update and
+`zero_grad(set_to_none=True)`, which frees the gradients before the next forward.
+
+The engine is accelerate's `Accelerator` in `frugal train` (loss scaling for fp16, DDP's
+no_sync) and `PlainEngine` in the estimate: the same autocast, backward and clipping on
+one process. The marks (`marks.py`) tell a watching memory tracker where the step is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from frugal.step import marks
+from frugal.step.batch import model_inputs
+from frugal.step.loss import causal_lm_loss, contrastive_loss
+
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+
+
+class Engine(Protocol):
+    """What the step needs from accelerate's Accelerator."""
+
+    device: torch.device
+
+    def autocast(self) -> Any: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def no_sync(self, model: Any) -> Any: ...
+    def clip_grad_norm_(self, parameters: Any, max_norm: float) -> Any: ...
+
+
+class PlainEngine:
+    """The Accelerator's step on one process without accelerate (the estimate's)."""
+
+    def __init__(self, precision: str, device: str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.dtype = AUTOCAST.get(precision)
+
+    def autocast(self) -> Any:
+        return torch.autocast(
+            self.device.type, dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None
+        )
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def no_sync(self, model: Any) -> Any:
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float) -> Any:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The training loss: cross-entropy, plus SimCTG's contrastive term when `contrastive`."""
+
+    contrastive: bool = False
+    weight: float = 1.0
+    margin: float = 0.5
+
+
+@dataclass
+class Sums:
+    """What one process's micro-batches gave: summed (unscaled) losses and the norm."""
+
+    ce: torch.Tensor
+    cl: torch.Tensor
+    grad_norm: torch.Tensor
+
+
+def forward(model: Any, batch: dict[str, torch.Tensor], hidden: bool = False) -> Any:
+    return model(**model_inputs(batch), output_hidden_states=hidden, use_cache=False)
+
+
+def optimizer_step(
+    model: Any,
+    optimizer: Any,
+    params: list[torch.nn.Parameter],
+    batches: Iterable[dict[str, torch.Tensor]],
+    engine: Engine,
+    loss: Loss,
+    ce_scale: float,
+    cl_scale: float,
+    max_grad_norm: float,
+    reduce_each: bool = False,
+) -> Sums:
+    """Accumulate the micro-batches' gradients, clip, update, free the gradients.
+
+    `ce_scale` and `cl_scale` turn each micro-batch's summed losses into its share of the
+    step's loss (1 / the step's token or segment count, times the process count under
+    data parallelism, whose reduction averages). `reduce_each`: FSDP reduce-scatters the
+    gradients after every micro-batch; DDP all-reduces once, after the last."""
+    batches = list(batches)
+    zero = torch.zeros((), device=engine.device)
+    ce_total, cl_total = zero.clone(), zero.clone()  # on the device: no sync per micro-batch
+    for i, b in enumerate(batches, start=1):
+        marks.micro_step(i)
+        marks.phase("fwd")
+        b = {k: v.to(engine.device, non_blocking=True) for k, v in b.items()}
+        last = i == len(batches)
+        sync = contextlib.nullcontext() if last or reduce_each else engine.no_sync(model)
+        with sync:
+            with engine.autocast():
+                out = forward(model, b, hidden=loss.contrastive)
+                ce_sum, _ = causal_lm_loss(out.logits, b["labels"])
+                total = ce_sum * ce_scale
+                if loss.contrastive:
+                    cl_sum, _ = contrastive_loss(
+                        out.hidden_states[-1], b["labels"], b["segment_ids"], loss.margin
+                    )
+                    total = total + cl_sum * (cl_scale * loss.weight)
+                    cl_total += cl_sum.detach()
+            del out
+            marks.phase("bwd_head")
+            engine.backward(total)
+        ce_total += ce_sum.detach()
+        del total, ce_sum, b
+    marks.phase("opt")
+    if max_grad_norm > 0:
+        norm = engine.clip_grad_norm_(params, max_grad_norm)
+    else:
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else zero
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return Sums(ce_total, cl_total, norm)

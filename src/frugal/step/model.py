@@ -1,0 +1,214 @@
+"""The model of a training step, built one way for `frugal train` and for the estimate.
+
+`build_model` takes the job and where the weights come from: a local checkpoint
+(`pretrained`), random initialization (`random`), the meta device with real buffers for an
+FSDP process that receives its shards (`empty`), or the meta device with the 4-bit
+stand-in for the estimate's fake tensors (`meta`). Everything else is the same code:
+attention kernel, dtypes, 4-bit quantization, activation checkpointing, LoRA adapters and
+input gradients.
+
+Dtypes (`weight_dtypes`), the lean and standard choice of each method:
+
+* full fine-tuning, mixed precision: fp32 weights (the master copy the optimizer updates),
+  autocast computes in bf16/fp16 (Micikevicius et al. 2018, "Mixed Precision Training").
+* LoRA, mixed precision: the frozen base in the compute dtype, since nothing updates it and
+  an fp32 base would double its bytes for no change in the result; adapters in fp32 (PEFT's
+  `autocast_adapter_dtype`), so their updates are not lost to bf16 rounding.
+* QLoRA: the 4-bit base, its unquantized modules (embeddings, norms, LM head) in the
+  compute dtype, adapters in fp32 under mixed precision. No `prepare_model_for_kbit_training`:
+  its fp32 upcast of every non-4-bit weight costs 2 bytes per embedding and LM-head value
+  (1 GiB for Llama-3.1-8B) and buys nothing the fp32 loss does not already give;
+  checkpointing and input gradients are enabled directly (Dettmers et al. 2023, "QLoRA",
+  keep the base in bf16 as well).
+* bf16-true: everything, adapters included, in bf16. fp32: everything in fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import warnings
+from collections import Counter
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from frugal.models.specs import NO_SDPA, is_moe_config
+from frugal.step.job import TrainJob
+
+Weights = Literal["pretrained", "random", "empty", "meta"]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def compute_dtype(job: TrainJob) -> torch.dtype:
+    return DTYPES[job.compute_dtype]
+
+
+def weight_dtypes(job: TrainJob) -> tuple[torch.dtype, torch.dtype]:
+    """(dtype of the loaded model, dtype of the trainable weights) for `job`."""
+    compute = compute_dtype(job)
+    mixed = job.precision.endswith("-mixed")
+    if job.method == "full":
+        return (torch.float32, torch.float32) if mixed else (compute, compute)
+    return compute, torch.float32 if mixed else compute
+
+
+def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None) -> Any:
+    """The transformers config the step runs: attention and expert kernels set, and
+    `n_layers` decoder layers when given (the estimate's shallow copies).
+
+    A shallow copy of a model that mixes layer types (sliding and full attention) keeps one
+    layer of each kind, so every kind's shared buffers (masks) are there."""
+    from transformers import CONFIG_MAPPING
+
+    d = copy.deepcopy(config)
+    if n_layers is not None:
+        types = d.get("layer_types")
+        d["num_hidden_layers"] = n_layers
+        if types:
+            order = list(dict.fromkeys(types))
+            common = Counter(types).most_common(1)[0][0]
+            d["layer_types"] = (order + [common] * n_layers)[:n_layers]
+        if d.get("mlp_only_layers"):
+            d["mlp_only_layers"] = [i for i in d["mlp_only_layers"] if i < n_layers]
+    cfg = CONFIG_MAPPING[d["model_type"]](**d)
+    cfg.use_cache = False
+    cfg._attn_implementation = attention_kernel(config, job)
+    if is_moe_config(config):
+        # transformers' grouped-GEMM experts: static shapes, as fast MoE kernels allocate
+        cfg._experts_implementation = "grouped_mm"
+    return cfg
+
+
+def attention_kernel(config: dict[str, Any], job: TrainJob) -> str:
+    """The attention the model really runs: eager where transformers has no SDPA path."""
+    return "eager" if job.attention == "sdpa" and config["model_type"] in NO_SDPA else job.attention
+
+
+def build_model(
+    config: dict[str, Any],
+    job: TrainJob,
+    weights: Weights,
+    path: str | None = None,
+    n_layers: int | None = None,
+) -> Any:
+    """The model of `job`'s step, with its adapters, ready to train (see the module doc).
+
+    `config` is the model's config.json; `path` the checkpoint directory for `pretrained`;
+    `n_layers` a shallower copy (the estimate's)."""
+    from transformers import AutoModelForCausalLM
+
+    base_dtype, trainable_dtype = weight_dtypes(job)
+    cfg = hf_config(config, job, n_layers)
+    qlora = job.method == "qlora"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if weights == "pretrained":
+            from frugal.step.qlora import bnb_config
+
+            if path is None:
+                raise ValueError("weights='pretrained' needs the checkpoint's path")
+            extra: dict[str, Any] = {"attn_implementation": cfg._attn_implementation}
+            if is_moe_config(config):
+                extra["experts_implementation"] = cfg._experts_implementation
+            if qlora:
+                extra["quantization_config"] = bnb_config(compute_dtype(job))
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=base_dtype, local_files_only=True, **extra
+            )
+        else:
+            if weights == "meta":
+                where: Any = torch.device("meta")
+            elif weights == "empty":
+                from accelerate import init_empty_weights
+
+                where = init_empty_weights()  # weights on meta, buffers real
+            else:
+                where = contextlib.nullcontext()
+            with where:
+                model = AutoModelForCausalLM.from_config(cfg, dtype=base_dtype)
+            if weights == "empty":
+                model.tie_weights()  # the meta patch unties them; the main process's are tied
+    if qlora and weights != "pretrained":
+        if weights == "meta":
+            from frugal.step.qlora import quantize_standins
+
+            with torch.device("meta"):
+                quantize_standins(model, compute_dtype(job), job.keeps_4bit_input)
+        else:
+            from frugal.step.qlora import quantize
+
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            quantize(model, compute_dtype(job), device)
+    if job.grad_checkpointing:
+        enable_checkpointing(model)
+    model.config.use_cache = False
+    if job.method == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    from peft import get_peft_model
+
+    logging.getLogger("peft").setLevel(logging.ERROR)
+    where = torch.device("meta") if weights == "meta" else contextlib.nullcontext()
+    with where, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(model, job.lora_config(), autocast_adapter_dtype=False)
+        for p in model.parameters():  # PEFT follows the base's dtype only on a real device
+            if p.requires_grad and p.dtype != trainable_dtype:
+                p.data = p.data.to(trainable_dtype)
+    if job.grad_checkpointing:
+        # the embeddings' output requires grad, so that checkpointed layers see an input
+        # that does (what PEFT's kbit preparation does, without its upcast)
+        model.enable_input_require_grads()
+    return model
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(model parameters, trainable parameters).
+
+    The model's count excludes LoRA adapters and counts 4-bit weights by their original
+    number of values, so it is the number on the model card whatever the method.
+    """
+    total = trainable = 0
+    seen: set[int] = set()
+    for name, m in model.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            trainable += p.numel() if p.requires_grad else 0
+            if "lora_" in name or "lora_" in pname:
+                continue  # adapters are not part of the model's own parameter count
+            n = getattr(m, "original_numel", None) if p.dtype == torch.uint8 else None
+            if n is None and p.dtype == torch.uint8 and hasattr(p, "quant_state"):
+                n = int(torch.Size(p.quant_state.shape).numel())  # bitsandbytes' Params4bit
+            total += n or p.numel()
+    return total, trainable
+
+
+@contextlib.contextmanager
+def cuda_kernels() -> Any:
+    """Where transformers picks a kernel by device, take the one a CUDA GPU would, so that
+    a step run on the CPU (the estimate's fake tensors, the self-consistency tests) allocates
+    what it would on the GPU: MoE experts use torch's grouped GEMM in bf16 only; other
+    dtypes (full fine-tuning's fp32 masters) go through transformers' fallback."""
+    from unittest.mock import patch
+
+    import transformers.integrations.moe as moe
+
+    with patch.object(
+        moe, "_can_use_grouped_mm", lambda inp, weight, offs: weight.dtype == torch.bfloat16
+    ):
+        yield
