@@ -1,259 +1,53 @@
-"""The estimate is of the step `frugal train` runs: both measured by one tracker, compared.
+"""The estimate is of the step `frugal train` runs (benchmarks/step_consistency.py).
 
-Each case runs real training steps with the trainer's own code (`recipe.setup`,
-`recipe.step_input`, `recipe.device_step`) on CPU tensors while `StepTracker` records every
-live storage, and simulates the same job with the estimator (`get_profile`, which runs
-`frugal.step` on fake tensors at shallower depths and extrapolates). At the peak of each
-segment of the step (forward, backward through the head, the layers, the embeddings, the
-optimizer) every category must agree: weights, gradients and optimizer state exactly (no
-allocator is involved on either side), the transient ones (activations, logits and loss,
-temporaries) within 2%.
-
-The two sides share their code on purpose; the last tests show the suite fails when either
-side alone goes back to a different step (an fp32 frozen base, momentum-free SGD).
+For a matrix of tiny models (Llama-style dense, Llama-3.1-8B's own architecture scaled
+down, MoE, Gemma 2), methods, precisions, optimizers, checkpointing, packed and padded
+batches and the contrastive loss: real trainer steps on CPU and the estimator's simulation,
+measured by the same tracker, agree in every category at the peak of every segment of the
+step: weights, gradients and optimizer state exactly, the transient ones within 2%. The last
+tests show the suite fails when either side alone goes back to a different step.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass
+import importlib.util
+import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
-from frugal.estimate.categories import CATEGORIES, SEGMENTS
-from frugal.estimate.core import get_profile
-from frugal.estimate.tracker import StepTracker, tracking
-from frugal.models.specs import load_spec
-from frugal.run import recipe
-from frugal.run.config import RunConfig, apply_overrides, validate_run_config
-from frugal.step.model import cuda_kernels
+_path = Path(__file__).parents[1] / "benchmarks" / "step_consistency.py"
+_spec = importlib.util.spec_from_file_location("step_consistency", _path)
+assert _spec and _spec.loader
+sc = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = sc  # its dataclasses look their module up
+_spec.loader.exec_module(sc)
 
-ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER = ROOT / "examples" / "tiny-llama"
-SPELL = ROOT / "examples" / "data" / "spell.jsonl"
-EXACT = ("frozen_weights", "trainable_weights", "gradients", "optimizer_state")
-TRANSIENT_TOL = 0.02
-
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 4,  # the estimate simulates 1 and 2 layers and extrapolates
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    # the tracker tells logits by their last dimension: no other size may equal it, here
-    # nor in the estimate's runs (64, 128, 192 tokens; 96, 192, 288 beyond Gemma's window)
-    "vocab_size": 200,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-MOE = {
-    **LLAMA,
-    "model_type": "qwen3_moe",
-    "moe_intermediate_size": 32,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "head_dim": 16,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-}
-GEMMA = {
-    **LLAMA,
-    "model_type": "gemma2",
-    "head_dim": 16,
-    "sliding_window": 32,  # shorter than the rows: the sliding masks are banded
-    "layer_types": ["sliding_attention", "full_attention"] * 2,
-    "query_pre_attn_scalar": 16,
-    "tie_word_embeddings": True,
-}
-
-
-def scaled_down(model_id: str, **dims: int) -> dict[str, Any]:
-    """A bundled model's own config (its rope scaling, GQA, ties) with small dimensions."""
-    config = {k: v for k, v in load_spec(model_id).config.items() if not k.startswith("_")}
-    return {**config, **dims, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-
-
-# Llama-3.1-8B's architecture at 1/32 of its width and 1/8 of its depth
-LLAMA31_8B = scaled_down(
-    "meta-llama/Llama-3.1-8B",
-    hidden_size=128,
-    intermediate_size=448,
-    num_attention_heads=4,
-    num_key_value_heads=1,
-    num_hidden_layers=4,
-    vocab_size=200,
-    max_position_embeddings=512,
-)
-MODELS = {"llama": LLAMA, "moe": MOE, "gemma": GEMMA, "llama31-8b": LLAMA31_8B}
-
-
-@dataclass(frozen=True)
-class Case:
-    model: str
-    method: str
-    precision: str
-    optimizer: str
-    checkpointing: bool
-    packing: bool = True
-    accum: int = 1
-    contrastive: bool = False
-
-    @property
-    def id(self) -> str:
-        bits = [self.model, self.method, self.precision, self.optimizer]
-        bits += [
-            "ckpt" if self.checkpointing else "no-ckpt",
-            "packed" if self.packing else "padded",
-        ]
-        bits += [f"accum{self.accum}"] if self.accum > 1 else []
-        bits += ["contrastive"] if self.contrastive else []
-        return "-".join(bits)
-
-
-CASES = [
-    Case("llama", "full", "fp32", "adamw", False),
-    Case("llama", "full", "bf16-mixed", "adamw", True, accum=2),
-    Case("llama", "full", "bf16-true", "sgd", False),
-    Case("llama", "lora", "bf16-mixed", "adamw", True),
-    Case("llama31-8b", "lora", "bf16-mixed", "adamw", True),  # the README's job, scaled down
-    Case("llama", "lora", "bf16-mixed", "adafactor", False, packing=False),
-    Case("llama", "lora", "fp32", "sgd", True, packing=False),
-    Case("llama", "lora", "bf16-true", "adamw", True, contrastive=True),
-    Case("llama", "full", "fp32", "adafactor", True, accum=2, contrastive=True),
-    Case("moe", "lora", "bf16-mixed", "adamw", True),
-    Case("moe", "full", "fp32", "adamw", False),
-    Case("gemma", "lora", "bf16-mixed", "adamw", True),
-    Case("gemma", "full", "bf16-true", "adafactor", False, packing=False),
-]
-MICRO, SEQ = 2, 96
+Case = sc.Case
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("consistency")
-    for name, config in MODELS.items():
-        m = d / name
-        m.mkdir()
-        (m / "config.json").write_text(json.dumps(config))
-        for f in TOKENIZER.iterdir():
-            if f.name != "config.json":
-                shutil.copy(f, m / f.name)
-    # padded rows: one of full length and one short, so a micro-batch of both is padded
-    (d / "padded.jsonl").write_text(
-        json.dumps({"text": "x" * 3 * SEQ}) + "\n" + json.dumps({"text": "short row"}) + "\n"
-    )
-    return d
+    return sc.make_workdir(tmp_path_factory.mktemp("consistency"))
 
 
-def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
-    data = SPELL if case.packing else workdir / "padded.jsonl"
-    base: dict[str, Any] = {
-        "model": str(workdir / case.model),
-        "init": "random",
-        "job": {
-            "method": case.method,
-            "precision": case.precision,
-            "optimizer": case.optimizer,
-            "lora_r": 8,
-            "batch": MICRO,
-            "seq": SEQ,
-            "grad_checkpointing": case.checkpointing,
-            "packing": case.packing,
-            "loss": "ce+contrastive" if case.contrastive else "ce",
-        },
-        "data": {"path": str(data), "val_ratio": 0},
-        "training": {
-            "effective_batch": MICRO * case.accum,
-            "auto_micro_batch": False,
-            "loggers": ["jsonl"],
-        },
-        "output_dir": str(out),
-    }
-    return validate_run_config(apply_overrides(base, []), "test")
-
-
-@dataclass
-class Measured:
-    peaks: np.ndarray  # (segments, categories) bytes at each segment's peak
-    width: int  # tokens per row of the micro-batches
-
-
-def segment_peaks(tracker: StepTracker, micro_steps: int) -> np.ndarray:
-    """Category bytes at the peak of each segment, as `profile.LayerFit.peaks` reads a
-    simulated trace (micro-steps past the simulated ones do not count)."""
-    live, segs, micro = tracker.timeline(), tracker.segments(), tracker.micro_steps()
-    total = live.sum(axis=1)
-    out = np.zeros((len(SEGMENTS), len(CATEGORIES)))
-    for k, name in enumerate(SEGMENTS):
-        idx = np.flatnonzero((segs == name) & ((micro <= micro_steps) | (segs == "opt")))
-        if len(idx):
-            out[k] = live[idx[np.argmax(total[idx])]]
-    return out
-
-
-def measure(cfg: RunConfig, monkeypatch: pytest.MonkeyPatch) -> Measured:
-    """Two steps of `frugal train`'s own code on CPU at the configured precision; the second
-    (the steady state: optimizer state exists) recorded by the tracker."""
-    from accelerate.state import AcceleratorState
-
-    monkeypatch.setattr(recipe, "choose_precision", lambda wanted, sharded=False: (wanted, "test"))
-    AcceleratorState._reset_state(True)  # one process, many precisions
-    run = recipe.setup(cfg)
-    assert run.micro == MICRO and run.accum == cfg.training.effective_batch // MICRO
-    recipe.train_step(run, 0)
-    inp = recipe.step_input(run, 1)
-    widths = {b["input_ids"].shape[1] for b in inp.batches}
-    assert widths == {SEQ}, widths  # the data is laid out so that every row is SEQ wide
-    tracker = StepTracker(load_spec(cfg.model).vocab_size)
-    hooks = tracker.watch(run.model, run.optimizer)
-    try:
-        with cuda_kernels(), tracking(tracker):
-            recipe.device_step(run, inp)
-    finally:
-        for h in hooks:
-            h.remove()
-    return Measured(segment_peaks(tracker, min(run.accum, 2)), SEQ)
-
-
-def predicted(cfg: RunConfig) -> np.ndarray:
-    spec = load_spec(cfg.model)
-    job = cfg.job.model_copy(update={"grad_accum": cfg.training.effective_batch // MICRO})
-    return get_profile(spec, job, SEQ).segment_peaks(MICRO, SEQ)
-
-
-def mismatches(real: np.ndarray, sim: np.ndarray) -> Iterator[str]:
-    for k, seg in enumerate(SEGMENTS):
-        if not real[k].any():
-            continue  # a segment this model's step does not have
-        for c, cat in enumerate(CATEGORIES):
-            r, s = real[k, c], sim[k, c]
-            tol = 0.0 if cat in EXACT else TRANSIENT_TOL * max(r, 1.0)
-            if abs(s - r) > tol + 0.5:
-                rel = s / max(r, 1.0) - 1
-                yield f"{seg}/{cat}: trainer {r:,.0f} B, estimate {s:,.0f} B ({rel:+.2%})"
-    r_peak, s_peak = real.sum(axis=1).max(), sim.sum(axis=1).max()
-    if abs(s_peak / r_peak - 1) > TRANSIENT_TOL:
-        yield f"peak: trainer {r_peak:,.0f} B, estimate {s_peak:,.0f} B"
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_estimate_is_the_trainers_step(
-    case: Case, workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cfg = make_cfg(case, workdir, tmp_path / "run")
-    real = measure(cfg, monkeypatch)
-    problems = list(mismatches(real.peaks, predicted(cfg)))
+@pytest.mark.parametrize("case", sc.CASES, ids=[c.id for c in sc.CASES])
+def test_estimate_is_the_trainers_step(case: Case, workdir: Path, tmp_path: Path) -> None:
+    cfg = sc.make_cfg(case, workdir, tmp_path / "run")
+    problems = list(sc.mismatches(sc.measure(cfg).peaks, sc.predicted(cfg)))
     assert not problems, "\n".join(problems)
+
+
+def test_the_matrix_covers_what_the_step_varies() -> None:
+    seen = {f: {getattr(c, f) for c in sc.CASES} for f in sc.Case.__dataclass_fields__}
+    assert seen["model"] >= {"llama", "llama31-8b", "moe", "gemma"}
+    assert seen["method"] == {"full", "lora"}
+    assert seen["precision"] == {"fp32", "bf16-true", "bf16-mixed"}
+    assert seen["optimizer"] == {"adamw", "sgd", "adafactor"}
+    for flag in ("checkpointing", "packing", "contrastive"):
+        assert seen[flag] == {True, False}, flag
+    assert seen["accum"] == {1, 2}
 
 
 # -- the suite fails when either side alone changes its step ----------------------------------
@@ -265,12 +59,12 @@ def test_a_trainer_that_loads_the_lora_base_in_fp32_is_caught(
     """What `frugal train` did before: the frozen base of a bf16-mixed LoRA run in fp32."""
     import frugal.step.model as model
 
-    cfg = make_cfg(Case("llama31-8b", "lora", "bf16-mixed", "adamw", True), workdir, tmp_path)
-    sim = predicted(cfg)
+    cfg = sc.make_cfg(Case("llama31-8b", "lora", "bf16-mixed", "adamw", True), workdir, tmp_path)
+    sim = sc.predicted(cfg)
     with monkeypatch.context() as m:
         m.setattr(model, "weight_dtypes", lambda job: (torch.float32, torch.float32))
-        real = measure(cfg, m)
-    problems = list(mismatches(real.peaks, sim))
+        real = sc.measure(cfg)
+    problems = list(sc.mismatches(real.peaks, sim))
     assert any(p.startswith("fwd/frozen_weights") for p in problems), problems
 
 
@@ -280,11 +74,12 @@ def test_an_estimate_without_sgd_momentum_is_caught(
     """What the estimate did before: SGD without its momentum buffer."""
     import frugal.step.optim as optim
 
-    cfg = make_cfg(Case("llama", "lora", "fp32", "sgd", True, packing=False), workdir, tmp_path)
-    real = measure(cfg, monkeypatch)
+    case = Case("llama", "lora", "fp32", "sgd", True, packing=False)
+    cfg = sc.make_cfg(case, workdir, tmp_path)
+    real = sc.measure(cfg)
     with monkeypatch.context() as m:
         m.setenv("FRUGAL_CACHE_DIR", str(tmp_path / "fresh"))  # simulate, do not reuse
         m.setattr(optim, "SGD_MOMENTUM", 0.0)
-        sim = predicted(cfg)
-    problems = list(mismatches(real.peaks, sim))
+        sim = sc.predicted(cfg)
+    problems = list(sc.mismatches(real.peaks, sim))
     assert any("/optimizer_state" in p for p in problems), problems

@@ -66,7 +66,8 @@ def contrastive_loss(
     0-dim tensor). With no contributing segment the sum is 0, still attached to the graph.
 
     Vectorised with static shapes (so the estimate runs this very code on fake tensors): one
-    [B, T, T] similarity and pair mask (memory O(B T^2)); each anchor's hinge sum is divided
+    [B, T, T] similarity and pair mask (memory O(B T^2), nothing of T x T alone, which the
+    estimate's size terms would not fit); each anchor's hinge sum is divided
     by its own segment's k (k - 1), so summing the anchors gives the per-segment averages;
     no Python loop, no data-dependent indexing.
     """
@@ -77,11 +78,10 @@ def contrastive_loss(
     h = F.normalize(h, dim=-1)
     cos = h @ h.transpose(1, 2)  # [B, T, T]
 
-    n_tok = labels.shape[1]
     same = (segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)) & valid.unsqueeze(1)
     k = same.sum(-1)  # [B, T]: valid tokens in each token's segment (itself included)
-    eye = torch.eye(n_tok, dtype=torch.bool, device=labels.device)
-    pairs = same & valid.unsqueeze(2) & ~eye  # [B, T, T]
+    pairs = same & valid.unsqueeze(2)  # [B, T, T]
+    pairs.diagonal(dim1=1, dim2=2).fill_(False)  # no token pairs with itself
     hinge = torch.where(pairs, torch.clamp(margin - 1.0 + cos, min=0.0), 0.0)
     per_anchor = hinge.sum(dim=-1)  # [B, T]: sum over j of anchor i's terms
     kf = k.float()
@@ -89,5 +89,5 @@ def contrastive_loss(
     # Attached to the graph through per_anchor even when nothing contributes (an empty sum).
     total = torch.where(anchors, per_anchor / (kf * (kf - 1)).clamp(min=1.0), 0.0).sum()
     # a segment counts once: at its first valid token (no valid token of it earlier)
-    earlier = (same & torch.ones_like(eye).tril(-1)).any(-1)
+    earlier = same.tril(-1).any(-1)
     return total, (anchors & ~earlier).sum()

@@ -1,0 +1,298 @@
+"""The estimate against the step `frugal train` runs: both measured by one tracker.
+
+Each case runs real training steps with the trainer's own code (`recipe.setup`,
+`recipe.step_input`, `recipe.device_step`) on CPU tensors while `StepTracker` records every
+live storage, and simulates the same job with the estimator (`get_profile`, which runs
+`frugal.step` on fake tensors at shallower depths and extrapolates). At the peak of each
+segment of the step (forward; backward through the head, the layers, the embeddings; the
+optimizer) the bytes of every category are compared. `tests/test_step_consistency.py`
+holds them to the target: weights, gradients and optimizer state exact (no allocator on
+either side), activations, logits and loss, and temporaries within 2%.
+
+    python benchmarks/step_consistency.py [--write docs/estimate.md]
+
+prints, per case, the largest deviation of each category over the segments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import numpy as np
+
+from frugal.estimate.categories import CATEGORIES, SEGMENTS
+from frugal.estimate.core import get_profile
+from frugal.estimate.tracker import StepTracker, tracking
+from frugal.models.specs import load_spec
+from frugal.run import recipe
+from frugal.run.config import RunConfig, validate_run_config
+from frugal.step.model import cuda_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "examples" / "tiny-llama"
+SPELL = ROOT / "examples" / "data" / "spell.jsonl"
+EXACT = ("frozen_weights", "trainable_weights", "gradients", "optimizer_state")
+TRANSIENT_TOL = 0.02
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 4,  # the estimate simulates 1 and 2 layers and extrapolates
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    # the tracker tells logits by their last dimension: no other size may equal it, here
+    # nor in the estimate's runs (64, 128, 192 tokens; 96, 192, 288 beyond Gemma's window)
+    "vocab_size": 200,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+MOE = {
+    **LLAMA,
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "head_dim": 16,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+GEMMA = {
+    **LLAMA,
+    "model_type": "gemma2",
+    "head_dim": 16,
+    "sliding_window": 32,  # shorter than the rows: the sliding masks are banded
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "query_pre_attn_scalar": 16,
+    "tie_word_embeddings": True,
+}
+
+
+def scaled_down(model_id: str, **dims: int) -> dict[str, Any]:
+    """A bundled model's own config (its rope scaling, GQA, ties) with small dimensions."""
+    config = {k: v for k, v in load_spec(model_id).config.items() if not k.startswith("_")}
+    return {**config, **dims, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+# Llama-3.1-8B's architecture at 1/32 of its width and 1/8 of its depth
+LLAMA31_8B = scaled_down(
+    "meta-llama/Llama-3.1-8B",
+    hidden_size=128,
+    intermediate_size=448,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    num_hidden_layers=4,
+    vocab_size=200,
+    max_position_embeddings=512,
+)
+MODELS = {"llama": LLAMA, "moe": MOE, "gemma": GEMMA, "llama31-8b": LLAMA31_8B}
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    method: str
+    precision: str
+    optimizer: str
+    checkpointing: bool
+    packing: bool = True
+    accum: int = 1
+    contrastive: bool = False
+
+    @property
+    def id(self) -> str:
+        bits = [self.model, self.method, self.precision, self.optimizer]
+        bits += [
+            "ckpt" if self.checkpointing else "no-ckpt",
+            "packed" if self.packing else "padded",
+        ]
+        bits += [f"accum{self.accum}"] if self.accum > 1 else []
+        bits += ["contrastive"] if self.contrastive else []
+        return "-".join(bits)
+
+
+CASES = [
+    Case("llama", "full", "fp32", "adamw", False),
+    Case("llama", "full", "bf16-mixed", "adamw", True, accum=2),
+    Case("llama", "full", "bf16-true", "sgd", False),
+    Case("llama", "lora", "bf16-mixed", "adamw", True),
+    Case("llama31-8b", "lora", "bf16-mixed", "adamw", True),  # the README's job, scaled down
+    Case("llama", "lora", "bf16-mixed", "adafactor", False, packing=False),
+    Case("llama", "lora", "fp32", "sgd", True, packing=False),
+    Case("llama", "lora", "bf16-true", "adamw", True, contrastive=True),
+    Case("llama", "full", "fp32", "adafactor", True, accum=2, contrastive=True),
+    Case("moe", "lora", "bf16-mixed", "adamw", True),
+    Case("moe", "full", "fp32", "adamw", False),
+    Case("gemma", "lora", "bf16-mixed", "adamw", True),
+    Case("gemma", "full", "bf16-true", "adafactor", False, packing=False),
+]
+MICRO, SEQ = 2, 96
+
+
+def make_workdir(d: Path) -> Path:
+    """The tiny models (configs and the example tokenizer) and the padded data, in `d`."""
+    for name, config in MODELS.items():
+        m = d / name
+        m.mkdir()
+        (m / "config.json").write_text(json.dumps(config))
+        for f in TOKENIZER.iterdir():
+            if f.name != "config.json":
+                shutil.copy(f, m / f.name)
+    # padded rows: one of full length and one short, so a micro-batch of both is padded
+    (d / "padded.jsonl").write_text(
+        json.dumps({"text": "x" * 3 * SEQ}) + "\n" + json.dumps({"text": "short row"}) + "\n"
+    )
+    return d
+
+
+def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
+    data = SPELL if case.packing else workdir / "padded.jsonl"
+    base: dict[str, Any] = {
+        "model": str(workdir / case.model),
+        "init": "random",
+        "job": {
+            "method": case.method,
+            "precision": case.precision,
+            "optimizer": case.optimizer,
+            "lora_r": 8,
+            "batch": MICRO,
+            "seq": SEQ,
+            "grad_checkpointing": case.checkpointing,
+            "packing": case.packing,
+            "loss": "ce+contrastive" if case.contrastive else "ce",
+        },
+        "data": {"path": str(data), "val_ratio": 0},
+        "training": {
+            "effective_batch": MICRO * case.accum,
+            "auto_micro_batch": False,
+            "loggers": ["jsonl"],
+        },
+        "output_dir": str(out),
+    }
+    return validate_run_config(base, case.id)
+
+
+@dataclass
+class Measured:
+    peaks: np.ndarray  # (segments, categories) bytes at each segment's peak
+    width: int  # tokens per row of the micro-batches
+
+
+def segment_peaks(tracker: StepTracker, micro_steps: int) -> np.ndarray:
+    """Category bytes at the peak of each segment, as `profile.LayerFit.peaks` reads a
+    simulated trace (micro-steps past the simulated ones do not count)."""
+    live, segs, micro = tracker.timeline(), tracker.segments(), tracker.micro_steps()
+    total = live.sum(axis=1)
+    out = np.zeros((len(SEGMENTS), len(CATEGORIES)))
+    for k, name in enumerate(SEGMENTS):
+        idx = np.flatnonzero((segs == name) & ((micro <= micro_steps) | (segs == "opt")))
+        if len(idx):
+            out[k] = live[idx[np.argmax(total[idx])]]
+    return out
+
+
+def measure(cfg: RunConfig) -> Measured:
+    """Two steps of `frugal train`'s own code on CPU at the configured precision (a CPU run
+    would otherwise fall back to fp32); the second, the steady state (optimizer state
+    exists), recorded by the tracker."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)  # one process, many precisions
+    as_configured = patch.object(recipe, "choose_precision", lambda w, sharded=False: (w, "as set"))
+    with as_configured:
+        run = recipe.setup(cfg)
+    if run.micro != MICRO or run.accum != cfg.training.effective_batch // MICRO:
+        raise AssertionError(f"the trainer chose micro-batch {run.micro} x {run.accum}")
+    recipe.train_step(run, 0)
+    inp = recipe.step_input(run, 1)
+    widths = {b["input_ids"].shape[1] for b in inp.batches}
+    if widths != {SEQ}:  # the data is laid out so that every row is SEQ wide
+        raise AssertionError(f"rows of {widths} tokens, not {SEQ}")
+    tracker = StepTracker(load_spec(cfg.model).vocab_size)
+    hooks = tracker.watch(run.model, run.optimizer)
+    try:
+        with cuda_kernels(), tracking(tracker):
+            recipe.device_step(run, inp)
+    finally:
+        for h in hooks:
+            h.remove()
+    return Measured(segment_peaks(tracker, min(run.accum, 2)), SEQ)
+
+
+def predicted(cfg: RunConfig) -> np.ndarray:
+    spec = load_spec(cfg.model)
+    job = cfg.job.model_copy(update={"grad_accum": cfg.training.effective_batch // MICRO})
+    return get_profile(spec, job, SEQ).segment_peaks(MICRO, SEQ)
+
+
+def mismatches(real: np.ndarray, sim: np.ndarray) -> Iterator[str]:
+    for k, seg in enumerate(SEGMENTS):
+        if not real[k].any():
+            continue  # a segment this model's step does not have
+        for c, cat in enumerate(CATEGORIES):
+            r, s = real[k, c], sim[k, c]
+            tol = 0.0 if cat in EXACT else TRANSIENT_TOL * max(r, 1.0)
+            if abs(s - r) > tol + 0.5:
+                rel = s / max(r, 1.0) - 1
+                yield f"{seg}/{cat}: trainer {r:,.0f} B, estimate {s:,.0f} B ({rel:+.2%})"
+    r_peak, s_peak = real.sum(axis=1).max(), sim.sum(axis=1).max()
+    if abs(s_peak / r_peak - 1) > TRANSIENT_TOL:
+        yield f"peak: trainer {r_peak:,.0f} B, estimate {s_peak:,.0f} B"
+
+
+def deviations(real: np.ndarray, sim: np.ndarray) -> dict[str, float]:
+    """Largest relative deviation of each category (and of the peak) over the segments."""
+    out = {}
+    live = [k for k in range(len(SEGMENTS)) if real[k].any()]
+    for c, cat in enumerate(CATEGORIES):
+        devs = [abs(sim[k, c] - real[k, c]) / max(real[k, c], 1.0) for k in live]
+        out[cat] = max(devs, default=0.0)
+    out["peak"] = abs(sim.sum(axis=1).max() / real.sum(axis=1).max() - 1)
+    return out
+
+
+def table() -> str:
+    cols = [*CATEGORIES, "peak"]
+    lines = [
+        "| case | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    with tempfile.TemporaryDirectory() as d:
+        work = make_workdir(Path(d))
+        for case in CASES:
+            cfg = make_cfg(case, work, Path(d) / case.id)
+            dev = deviations(measure(cfg).peaks, predicted(cfg))
+            cells = [f"{dev[c]:.2%}" if dev[c] else "0" for c in cols]
+            lines.append(f"| {case.id} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--write", type=Path, help="also write the table to this markdown file")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    body = table()
+    print(body + f"\n({time.perf_counter() - t0:.0f} s)")
+    if args.write:
+        from _docs import write_block  # beside this script
+
+        write_block(args.write, "consistency", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
