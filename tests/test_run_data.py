@@ -319,7 +319,7 @@ def test_unpacked_collate_right_pads(tok: Any, model: Any) -> None:
     exs = some_examples(tok)[:4]
     rows = unpacked(exs)
     batch = collate(rows, tok.pad_token_id, packed=False)
-    assert set(batch) == {"input_ids", "labels", "segment_ids", "attention_mask"}
+    assert set(batch) == {"input_ids", "labels", "segment_ids", "position_ids", "attention_mask"}
     width = max(len(e.input_ids) for e in exs)
     assert batch["input_ids"].shape == (4, width)
     for i, e in enumerate(exs):
@@ -327,6 +327,7 @@ def test_unpacked_collate_right_pads(tok: Any, model: Any) -> None:
         assert batch["input_ids"][i].tolist() == e.input_ids + [tok.pad_token_id] * (width - n)
         assert batch["labels"][i].tolist() == e.labels + [IGNORE] * (width - n)
         assert batch["attention_mask"][i].tolist() == [1] * n + [0] * (width - n)
+        assert batch["position_ids"][i, :n].tolist() == list(range(n))
     total, count = causal_lm_loss(forward(model, batch), batch["labels"])
     sums = [causal_lm_loss(lg[None], lb[None]) for lg, lb in (alone(model, e) for e in exs)]
     assert int(count) == sum(int(c) for _, c in sums)

@@ -3,8 +3,10 @@
 Packed rows (`job.packing`) carry position ids that restart at 0 for each sample and no
 attention mask, so transformers builds a block-diagonal causal mask from them
 (masking_utils.find_packed_sequence_indices) and packed samples never attend to each other.
-Padded rows carry an attention mask instead; when a micro-batch has padding, transformers
-builds the same-sized (b, 1, s, s) boolean mask for SDPA. Either way the loss reads
+Padded rows carry an attention mask as well; when a micro-batch has padding, transformers
+builds the same-sized (b, 1, s, s) boolean mask for SDPA. With a mask, SDPA also gets the
+key/value heads repeated to the query heads (transformers' `repeat_kv`: its GQA path needs
+no mask) and turns the mask into one in the compute dtype per layer. Either way the loss reads
 `labels` (IGNORE where not trained) and `segment_ids` (1, 2, ... per sample, 0 for padding).
 
 `frugal train` collates real rows through `layout`; the estimate feeds the step
@@ -29,10 +31,13 @@ def layout(
     packed: bool,
 ) -> dict[str, torch.Tensor]:
     """One micro-batch's tensors, all (rows, width) int64."""
-    batch = {"input_ids": input_ids, "labels": labels, "segment_ids": segment_ids}
-    if packed:
-        batch["position_ids"] = positions
-    else:
+    batch = {
+        "input_ids": input_ids,
+        "labels": labels,
+        "segment_ids": segment_ids,
+        "position_ids": positions,  # per row, so rotary tables grow with b x s, not s alone
+    }
+    if not packed:
         batch["attention_mask"] = (segment_ids > 0).long()
     return batch
 
