@@ -246,3 +246,44 @@ def test_plans_only_shardings_train_runs() -> None:
         search(spec, make_job(method="qlora"), offers, Constraints(tokens=2e6, methods=("qlora",)))
     lora = search(spec, make_job(method="lora"), offers, Constraints(tokens=2e6, methods=("lora",)))
     assert lora.recommendation.job.sharding == "fsdp"  # LoRA shards: train runs that
+
+
+def test_gpu_counts_that_cannot_share_the_batch_are_rejected(tiny_llama: ModelSpec) -> None:
+    """frugal train needs each GPU to take an equal share of the effective batch."""
+    r = search(
+        tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7, effective_batch=12)
+    )
+    assert {p.gpus for p in r.plans} <= {1, 2, 4}
+    assert any(x.kind == "batch" and "8 GPUs cannot share" in x.why for x in r.rejected)
+
+
+def test_plan_and_train_take_the_same_micro_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rule and one margin: the micro-batch a plan writes for a GPU is the one `frugal
+    train` starts from on that GPU, and the largest `estimate --gpu` accepts at it."""
+    import torch
+
+    from frugal.estimate.core import estimate
+    from frugal.hardware.gpus import find_gpu
+    from frugal.run.build import auto_micro_batch
+    from frugal.run.config import to_run_config
+
+    spec = load_spec("HuggingFaceTB/SmolLM2-360M")
+    k = Constraints(tokens=1e8, effective_batch=24, methods=("full",), optimizers=("adamw",))
+    offers = [o for o in catalog() if o.gpu.name == "L4" and o.gpus == 1]
+    plan = search(spec, make_job(method="full", seq=2048), offers, k).recommendation
+    assert 1 < plan.job.batch < 24 and 24 % plan.job.batch == 0  # the memory decided it
+    cfg = to_run_config(spec.id, plan, k, str(tmp_path / "d.jsonl"), 1e8, 1.0)
+    l4 = find_gpu("L4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (0, int(l4.usable_gib * 2**30)))
+    micro, why = auto_micro_batch(cfg, per_rank=24)
+    assert micro == plan.job.batch and why.startswith("estimator")
+    at = estimate(spec, plan.job, gpu=l4)
+    assert at.fits
+    bigger = min(d for d in range(plan.job.batch + 1, 25) if 24 % d == 0)
+    over = estimate(
+        spec, plan.job.model_copy(update={"batch": bigger, "grad_accum": 24 // bigger}), gpu=l4
+    )
+    assert not over.fits

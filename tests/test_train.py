@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from test_cli import run_error
 
+from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
 from frugal.run import recipe
 from frugal.run.config import RunConfig, apply_overrides, load_run_config, validate_run_config
@@ -610,3 +611,27 @@ def test_launcher_knows_whether_torchrun_can_leave_signals() -> None:
     assert _torchrun_can_leave_signals() == (
         "--signals-to-handle" in Path(torchrun.__file__).read_text()
     )
+
+
+def test_a_pretrained_lora_base_is_loaded_in_the_compute_dtype(tmp_path: Path) -> None:
+    """Weights from a checkpoint go through the estimate's builder too: under bf16-mixed
+    the frozen base is bf16 and the adapters fp32 (before, the base was loaded in fp32)."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from frugal.run.build import load_model
+
+    ckpt = tmp_path / "ckpt"
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(ckpt)
+    for f in TINY.iterdir():
+        if f.name != "config.json":
+            shutil.copy(f, ckpt / f.name)
+    cfg = make_cfg(tmp_path / "out", f"model={ckpt}", "init=pretrained")
+    model, _ = load_model(cfg, "bf16-mixed")
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    trainable = {p.dtype for p in model.parameters() if p.requires_grad}
+    assert frozen == {torch.bfloat16} and trainable == {torch.float32}
+    with pytest.raises(FrugalError, match=r"no weights for .* offline"):
+        load_model(make_cfg(tmp_path / "o2", f"tokenizer={TINY}", "init=pretrained",
+                            f"model={tmp_path / 'missing'}"), "fp32")  # fmt: skip

@@ -48,15 +48,21 @@ def load_model(cfg: RunConfig, precision: str, empty: bool = False) -> tuple[Any
     )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    config = load_spec(cfg.model).config
     weights = "empty" if empty else cfg.init
+    no_weights = FrugalError(
+        f"no weights for {cfg.model} offline: give a local model directory with "
+        "weights, or init=random to train from random weights"
+    )
     try:
+        if weights == "pretrained":  # the checkpoint's own config, from local files only
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(cfg.model, local_files_only=True).to_dict()
+        else:
+            config = load_spec(cfg.model).config
         model = build_model(config, job, weights, path=cfg.model)
     except OSError:
-        raise FrugalError(
-            f"no weights for {cfg.model} offline: give a local model directory with "
-            "weights, or init=random to train from random weights"
-        ) from None
+        raise no_weights from None
     except ValueError as e:
         if job.method == "full" or "target modules" not in str(e).lower():
             raise

@@ -103,34 +103,33 @@ def build_model(
     base_dtype, trainable_dtype = weight_dtypes(job)
     cfg = hf_config(config, job, n_layers)
     qlora = job.method == "qlora"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if weights == "pretrained":
-            from frugal.step.qlora import bnb_config
+    if weights == "pretrained":
+        from frugal.step.qlora import bnb_config
 
-            if path is None:
-                raise ValueError("weights='pretrained' needs the checkpoint's path")
-            extra: dict[str, Any] = {"attn_implementation": cfg._attn_implementation}
-            if is_moe_config(config):
-                extra["experts_implementation"] = cfg._experts_implementation
-            if qlora:
-                extra["quantization_config"] = bnb_config(compute_dtype(job))
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=base_dtype, local_files_only=True, **extra
-            )
+        if path is None:
+            raise ValueError("weights='pretrained' needs the checkpoint's path")
+        extra: dict[str, Any] = {"attn_implementation": cfg._attn_implementation}
+        if is_moe_config(config):
+            extra["experts_implementation"] = cfg._experts_implementation
+        if qlora:
+            extra["quantization_config"] = bnb_config(compute_dtype(job))
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=base_dtype, local_files_only=True, **extra
+        )
+    else:
+        if weights == "meta":
+            where: Any = torch.device("meta")
+        elif weights == "empty":
+            from accelerate import init_empty_weights
+
+            where = init_empty_weights()  # weights on meta, buffers real
         else:
-            if weights == "meta":
-                where: Any = torch.device("meta")
-            elif weights == "empty":
-                from accelerate import init_empty_weights
-
-                where = init_empty_weights()  # weights on meta, buffers real
-            else:
-                where = contextlib.nullcontext()
-            with where:
-                model = AutoModelForCausalLM.from_config(cfg, dtype=base_dtype)
-            if weights == "empty":
-                model.tie_weights()  # the meta patch unties them; the main process's are tied
+            where = contextlib.nullcontext()
+        with where, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # init warnings of weights nobody reads
+            model = AutoModelForCausalLM.from_config(cfg, dtype=base_dtype)
+        if weights == "empty":
+            model.tie_weights()  # the meta patch unties them; the main process's are tied
     if qlora and weights != "pretrained":
         if weights == "meta":
             from frugal.step.qlora import quantize_standins
