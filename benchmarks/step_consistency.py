@@ -96,7 +96,6 @@ LLAMA31_8B = scaled_down(
     num_key_value_heads=1,
     num_hidden_layers=4,
     vocab_size=200,
-    max_position_embeddings=512,
 )
 MODELS = {"llama": LLAMA, "moe": MOE, "gemma": GEMMA, "llama31-8b": LLAMA31_8B}
 

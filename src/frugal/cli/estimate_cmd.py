@@ -120,8 +120,9 @@ def render(d: dict[str, Any]) -> None:
     par = f" · {j['gpus']} GPUs {j['sharding']}" if j["gpus"] > 1 else ""
     c.print(
         f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']} · "
-        f"batch {j['batch']} x seq {j['seq']} · checkpointing "
-        f"{'on' if j['grad_checkpointing'] else 'off'} · {j['attention']}{par}"
+        f"batch {j['batch']} x seq {j['seq']} {'packed' if j['packing'] else 'padded'} · "
+        f"checkpointing {'on' if j['grad_checkpointing'] else 'off'} · {j['attention']}"
+        f"{' · ' + j['loss'] if j['loss'] != 'ce' else ''}{par}"
     )
     share = d["trainable_params"] / d["total_params"] if d["total_params"] else 0
     c.print(
