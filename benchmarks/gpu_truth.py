@@ -197,7 +197,7 @@ def environment() -> dict[str, Any]:
     import torch
 
     env: dict[str, Any] = {"date": date.today().isoformat(), "python": platform.python_version()}
-    for pkg in ("frugal", "torch", "transformers", "peft", "accelerate", "bitsandbytes"):
+    for pkg in ("frugal-ft", "torch", "transformers", "peft", "accelerate", "bitsandbytes"):
         try:
             env[pkg] = version(pkg)
         except PackageNotFoundError:

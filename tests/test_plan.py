@@ -138,10 +138,18 @@ def test_run_config_rejects_unknown_keys(tmp_path: Path) -> None:
         load_run_config(p)
 
 
-def test_cli_emit_hf(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
+def test_cli_emit_hf(
+    capsys: pytest.CaptureFixture[str],
+    tiny_llama_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
     rc = main(["plan", str(tiny_llama_dir), "--tokens", "1M", "--seq", "128", "--emit", "hf"])
     out = capsys.readouterr().out
-    assert rc == 0 and "TrainingArguments(" in out and "LoraConfig(" in out
+    assert rc == 0 and "wrote train_hf.py (run it with: python train_hf.py)" in out
+    script = (tmp_path / "train_hf.py").read_text()
+    assert "TrainingArguments(" in script and "LoraConfig(" in script
 
 
 def test_cli_dataset_tokens(

@@ -70,8 +70,12 @@ def plan(
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
     kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for --local, $/kWh."),
     write: str | None = typer.Option(None, help="Write the run config for `frugal train`."),
-    emit: str | None = typer.Option(None, help="hf (print trainer arguments) or skypilot."),
-    emit_file: str = typer.Option("sky.yaml", help="Where --emit skypilot writes its task."),
+    emit: str | None = typer.Option(
+        None, help="hf (a transformers Trainer script) or skypilot (a task YAML)."
+    ),
+    emit_file: str | None = typer.Option(
+        None, help="Where --emit writes [default: train_hf.py for hf, sky.yaml for skypilot]."
+    ),
     plot: str | None = typer.Option(
         None, help="Chart cost vs time: FILE.png/.svg/.pdf (matplotlib) or FILE.html."
     ),
@@ -161,17 +165,24 @@ def plan(
         "feasible_plans": len(result.plans),
         "notes": result.notes,
     }
+    from frugal.run.config import to_run_config
+
+    run_cfg = to_run_config(spec.id, rec, k, dataset, per_epoch, epochs)
     if write:
-        from frugal.run.config import to_run_config
-
-        to_run_config(spec.id, rec, k, dataset, per_epoch, epochs).write(write)
+        run_cfg.write(write)
         out["wrote"] = write
-    if emit == "skypilot":
-        from frugal.plan.emit import skypilot_task
+    if emit:
+        from frugal.files import write_text_atomic
+        from frugal.plan.emit import hf_script, skypilot_task
 
-        with open(emit_file, "w") as f:
-            f.write(skypilot_task(rec, write or "frugal.yaml"))
-        out["wrote_skypilot"] = emit_file
+        path = emit_file or {"hf": "train_hf.py", "skypilot": "sky.yaml"}[emit]
+        text = (
+            hf_script(run_cfg, rec.speed.step_time_s)
+            if emit == "hf"
+            else skypilot_task(rec, write or "frugal.yaml")
+        )
+        write_text_atomic(path, text)
+        out[f"wrote_{emit}"] = path
     if plot:
         from frugal.plan.plot import write_plot
 
@@ -181,10 +192,6 @@ def plan(
         print(json.dumps(out))
     else:
         render(out)
-    if emit == "hf":
-        from frugal.plan.emit import hf_arguments
-
-        print(hf_arguments(spec.id, rec))
 
 
 def render(out: dict[str, Any]) -> None:
@@ -248,3 +255,5 @@ def render(out: dict[str, Any]) -> None:
         con.print(
             f"wrote {out['wrote_skypilot']} (launch with: sky jobs launch {out['wrote_skypilot']})"
         )
+    if out.get("wrote_hf"):
+        con.print(f"wrote {out['wrote_hf']} (run it with: python {out['wrote_hf']})")

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from frugal import DISTRIBUTION
 from frugal.estimate.profile import LayerFit, Profile
 from frugal.step.job import installed_version
 
@@ -49,9 +50,8 @@ def code_digest() -> str:
 
 
 def _versions() -> dict[str, str]:
-    out = {
-        pkg: installed_version(pkg) or "?" for pkg in ("frugal", "torch", "transformers", "peft")
-    }
+    pkgs = (DISTRIBUTION, "torch", "transformers", "peft")
+    out = {pkg: installed_version(pkg) or "?" for pkg in pkgs}
     out["code"] = code_digest()
     return out
 

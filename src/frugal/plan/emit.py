@@ -1,4 +1,9 @@
-"""A plan in other tools' terms: transformers/PEFT/bitsandbytes arguments, a SkyPilot task."""
+"""A plan in other tools' terms: a transformers/PEFT/bitsandbytes script, a SkyPilot task.
+
+Both read the run config the plan writes (`run.config.to_run_config`), so the script trains
+with the same hyperparameters and schedule as `frugal train` would, and the task runs
+`frugal train` on that config.
+"""
 
 from __future__ import annotations
 
@@ -7,60 +12,136 @@ from typing import Any
 import yaml
 
 from frugal.hardware.offers import SKY_GPU
+from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
+
+HF_OPTIM = {
+    "adamw": "adamw_torch_fused",
+    "adamw-8bit": "adamw_bnb_8bit",
+    "paged-adamw-8bit": "paged_adamw_8bit",
+    "sgd": "sgd",
+    "adafactor": "adafactor",
+}
+HF_SCHEDULE = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
 
-def hf_arguments(model: str, plan: Any) -> str:
-    """Python that builds the same run with transformers, PEFT and bitsandbytes."""
-    j = plan.job
-    bf16 = j.precision.startswith("bf16")
-    optim = {
-        "adamw": "adamw_torch_fused",
-        "adamw-8bit": "adamw_bnb_8bit",
-        "paged-adamw-8bit": "paged_adamw_8bit",
-        "sgd": "sgd",
-        "adafactor": "adafactor",
-    }[j.optimizer]
+def needs_bitsandbytes(job: Any) -> bool:
+    return bool(job.method == "qlora" or job.optimizer.endswith("8bit"))
+
+
+def save_steps(cfg: Any, step_time_s: float) -> int:
+    """The plan's checkpoint interval in optimizer steps."""
+    minutes = (cfg.plan.checkpoint_interval_min if cfg.plan else None) or DEFAULT_CHECKPOINT_MIN
+    return max(1, round(minutes * 60 / max(step_time_s, 1e-9)))
+
+
+def hf_script(cfg: Any, step_time_s: float) -> str:
+    """A Python script that trains the plan's job with transformers' Trainer, PEFT and
+    bitsandbytes: the run config's model, data, hyperparameters, schedule and checkpoint
+    cadence. Module level only builds the configs; `python SCRIPT` trains."""
+    from frugal.models.specs import load_spec
+    from frugal.step.model import attention_kernel, weight_dtypes
+
+    j, t = cfg.job, cfg.training
+    base_dtype, _ = weight_dtypes(j)
+    dtype = str(base_dtype).removeprefix("torch.")
+    compute = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[j.compute_dtype]
+    attention = attention_kernel(load_spec(cfg.model).config, j)
+    every = save_steps(cfg, step_time_s)
+    minutes = (cfg.plan.checkpoint_interval_min if cfg.plan else None) or DEFAULT_CHECKPOINT_MIN
     lines = [
-        "# transformers / peft / bitsandbytes equivalent of this plan",
-        "from transformers import TrainingArguments",
+        "# transformers + peft + bitsandbytes equivalent of this frugal plan: python THIS_FILE",
+        f"# launch on {j.gpus} GPUs with: accelerate launch --num_processes {j.gpus} THIS_FILE"
+        if j.gpus > 1
+        else "# one GPU",
+        "import torch",
+        "from datasets import load_dataset",
+        "from transformers import (AutoModelForCausalLM, AutoTokenizer, "
+        "DataCollatorForLanguageModeling,",
+        "                          Trainer, TrainingArguments)",
+        "",
+        f"MODEL = {cfg.model!r}",
+        f"DATA = {cfg.data.path or 'train.jsonl'!r}  # JSONL rows: text, prompt/completion "
+        "or messages",
+        f"SEQ = {j.seq}",
     ]
-    if j.method != "full":
-        lines.append("from peft import LoraConfig")
     if j.method == "qlora":
         lines += [
             "from transformers import BitsAndBytesConfig",
-            "import torch",
+            "",
             "quantization_config = BitsAndBytesConfig(",
             "    load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True,",
-            f"    bnb_4bit_compute_dtype=torch.{'bfloat16' if bf16 else 'float16'})",
+            f"    bnb_4bit_compute_dtype=torch.{compute}, llm_int8_skip_modules=['lm_head'])",
         ]
+    else:
+        lines.append("quantization_config = None")
     if j.method != "full":
-        targets = j.target_modules
-        lines.append(
+        lines += [
+            "from peft import LoraConfig, get_peft_model",
+            "",
             f"lora_config = LoraConfig(r={j.lora_r}, lora_alpha={j.alpha}, "
-            f"lora_dropout={j.lora_dropout}, target_modules={targets!r}, task_type='CAUSAL_LM')"
-        )
+            f"lora_dropout={j.lora_dropout}, target_modules={j.target_modules!r}, "
+            "task_type='CAUSAL_LM')",
+        ]
+    fsdp = "\n    fsdp='full_shard auto_wrap'," if j.gpus > 1 and j.sharding == "fsdp" else ""
     lines += [
         "args = TrainingArguments(",
-        "    output_dir='runs/frugal',",
+        "    output_dir='runs/hf',",
         f"    per_device_train_batch_size={j.batch},",
         f"    gradient_accumulation_steps={j.grad_accum},",
+        f"    num_train_epochs={cfg.data.epochs},",
+        f"    learning_rate={t.learning_rate}, lr_scheduler_type={HF_SCHEDULE[t.schedule]!r}, "
+        f"warmup_steps={t.warmup_ratio},  # below 1: a share of the steps",
+        f"    weight_decay={t.weight_decay}, max_grad_norm={t.max_grad_norm}, "
+        f"optim={HF_OPTIM[j.optimizer]!r}, seed={t.seed},",
+        f"    bf16={j.precision.startswith('bf16')}, fp16={j.precision == 'fp16-mixed'},",
         f"    gradient_checkpointing={j.grad_checkpointing},",
-        f"    bf16={bf16}, fp16={j.precision == 'fp16-mixed'},",
-        f"    optim='{optim}',",
-        "    learning_rate=2e-4, lr_scheduler_type='cosine', warmup_ratio=0.03,",
-        f"    save_steps=...,  # every {plan.checkpoint_interval_min or 60:.0f} min of steps",
+        "    gradient_checkpointing_kwargs={'use_reentrant': False},",
+        f"    save_steps={every},  # every {minutes:.0f} min at the plan's {step_time_s:.2f} s "
+        "per step",
+        f"    save_total_limit={t.keep_checkpoints}, logging_steps={t.log_every}, "
+        f"report_to='none',{fsdp}",
+        "    use_cpu=not torch.cuda.is_available(),",
         ")",
-        f"# model: {model}; sequences of {j.seq} tokens; {j.gpus} GPU(s)"
-        + (
-            f" with {j.sharding} (accelerate launch --num_processes {j.gpus})" if j.gpus > 1 else ""
-        ),
+        "",
+        "",
+        "def text_of(row, tok):",
+        "    if row.get('messages'):",
+        "        return tok.apply_chat_template(row['messages'], tokenize=False)",
+        "    if row.get('prompt') is not None or row.get('completion') is not None:",
+        "        return (row.get('prompt') or '') + (row.get('completion') or '') + tok.eos_token",
+        "    return row['text'] + tok.eos_token",
+        "",
+        "",
+        "def main():",
+        "    tok = AutoTokenizer.from_pretrained(MODEL)",
+        "    if tok.pad_token is None:",
+        "        tok.pad_token = tok.eos_token",
+        "    model = AutoModelForCausalLM.from_pretrained(",
+        f"        MODEL, dtype=torch.{dtype}, attn_implementation={attention!r},",
+        "        quantization_config=quantization_config)",
+        "    model.config.use_cache = False",
     ]
-    return "\n".join(lines)
+    if j.method != "full":
+        lines.append("    model = get_peft_model(model, lora_config)")
+        if j.grad_checkpointing:
+            lines.append("    model.enable_input_require_grads()")
+    lines += [
+        "    data = load_dataset('json', data_files=DATA)['train']",
+        "    data = data.map(lambda row: tok(text_of(row, tok), truncation=True, max_length=SEQ),",
+        "                    remove_columns=data.column_names)",
+        "    collator = DataCollatorForLanguageModeling(tok, mlm=False)",
+        "    Trainer(model=model, args=args, train_dataset=data, data_collator=collator).train()",
+        "",
+        "",
+        "if __name__ == '__main__':",
+        "    main()",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def skypilot_task(plan: Any, run_config: str) -> str:
-    """A SkyPilot task YAML: resources, spot with job recovery, a checkpoint bucket mount."""
+    """A SkyPilot task YAML: resources, spot with job recovery, a checkpoint bucket mount,
+    and frugal installed from the synced working directory with the extras the plan needs."""
     o = plan.offer
     resources: dict[str, Any] = {
         "accelerators": f"{SKY_GPU.get(o.gpu.name, o.gpu.name)}:{o.gpus}",
@@ -72,13 +153,14 @@ def skypilot_task(plan: Any, run_config: str) -> str:
         resources["region"] = o.region
     if plan.spot:
         resources["job_recovery"] = {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
+    package = ".[train]" if needs_bitsandbytes(plan.job) else "."
     task: dict[str, Any] = {
         "name": "frugal-train",
         "resources": resources,
         "num_nodes": plan.nodes,
         "file_mounts": {"/checkpoints": {"name": "frugal-checkpoints", "mode": "MOUNT"}},
-        "workdir": ".",
-        "setup": "pip install 'frugal[train]'",
+        "workdir": ".",  # this checkout of frugal, with the run config, synced to the VM
+        "setup": f"pip install '{package}'",
         "run": f"frugal train {run_config} output_dir=/checkpoints --resume auto",
     }
     return "# SkyPilot task written by frugal plan\n" + yaml.safe_dump(task, sort_keys=False)

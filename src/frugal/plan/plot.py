@@ -51,7 +51,9 @@ def pyplot(path: str) -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise FrugalError(f"--plot {path} needs matplotlib: pip install 'frugal[plot]'") from None
+        raise FrugalError(
+            f"--plot {path} needs matplotlib: pip install 'frugal-ft[plot]'"
+        ) from None
     return plt
 
 

@@ -185,7 +185,7 @@ def refuse_unsupported(cfg: RunConfig) -> None:
     if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:
         raise FrugalError(
             f"job.method={job.method} with job.optimizer={job.optimizer} needs bitsandbytes, "
-            "which is not installed: pip install 'bitsandbytes>=0.48'"
+            "which is not installed: pip install 'frugal-ft[train]' (bitsandbytes)"
         )
 
     for name in ("mlflow", "wandb"):

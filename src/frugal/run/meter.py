@@ -66,13 +66,10 @@ class Sinks:
         self.mlflow: Any = None
         self.wandb: Any = None
         self.notes: list[str] = []
-        if "tensorboard" in names:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+        if "tensorboard" in names:  # a dependency of frugal: always installed
+            from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(out / "tensorboard"))
-            except ImportError:
-                self.notes.append("tensorboard is not installed: metrics go to metrics.jsonl")
+            self.tb = SummaryWriter(str(out / "tensorboard"))
         ids_file = out / "trackers.json"
         ids = json.loads(ids_file.read_text()) if resume and ids_file.exists() else {}
         if "mlflow" in names:

@@ -34,6 +34,7 @@ import torch
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
+from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.run import checkpoint as ckpt
 from frugal.run.build import (
     auto_micro_batch,
@@ -55,7 +56,6 @@ warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", categ
 # the distributed checkpoint API says so each time it runs in one process: that is intended
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 clock = time.monotonic  # step times, checkpoint times and dollars all read this clock
-DEFAULT_SAVE_MIN = 30.0
 
 
 @dataclass
@@ -529,7 +529,7 @@ def _loop(
     diag = Diagnostics(t.learning_rate, run.precision, t.max_grad_norm)
     if book["diagnostics"] is not None:  # resumed: the windows carry on
         diag.load_state_dict(book["diagnostics"])
-    save_every_s = 60 * (t.save_every_min or _plan_interval(cfg) or DEFAULT_SAVE_MIN)
+    save_every_s = 60 * (t.save_every_min or _plan_interval(cfg) or DEFAULT_CHECKPOINT_MIN)
     expected_s = _expected_step_s(run)
     # a clean stop writes a checkpoint and the final weights: guess their time from the bytes
     # until a checkpoint has been timed (1 GB/s disk, 20 ms of fixed cost)

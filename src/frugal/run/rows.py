@@ -47,10 +47,8 @@ def read_rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
             for i, row in enumerate(csv.DictReader(f), 2):
                 yield f"{path}:{i}", row
     elif suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise FrugalError("reading parquet needs pyarrow: pip install pyarrow") from None
+        import pyarrow.parquet as pq
+
         for i, row in enumerate(pq.read_table(p).to_pylist(), 1):
             yield f"{path}: row {i}", row
     else:
