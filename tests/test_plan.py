@@ -182,6 +182,8 @@ def test_cli_dataset_tokens(
         (["--tokens", "1M", "--methods", "lora,dora"], "--method"),
         (["--tokens", "1M", "--providers", "amazon"], "closest"),
         (["--tokens", "1M", "--deadline", "-1"], "--deadline"),
+        (["--tokens", "1M", "--deadline", "24x"], "--deadline '24x' is not a duration"),
+        (["--tokens", "1M", "--spot-mtbi-hours", "soon"], "--spot-mtbi-hours"),
         (["--tokens", "1M", "--seq", "128", "--deadline", "0.0001"], "--deadline"),
     ],
 )
@@ -295,3 +297,17 @@ def test_plan_and_train_take_the_same_micro_batch(
         spec, plan.job.model_copy(update={"batch": bigger, "grad_accum": 24 // bigger}), gpu=l4
     )
     assert not over.fits
+
+
+def test_durations_are_written_as_people_write_them(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
+) -> None:
+    def feasible(*deadline: str) -> int:
+        out = run_json(capsys, "plan", str(tiny_llama_dir), "--tokens", "20M", "--seq", "128",
+                       *(("--deadline", *deadline) if deadline else ()), "--json")  # fmt: skip
+        return int(out["feasible_plans"])
+
+    # the same limit however it is written, and a plain number still means hours
+    limit = {feasible(t) for t in ("0.85", "0.85h", "51m", "0h51m", "3060s")}
+    assert len(limit) == 1 and limit.pop() < feasible()
+    assert feasible("2d") == feasible("48")

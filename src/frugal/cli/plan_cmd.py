@@ -33,6 +33,16 @@ def _parse_tokens(s: str) -> float:
     return v
 
 
+def _hours(flag: str, value: str | None) -> float | None:
+    from frugal.durations import parse_duration
+    from frugal.errors import FrugalError
+
+    try:
+        return None if value is None else parse_duration(value, "h")
+    except ValueError as e:
+        raise FrugalError(f"{flag} {e}") from None
+
+
 def plan(
     model: str = typer.Argument(..., help="Bundled hub id, local dir or config.json, or hub id."),
     tokens: str | None = typer.Option(None, help="Training tokens per epoch, e.g. 20M."),
@@ -52,14 +62,18 @@ def plan(
     packing: bool = typer.Option(True, help=field_help("packing")),
     loss: str = typer.Option("ce", help=field_help("loss")),
     budget: float | None = typer.Option(None, help="Most you will spend, USD."),
-    deadline: float | None = typer.Option(None, help="Hours until the run must be done."),
+    deadline: str | None = typer.Option(
+        None, help="Time until the run must be done: 24h, 90m, 2d, 1h30m (a number is hours)."
+    ),
     max_gpus: int = typer.Option(64, help="Most GPUs in one run."),
     providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
     spot: bool | None = typer.Option(
         None, "--spot/--no-spot", help="Only spot, or never spot [default: both]."
     ),
-    spot_mtbi_hours: float | None = typer.Option(
-        None, help="Mean hours between spot interruptions (overrides the offers' buckets)."
+    spot_mtbi_hours: str | None = typer.Option(
+        None,
+        help="Mean time between spot interruptions, e.g. 12h or 3d (a number is hours; "
+        "overrides the offers' buckets).",
     ),
     optimize: str = typer.Option("cost", help="Objective: cost or time."),
     margin: float = typer.Option(MARGIN, help="Share of usable GPU memory kept free."),
@@ -100,13 +114,10 @@ def plan(
         from frugal.plan.plot import check_plot_path
 
         check_plot_path(plot)
-    for name, v in (
-        ("--budget", budget),
-        ("--deadline", deadline),
-        ("--spot-mtbi-hours", spot_mtbi_hours),
-    ):
-        if v is not None and v <= 0:
-            raise FrugalError(f"{name} must be positive")
+    if budget is not None and budget <= 0:
+        raise FrugalError("--budget must be positive")
+    deadline_h = _hours("--deadline", deadline)
+    mtbi_h = _hours("--spot-mtbi-hours", spot_mtbi_hours)
     if not 0 <= margin < 0.5:
         raise FrugalError("--margin is a share of GPU memory in [0, 0.5), e.g. 0.05")
     if effective_batch < 1 or max_gpus < 1:
@@ -143,13 +154,13 @@ def plan(
         tokens=per_epoch * epochs,
         effective_batch=effective_batch,
         budget_usd=budget,
-        deadline_h=deadline,
+        deadline_h=deadline_h,
         max_gpus=max_gpus,
         spot="auto" if spot is None else ("only" if spot else "never"),
         methods=method_list,
         optimizers=opt_list,
         margin=margin,
-        mtbi_h=spot_mtbi_hours,
+        mtbi_h=mtbi_h,
         objective=optimize,  # type: ignore[arg-type]
     )
     offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers)

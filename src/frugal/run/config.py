@@ -6,12 +6,21 @@ and `key=value` overrides (dotted paths, YAML values) apply before validation.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from frugal.errors import FrugalError, closest
 from frugal.step.job import TrainJob
+
+
+def _minutes(value: Any) -> Any:
+    from frugal.durations import parse_duration
+
+    return value if value is None else parse_duration(value, "min")
+
+
+Minutes = Annotated[float | None, BeforeValidator(_minutes)]  # 90, "90m", "1h30m", "2h"
 
 
 class Strict(BaseModel):
@@ -46,13 +55,17 @@ class TrainingConfig(Strict):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping (0: off)")
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps")
-    max_time_min: float | None = Field(None, gt=0, description="stop after this many minutes")
+    max_time_min: Minutes = Field(
+        None, description="stop after this long: minutes, or a duration such as 2h or 1h30m"
+    )
     eval_every: int = Field(50, ge=0, description="evaluate every N steps (0: at the end)")
     early_stopping_patience: int | None = Field(
         None, ge=1, description="stop after N evaluations without improvement"
     )
-    save_every_min: float | None = Field(
-        None, gt=0, description="checkpoint interval (default: the plan's Young/Daly interval)"
+    save_every_min: Minutes = Field(
+        None,
+        description="checkpoint interval: minutes, or a duration such as 1h (default: the "
+        "plan's Young/Daly interval)",
     )
     keep_checkpoints: int = Field(
         2, ge=1, description="newest checkpoints kept (best/ holds the best weights)"
