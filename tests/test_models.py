@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -168,7 +175,7 @@ def test_unknown_offline_id_lists_closest(no_hub: list[str]) -> None:
     msg = _error("meta-llama/Llama-3.1-9B")
     assert no_hub == ["meta-llama/Llama-3.1-9B"]
     assert "unknown model 'meta-llama/Llama-3.1-9B'" in msg
-    assert "hub is not reachable" in msg
+    assert "not in the hub cache, and offline" in msg  # the tests run with HF_HUB_OFFLINE=1
     hint = msg.split("closest bundled: ", 1)[1]
     names = [n.strip() for n in hint.split(",")]
     assert "meta-llama/Llama-3.1-8B" in names
@@ -180,3 +187,65 @@ def test_unknown_short_name_is_not_looked_up_on_hub(no_hub: list[str]) -> None:
     msg = _error("mistral-7b")
     assert no_hub == []  # no org/name: not a hub id
     assert "mistralai/Mistral-7B-v0.1" in msg
+
+
+# -- unknown hub ids: one line, at once, no retries -------------------------------------------
+
+
+def _frugal(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_ENDPOINT")}
+    start = time.perf_counter()
+    run = subprocess.run(
+        [sys.executable, "-m", "frugal.cli.main", *args],
+        capture_output=True, text=True, timeout=60, env={**base, **env},
+    )  # fmt: skip
+    return run, time.perf_counter() - start
+
+
+@pytest.fixture
+def silent_hub() -> Iterator[tuple[str, list[int]]]:
+    """A loopback 'hub' that accepts connections and never answers (a black-holed
+    network), counting the connections; no real network is touched."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[int] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        held = []
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(1)
+            held.append(conn)  # never answered
+        for c in held:
+            c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", accepted
+    stop.set()
+    t.join()
+    server.close()
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_an_unknown_id_fails_at_once_offline(how: str, silent_hub: tuple[str, list[int]]) -> None:
+    endpoint, accepted = silent_hub
+    args = ("--offline",) if how == "flag" else ()
+    env = {"HF_HUB_OFFLINE": "1"} if how == "env" else {}
+    run, took = _frugal(*args, "estimate", "meta-llama/Llama-3.1-8x", HF_ENDPOINT=endpoint, **env)
+    assert run.returncode == 2 and took < 2.0, (took, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "offline" in lines[0] and "meta-llama/Llama-3.1-8B" in lines[0]
+    assert accepted == []  # never asked the hub
+
+
+def test_an_unknown_id_online_costs_one_short_probe(silent_hub: tuple[str, list[int]]) -> None:
+    endpoint, accepted = silent_hub
+    run, took = _frugal("estimate", "meta-llama/Llama-3.1-8x", HF_ENDPOINT=endpoint)
+    assert run.returncode == 2 and took < specs.PROBE_S + 2.0, (took, run.stderr)
+    assert len(run.stderr.strip().splitlines()) == 1 and "Retry" not in run.stderr
+    assert accepted == [1]  # one probe, no retries

@@ -47,9 +47,16 @@ def _click_exceptions() -> Any:
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+    offline: bool = typer.Option(
+        False,
+        "--offline",
+        help="Never use the network (as HF_HUB_OFFLINE=1): hub ids from the cache only.",
+    ),
 ) -> None:
     global _DEBUG
     _DEBUG = debug
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def main(argv: list[str] | None = None) -> int:

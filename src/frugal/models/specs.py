@@ -7,6 +7,7 @@ Only `config.json` is ever read: no weights, no tokenizer. Bundled configs live 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -160,17 +161,40 @@ def _load_json_file(path: Path) -> dict[str, Any]:
     return data
 
 
+PROBE_S = 1.0  # the one look at the hub: a model id that is not there fails in under 2 s
+
+
+def offline() -> bool:
+    """Whether to stay off the network: `frugal --offline` or HF_HUB_OFFLINE."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
 def _from_hub(model_id: str) -> dict[str, Any] | None:
-    """config.json from the hub (cached by huggingface_hub), or None when not reachable."""
+    """config.json of a hub model: from the local hub cache, else (when online) after one
+    short probe of the hub, so that a typo or a closed network fails at once instead of
+    after huggingface_hub's retries. None when it cannot be had."""
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
     except ImportError:
         return None
+    cached = try_to_load_from_cache(model_id, "config.json")  # the file system only
+    if isinstance(cached, str):
+        return _load_json_file(Path(cached))
+    if offline():
+        return None
+    import urllib.error
+    import urllib.request
+
+    url = f"{constants.ENDPOINT}/{model_id}/resolve/main/config.json"
+    try:  # plain urllib: one request, no retries (huggingface_hub's session retries)
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=PROBE_S):
+            pass
+    except (urllib.error.URLError, OSError, ValueError):  # absent, gated, no network, slow
+        return None
     try:
-        path = hf_hub_download(model_id, "config.json")
+        return _load_json_file(Path(hf_hub_download(model_id, "config.json")))
     except Exception:
         return None
-    return _load_json_file(Path(path))
 
 
 def load_spec(name: str) -> ModelSpec:
@@ -202,6 +226,7 @@ def load_spec(name: str) -> ModelSpec:
     hint = closest(name, index)
     tail = f"; closest bundled: {', '.join(hint)}" if hint else "; see `frugal models`"
     raise FrugalError(
-        f"unknown model {name!r} (not bundled, not a local path, and the hub is not reachable)"
+        f"unknown model {name!r} (not bundled, not a local path, not in the hub cache"
+        f"{', and offline' if offline() else ', and not on the hub or the hub not reachable'})"
         f"{tail}"
     )
