@@ -114,3 +114,24 @@ def test_plan_counts_the_same_tokens(capsys: pytest.CaptureFixture[str], mixed: 
     assert p["tokens"] == d["tokens"]
     note = next(n for n in p["notes"] if n.startswith(mixed))
     assert f"{d['rows']:,} rows, {d['tokens']:,} tokens" in note and "tokenizer" in note
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "needle"),
+    [
+        ("bin.jsonl", b'{"text": "ok"}\n\xff\xfe\n',
+         ":2: not UTF-8 text (byte 15 of the file is 0xff): save it as UTF-8 JSON lines"),
+        ("list.jsonl", b"[1, 2]\n", ":1: a JSON list where a row object belongs"),
+        ("cut.jsonl", b'{"text": "ok"}\n{"text": "o', ":2: not JSON (Unterminated string"),
+        ("nul.csv", b"text\na\x00b\n", ":2: a NUL byte (byte 6 of the file): not a text file"),
+        ("latin.csv", b"text\ncaf\xe9\n", ":2: not UTF-8 text (byte 8 of the file is 0xe9)"),
+        ("fake.parquet", b"PAR1 not really", ": not a readable Parquet file (Could not open"),
+    ],
+)  # fmt: skip
+def test_unreadable_files_get_one_line_with_the_place_and_the_fix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, content: bytes, needle: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    msg = run_error(capsys, "data", "check", str(path), "--model", TINY)
+    assert msg.startswith(f"error: {path}") and needle in msg and "\n" not in msg.strip(), msg

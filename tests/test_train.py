@@ -161,6 +161,10 @@ def test_kill_9_during_checkpoint_write_resumes_from_previous(tmp_path: Path) ->
     assert names == [".tmp-step-00000003", "step-00000001", "step-00000002"]
     s = recipe.train(make_cfg(b, *over), quiet=True)
     assert "resumed from step-00000002 (step 2)" in s["notes"]
+    assert (
+        "skipped checkpoint step-00000003 was still being written when the run stopped"
+        in (s["notes"])
+    )
     assert s["outcome"] == "completed"
     assert not (b / "checkpoints" / ".tmp-step-00000003").exists()
     assert_same_weights(a, b)
@@ -635,3 +639,18 @@ def test_a_pretrained_lora_base_is_loaded_in_the_compute_dtype(tmp_path: Path) -
     with pytest.raises(FrugalError, match=r"no weights for .* offline"):
         load_model(make_cfg(tmp_path / "o2", f"tokenizer={TINY}", "init=pretrained",
                             f"model={tmp_path / 'missing'}"), "fp32")  # fmt: skip
+
+
+def test_a_truncated_checkpoint_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    over = ("training.save_every_min=1e-6", "training.max_steps=3", "training.keep_checkpoints=5")
+    out = tmp_path / "run"
+    recipe.train(make_cfg(out, *over), quiet=True)
+    newest = out / "checkpoints" / "step-00000003" / "scheduler.pt"
+    size = newest.stat().st_size
+    newest.write_bytes(newest.read_bytes()[: size // 2])  # a copy cut short
+    s = recipe.train(make_cfg(out, *over), quiet=True)
+    assert "resumed from step-00000002 (step 2)" in s["notes"]
+    assert (
+        f"skipped checkpoint step-00000003: scheduler.pt has {size // 2:,} bytes where "
+        f"{size:,} were written (truncated or changed)"
+    ) in s["notes"]

@@ -187,12 +187,44 @@ def swap_in(tmp: Path, final: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def is_complete(path: Path) -> bool:
+def incomplete_reason(path: Path) -> str | None:
+    """Why `path` is not a checkpoint to resume from, or None when it is one."""
     try:
         marker = json.loads((path / MARKER).read_text())
-        return all((path / n).stat().st_size == size for n, size in marker["files"].items())
+        files = dict(marker["files"])
+    except FileNotFoundError:
+        return f"no {MARKER} marker (its writing was cut off)"
     except (OSError, ValueError, KeyError, TypeError):
-        return False
+        return f"its {MARKER} marker is unreadable"
+    for name, size in files.items():
+        try:
+            have = (path / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if have != size:
+            return f"{name} has {have:,} bytes where {size:,} were written (truncated or changed)"
+    return None
+
+
+def is_complete(path: Path) -> bool:
+    return incomplete_reason(path) is None
+
+
+def skipped(root: Path, resumed: Path | None) -> list[str]:
+    """Checkpoints newer than `resumed` that a resume passes over, each with why."""
+    if not root.is_dir():
+        return []
+    after = resumed.name if resumed else ""
+    out = []
+    for p in sorted(root.glob(f"*{PREFIX}*"), key=lambda p: p.name.removeprefix(".tmp-")):
+        step_name = p.name.removeprefix(".tmp-")
+        if not p.is_dir() or step_name <= after:
+            continue
+        if p.name.startswith(".tmp-"):
+            out.append(f"{step_name} was still being written when the run stopped")
+        elif (why := incomplete_reason(p)) is not None:
+            out.append(f"{p.name}: {why}")
+    return out
 
 
 def complete(root: Path) -> list[Path]:

@@ -232,9 +232,24 @@ def load_run_config(
     import yaml
 
     try:
-        data: Any = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise FrugalError(f"cannot read run config {path}: {e}") from None
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise FrugalError(f"cannot read run config {path}: {e.strerror or e}") from None
+    try:
+        data: Any = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise FrugalError(
+            f"{path}: not UTF-8 text (byte {e.start:,} is 0x{raw[e.start]:02x}): save the run "
+            "config as UTF-8 YAML (frugal plan --write makes one)"
+        ) from None
+    except (yaml.YAMLError, RecursionError) as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise FrugalError(
+            f"{path}: not valid YAML{at} ({problem}): fix the file, or write a new one with "
+            "frugal plan --write"
+        ) from None
     if overrides or values:
         data = apply_overrides(data if isinstance(data, dict) else {}, overrides or [])
         for key, value in (values or {}).items():

@@ -474,6 +474,8 @@ def _start(
             raise FrugalError(f"--resume {resume}: not a complete checkpoint")
     elif resume == "auto" and not dry_run:
         source = ckpt.latest(out / "checkpoints")
+        for why in ckpt.skipped(out / "checkpoints", source):
+            run.notes.append(f"skipped checkpoint {why}")
     finished = [f for f in ("final", "run_summary.json") if (out / f).exists()]
     if source is None and (ckpt.complete(out / "checkpoints") or finished):
         raise FrugalError(

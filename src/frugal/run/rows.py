@@ -20,7 +20,9 @@ FORMATS = ("text", "prompt_completion", "chat")
 
 
 def read_rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, row) of each row of a .jsonl/.csv/.parquet file or a saved HF dataset dir."""
+    """(where, row) of each row of a .jsonl/.csv/.parquet file or a saved HF dataset dir.
+    A file that cannot be read as what its name says fails with one line naming the file,
+    the line (or byte) and the fix."""
     p = Path(path)
     if p.is_dir() and any((p / f).exists() for f in ("dataset_info.json", "dataset_dict.json")):
         yield from _saved_dataset(p)
@@ -32,35 +34,94 @@ def read_rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
         )
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        with p.open(encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"{path}:{i}", json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise FrugalError(
-                        f"{path}:{i}: not JSON ({e.msg}); one object per line"
-                    ) from None
+        yield from _jsonl(path)
     elif suffix == ".csv":
-        with p.open(encoding="utf-8", newline="") as f:
-            for i, row in enumerate(csv.DictReader(f), 2):
-                yield f"{path}:{i}", row
+        yield from _csv(path)
     elif suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for i, row in enumerate(pq.read_table(p).to_pylist(), 1):
-            yield f"{path}: row {i}", row
+        yield from _parquet(path)
     else:
         raise FrugalError(
             f"dataset {path}: unknown format {suffix!r}; use .jsonl, .csv or .parquet"
         )
 
 
+def _text_lines(path: str, fix: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file; a byte that is not UTF-8 is named."""
+    offset = 0
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise FrugalError(
+                    f"{path}:{i}: not UTF-8 text (byte {offset + e.start:,} of the file is "
+                    f"0x{raw[e.start]:02x}): {fix}"
+                ) from None
+            if b"\x00" in raw:
+                raise FrugalError(
+                    f"{path}:{i}: a NUL byte (byte {offset + raw.index(0):,} of the file): "
+                    f"not a text file; {fix}"
+                )
+            offset += len(raw)
+            yield i, line
+
+
+def _jsonl(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    fix = "save it as UTF-8 JSON lines, one {...} object per line"
+    for i, line in _text_lines(path, fix):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+            raise FrugalError(f"{path}:{i}: not JSON ({msg}); one object per line") from None
+        if not isinstance(row, dict):
+            raise FrugalError(
+                f"{path}:{i}: a JSON {type(row).__name__} where a row object belongs; "
+                'one {"text": ...} (or prompt/completion, or messages) object per line'
+            )
+        yield f"{path}:{i}", row
+
+
+def _csv(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    fix = "save it as UTF-8 CSV with a header row"
+    lines = (line for _, line in _text_lines(path, fix))
+    reader = csv.DictReader(lines)
+    try:
+        for row in reader:
+            yield f"{path}:{reader.line_num}", row
+    except csv.Error as e:
+        raise FrugalError(f"{path}:{reader.line_num}: not CSV ({e}); {fix}") from None
+
+
+def _parquet(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        text = str(e).strip()
+        first = text.splitlines()[0].split(". ")[0] if text else type(e).__name__
+        raise FrugalError(
+            f"{path}: not a readable Parquet file ({first[:160]}): write it with "
+            "pandas' or pyarrow's to_parquet, or use .jsonl"
+        ) from None
+    for i, row in enumerate(table.to_pylist(), 1):
+        yield f"{path}: row {i}", row
+
+
 def _saved_dataset(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     from datasets import DatasetDict, load_from_disk
 
-    ds = load_from_disk(str(p))
+    try:
+        ds = load_from_disk(str(p))
+    except Exception as e:  # a directory save_to_disk did not finish, or another version's
+        raise FrugalError(
+            f"dataset {p}: not a readable saved dataset ({type(e).__name__}): save it again "
+            "with datasets' save_to_disk, or give a .jsonl file"
+        ) from None
     if isinstance(ds, DatasetDict):  # a saved split dict: train on its "train" split
         if "train" not in ds:
             raise FrugalError(f"dataset {p} has splits {sorted(ds)}, none named 'train'")

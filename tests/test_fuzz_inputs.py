@@ -1,0 +1,94 @@
+"""Random bytes and random damage to valid files: `frugal data check` and the run config
+loader answer with a result or one line naming the problem (exit 2), never a traceback or
+an internal error (exit 1). Seeded, so a failure reproduces."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from frugal.cli.main import main
+from frugal.errors import FrugalError
+from frugal.run.config import RunConfig, load_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "tiny-llama")
+CASES = 120
+
+
+def _valid_files(tmp: Path) -> dict[str, bytes]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(x) for x in (ROOT / "examples" / "data" / "spell.jsonl").open()][:20]
+    chat = [json.loads(x) for x in (ROOT / "examples" / "data" / "chat.jsonl").open()][:10]
+    csv = "text\n" + "".join(f'"{r["text"]}"\n' for r in rows)
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    return {
+        ".jsonl": "".join(json.dumps(r) + "\n" for r in rows + chat[:0]).encode(),
+        ".json": "".join(json.dumps(r) + "\n" for r in chat).encode(),
+        ".csv": csv.encode(),
+        ".parquet": buf.getvalue(),
+    }
+
+
+def _mutate(data: bytes, rng: random.Random) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.choice(("flip", "insert", "delete", "truncate", "duplicate", "garbage"))
+        at = rng.randrange(len(b) + 1) if b else 0
+        if kind == "flip" and b:
+            i = rng.randrange(len(b))
+            b[i] ^= 1 << rng.randrange(8)
+        elif kind == "insert":
+            b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+        elif kind == "delete" and b:
+            del b[at : at + rng.randint(1, 64)]
+        elif kind == "truncate":
+            del b[at:]
+        elif kind == "duplicate" and b:
+            j = rng.randrange(len(b))
+            b[at:at] = b[j : j + rng.randint(1, 128)]
+        elif kind == "garbage":
+            b = bytearray(rng.randbytes(rng.randint(0, 512)))
+    return bytes(b)
+
+
+def _one_line_or_result(capsys: pytest.CaptureFixture[str], rc: int, what: str) -> None:
+    err = capsys.readouterr().err
+    assert rc in (0, 2), f"{what}: exit {rc}: {err[-500:]}"
+    if rc == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), f"{what}: {err[-500:]}"
+    assert "Traceback" not in err and "internal error" not in err, f"{what}: {err[-500:]}"
+
+
+def test_data_check_never_crashes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rng = random.Random(20261123)
+    valid = _valid_files(tmp_path)
+    for case in range(CASES):
+        suffix = rng.choice(list(valid))
+        data = _mutate(valid[suffix], rng)
+        path = tmp_path / f"case{case}{suffix}"
+        path.write_bytes(data)
+        rc = main(["data", "check", str(path), "--model", TINY, "--seq", "64", "--json"])
+        _one_line_or_result(capsys, rc, f"case {case} ({suffix}, {len(data)} bytes)")
+
+
+def test_config_loading_never_crashes(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    good = RunConfig.model_validate(
+        {"model": TINY, "data": {"path": "d.jsonl"}, "training": {"max_time_min": 30}}
+    ).to_yaml()
+    for case in range(CASES * 2):
+        path = tmp_path / f"c{case}.yaml"
+        path.write_bytes(_mutate(good.encode(), rng))
+        try:
+            load_run_config(path, ["training.max_steps=5"] if case % 3 == 0 else [])
+        except FrugalError as e:
+            assert "\n" not in str(e).strip(), f"case {case}: {e}"
