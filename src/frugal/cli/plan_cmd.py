@@ -99,7 +99,7 @@ def plan(
     from frugal.errors import FrugalError
     from frugal.hardware.offers import select_offers
     from frugal.models.specs import load_spec
-    from frugal.plan.search import Constraints, search
+    from frugal.plan.search import Constraints, Infeasible, search
     from frugal.step.job import make_job
 
     if (tokens is None) == (dataset is None):
@@ -164,7 +164,15 @@ def plan(
         objective=optimize,  # type: ignore[arg-type]
     )
     offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers)
-    result = search(spec, base, offers, k)
+    try:
+        result = search(spec, base, offers, k)
+    except Infeasible as e:  # say what came nearest and which changes would give a plan
+        from frugal.plan.relax import Ask, explain
+
+        every = (
+            select_offers(prices or [], discount or [], local or [], kwh_usd) if providers else None
+        )
+        raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
     result.notes[:0] = notes
     rec = result.recommendation
     out: dict[str, Any] = {

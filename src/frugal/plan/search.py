@@ -141,6 +141,8 @@ class Rejected:
     kind: str  # fit | deadline | budget | dtype | batch
     cost_usd: float | None = None
     hours: float | None = None
+    need_gib: float | None = None  # fit: per GPU at micro-batch 1, and what the GPU offers
+    have_gib: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,6 +152,15 @@ class Rejected:
             "est_cost_usd": None if self.cost_usd is None else round(self.cost_usd, 2),
             "est_hours": None if self.hours is None else round(self.hours, 3),
         }
+
+
+class Infeasible(FrugalError):
+    """No plan meets the constraints: the message names the closest miss; `plans` (over
+    the deadline or budget) and `rejected` say what the search found."""
+
+    def __init__(self, message: str, plans: list[Plan], rejected: list[Rejected]) -> None:
+        super().__init__(message)
+        self.plans, self.rejected = plans, rejected
 
 
 @dataclass
@@ -238,9 +249,9 @@ def search(
                 label = (
                     f"{offer.provider} {f'{nodes}x ' if nodes > 1 else ''}{offer.instance} {method}"
                 )
-                if isinstance(found, str):
-                    kind = "dtype" if "cannot run" in found else "fit"
-                    rejected.append(Rejected(label, found, kind))
+                if isinstance(found, Rejected):
+                    rejected.append(Rejected(label, found.why, found.kind, None, None,
+                                             found.need_gib, found.have_gib))  # fmt: skip
                     continue
                 job, mem, speed, prof = found
                 plans.extend(_price(offer, nodes, job, mem, speed, prof, k))
@@ -256,7 +267,7 @@ def search(
         else:
             feasible.append(p)
     if not feasible:
-        raise FrugalError(_relax(plans, rejected, k))
+        raise Infeasible(_closest_miss(plans, rejected, k), plans, rejected)
     key = (
         (lambda p: (p.cost_usd, p.hours))
         if k.objective == "cost"
@@ -285,7 +296,7 @@ def _best_config(
     memo: dict[tuple[Any, ...], Any],
     node_gbps: float,
     ov: Overheads,
-) -> tuple[TrainJob, Any, Speed, Profile] | str:
+) -> tuple[TrainJob, Any, Speed, Profile] | Rejected:
     """The fastest fitting (checkpointing, optimizer, sharding, micro-batch) for one GPU
     set-up, or why none fits."""
     key = (gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0)
@@ -293,7 +304,7 @@ def _best_config(
         return memo[key]
     precision = _precision_for(gpu, base.precision)
     if gpu.peak_tflops(base.model_copy(update={"precision": precision}).compute_dtype) is None:
-        memo[key] = f"{gpu.name} cannot run {base.precision}"
+        memo[key] = Rejected("", f"{gpu.name} cannot run {base.precision}", "dtype")
         return memo[key]
     cap = memory_budget(gpu.usable_gib, k.margin)
     share = k.effective_batch // n  # search() only tries GPU counts that divide it
@@ -344,11 +355,12 @@ def _best_config(
                 if best is None or speed.tokens_per_s > best[2].tokens_per_s:
                     best = (fit.job, fit.memory, speed, fit.profile)
     if best is None:
-        need = smallest_need / GIB
-        memo[key] = (
+        need, have = smallest_need / GIB, cap / GIB
+        why = (
             f"does not fit: needs {need:.1f} GiB per GPU at micro-batch 1, "
-            f"{gpu.name} has {gpu.usable_gib * (1 - k.margin):.1f} usable with the margin"
+            f"{gpu.name} has {have:.1f} usable with the margin"
         )
+        memo[key] = Rejected("", why, "fit", need_gib=need, have_gib=have)
     else:
         memo[key] = best
     return memo[key]
@@ -476,26 +488,27 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         )
 
 
-def _relax(plans: list[Plan], rejected: list[Rejected], k: Constraints) -> str:
+def _closest_miss(plans: list[Plan], rejected: list[Rejected], k: Constraints) -> str:
+    """What came nearest to a plan, and by how much (frugal.plan.relax says what to change)."""
     if not plans:
-        needs = [r.why for r in rejected if r.kind == "fit"]
-        hint = needs[0] if needs else "no offer can run this precision"
+        fits = [r for r in rejected if r.kind == "fit" and r.need_gib and r.have_gib]
+        if not fits:
+            reasons = sorted({r.why for r in rejected}) or ["no offers"]
+            return f"nothing can run: {reasons[0]}"
+        near = min(fits, key=lambda r: (r.need_gib or 0) - (r.have_gib or 0))
         return (
-            f"nothing fits ({hint}); relax: --methods qlora, --max-gpus above {k.max_gpus}, "
-            "a shorter --seq, or add offers with bigger GPUs (--prices)"
+            f"nothing fits: the closest, {near.label}, needs {near.need_gib:.1f} GiB per GPU "
+            f"at micro-batch 1 and has {near.have_gib:.1f} usable with the margin"
         )
     fastest = min(plans, key=lambda p: p.hours)
-    cheapest = min(plans, key=lambda p: p.cost_usd)
     if k.deadline_h is not None and fastest.hours > k.deadline_h:
         return (
-            f"no plan meets the deadline: the fastest ({fastest.label()}) takes "
-            f"{fastest.hours:.1f} h; relax --deadline to {math.ceil(fastest.hours * 10) / 10:g} h "
-            f"(+{fastest.hours - k.deadline_h:.1f} h) or raise --max-gpus"
+            f"no plan meets the {k.deadline_h:.3g} h deadline: the fastest ({fastest.label()}) "
+            f"takes {fastest.hours:.1f} h"
         )
     in_time = [p for p in plans if k.deadline_h is None or p.hours <= k.deadline_h]
-    c = min(in_time or [cheapest], key=lambda p: p.cost_usd)
+    c = min(in_time or plans, key=lambda p: p.cost_usd)
     return (
-        f"no plan fits the budget: the cheapest{' in time' if k.deadline_h else ''} "
-        f"({c.label()}) costs ${c.cost_usd:,.2f}; relax --budget to {math.ceil(c.cost_usd):g} "
-        f"(+${c.cost_usd - (k.budget_usd or 0):,.2f})"
+        f"no plan fits the ${k.budget_usd or 0:,.2f} budget: the cheapest"
+        f"{' in time' if k.deadline_h else ''} ({c.label()}) costs ${c.cost_usd:,.2f}"
     )
