@@ -117,7 +117,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     from frugal.hardware.gpus import lookup_gpu
     from frugal.models.specs import load_spec
     from frugal.run import recipe
-    from frugal.run.config import validate_run_config
+    from frugal.config import validate_run_config
 
     cuda = torch.cuda.is_available()
     micro = cfg.micro or 1

@@ -35,7 +35,7 @@ from frugal.estimate.core import get_profile
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
 from frugal.run import recipe
-from frugal.run.config import RunConfig, validate_run_config
+from frugal.config import RunConfig, validate_run_config
 from frugal.step.model import cuda_kernels
 
 ROOT = Path(__file__).resolve().parents[1]

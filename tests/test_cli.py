@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from frugal.cli import estimate_cmd
 from frugal.cli.main import main
 from frugal.hardware.gpus import MARGIN
 from frugal.models import specs
@@ -201,12 +202,10 @@ def test_fp16_on_t4_is_accepted(capsys: pytest.CaptureFixture[str], tiny_llama_d
 def test_internal_error_is_one_line_exit_1(
     capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import frugal.estimate.core as core
-
     def broken(*a: object, **k: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(core, "estimate", broken)
+    monkeypatch.setattr(estimate_cmd, "run_estimate", broken)
     rc = main(["estimate", str(tiny_llama_dir), "--seq", "128", "--json"])
     out, err = capsys.readouterr()
     assert rc == 1
@@ -275,6 +274,20 @@ def test_cached_estimate_does_not_import_torch(
     code = (
         "import sys; from frugal.cli.main import main; "
         f"rc = main(['estimate', {path!r}, '--batch', '3', '--json']); "
+        "print(rc, 'torch' in sys.modules)"
+    )
+    assert _python(code) == "0 False"
+
+
+def test_cached_plan_does_not_import_torch(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
+) -> None:
+    path = str(tiny_llama_dir)
+    args = [path, "--tokens", "1M", "--methods", "lora", "--providers", "lambda", "--json"]
+    run_json(capsys, "plan", *args)  # fills the profile cache
+    code = (
+        "import sys; from frugal.cli.main import main; "
+        f"rc = main(['plan', *{args!r}]); "
         "print(rc, 'torch' in sys.modules)"
     )
     assert _python(code) == "0 False"

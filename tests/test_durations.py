@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from frugal.config import validate_run_config
 from frugal.durations import parse_duration
 from frugal.errors import FrugalError
-from frugal.run.config import validate_run_config
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,8 @@ from test_cli import run_json
 
 from frugal.hardware.offers import catalog
 from frugal.models.specs import ModelSpec
-from frugal.plan.emit import hf_script, save_steps, skypilot_task
+from frugal.plan.emit import hf_script, save_steps, skypilot_task, to_run_config
 from frugal.plan.search import Constraints, search
-from frugal.run.config import to_run_config
 from frugal.step.job import make_job
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from frugal.cli.main import main
+from frugal.config import RunConfig, load_run_config
 from frugal.errors import FrugalError
-from frugal.run.config import RunConfig, load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny-llama")

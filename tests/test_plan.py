@@ -10,11 +10,11 @@ import yaml
 from test_cli import run_error, run_json
 
 from frugal.cli.main import main
+from frugal.config import load_run_config
 from frugal.errors import FrugalError
 from frugal.hardware.offers import catalog
 from frugal.models.specs import ModelSpec, load_spec
 from frugal.plan.search import Constraints, pareto, search
-from frugal.run.config import load_run_config
 from frugal.step.job import make_job
 
 
@@ -276,8 +276,8 @@ def test_plan_and_train_take_the_same_micro_batch(
 
     from frugal.estimate.core import estimate
     from frugal.hardware.gpus import find_gpu
+    from frugal.plan.emit import to_run_config
     from frugal.run.build import auto_micro_batch
-    from frugal.run.config import to_run_config
 
     spec = load_spec("HuggingFaceTB/SmolLM2-360M")
     k = Constraints(tokens=1e8, effective_batch=24, methods=("full",), optimizers=("adamw",))

@@ -8,10 +8,10 @@ import pytest
 
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile
+from frugal.estimate.throughput import step_time
 from frugal.hardware.gpus import find_gpu
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot
-from frugal.plan.throughput import step_time
 from frugal.step.job import make_job
 
 

@@ -16,8 +16,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from frugal.errors import FrugalError
-from frugal.run.data import (
+from frugal.data.examples import (
     DataStats,
     Example,
     Row,
@@ -30,6 +29,7 @@ from frugal.run.data import (
     tokenize,
     unpacked,
 )
+from frugal.errors import FrugalError
 from frugal.step.loss import IGNORE, causal_lm_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -535,7 +535,7 @@ def test_row_dataclass_is_what_collate_reads() -> None:
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_batcher_equals_collate(tok: Any, packed: bool) -> None:
-    from frugal.run.data import Batcher
+    from frugal.data.examples import Batcher
 
     exs = load_examples(str(DATA / "spell.jsonl"), tok, 64)[:40]
     rows = pack(exs, 64, tok.pad_token_id) if packed else unpacked(exs)

@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import load_file
 from test_cli import run_error
 
+from frugal.config import RunConfig, apply_overrides, load_run_config, validate_run_config
 from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
 from frugal.run import recipe
-from frugal.run.config import RunConfig, apply_overrides, load_run_config, validate_run_config
 from frugal.step import loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -421,7 +421,7 @@ def test_two_processes_sigterm_then_resume_equal_one(
 def test_every_config_key_is_documented() -> None:
     import re
 
-    from frugal.run.config import DataConfig, TrainingConfig
+    from frugal.config import DataConfig, TrainingConfig
 
     doc = (ROOT / "docs" / "train.md").read_text()
     quoted = " ".join(re.findall(r"`([^`]*)`", doc))

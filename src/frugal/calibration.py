@@ -15,19 +15,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from frugal.errors import FrugalError
+from frugal.paths import user_path
 
 T = TypeVar("T")
 SECTIONS = ("memory", "speed")
 
 
 def _path() -> Path | None:
-    env = os.environ.get("FRUGAL_CALIBRATION")
-    if env:
-        return Path(env)
-    from platformdirs import user_config_dir
-
-    path = Path(user_config_dir("frugal")) / "calibration.json"
-    return path if path.exists() else None
+    path = user_path("FRUGAL_CALIBRATION", "config", "calibration.json")
+    return path if os.environ.get("FRUGAL_CALIBRATION") or path.exists() else None
 
 
 def load(section: str, defaults: type[T]) -> T:
@@ -65,12 +61,7 @@ def load(section: str, defaults: type[T]) -> T:
 def measurements_path() -> Path:
     """Where measured runs are appended (JSON lines): `FRUGAL_MEASUREMENTS`, or
     `measurements.jsonl` beside the calibration file in the user config dir."""
-    env = os.environ.get("FRUGAL_MEASUREMENTS")
-    if env:
-        return Path(env)
-    from platformdirs import user_config_dir
-
-    return Path(user_config_dir("frugal")) / "measurements.jsonl"
+    return user_path("FRUGAL_MEASUREMENTS", "config", "measurements.jsonl")
 
 
 def record_measurement(row: dict[str, Any]) -> Path:

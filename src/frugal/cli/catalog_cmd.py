@@ -5,20 +5,20 @@ from __future__ import annotations
 import json
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from frugal.hardware.offers import KWH_USD
+from frugal.hardware.gpus import gpus as all_gpus
+from frugal.hardware.offers import KWH_USD, select_offers
 
 
 def gpus(json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """GPU specs: usable memory, dense tensor TFLOPS, bandwidth, bf16, interconnect."""
-    from frugal.hardware.gpus import gpus as all_gpus
 
     rows = [g.to_json() for g in all_gpus()]
     if json_out:
         print(json.dumps({"gpus": rows}))
         return
-    from rich.console import Console
-    from rich.table import Table
 
     t = Table(title="GPUs (dense tensor TFLOPS, no sparsity)")
     for col in ("GPU", "usable GiB", "bf16 TF", "fp16 TF", "GB/s", "bf16", "link", "W"):
@@ -51,7 +51,6 @@ def offers(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """GPU offers: provider, instance, GPUs, on-demand and spot $/hour, terms."""
-    from frugal.hardware.offers import select_offers
 
     rows = [
         o.to_json()
@@ -60,8 +59,6 @@ def offers(
     if json_out:
         print(json.dumps({"offers": rows}))
         return
-    from rich.console import Console
-    from rich.table import Table
 
     t = Table(title=f"{len(rows)} offers ($/hour for the whole instance)")
     for col in ("provider", "instance", "GPUs", "on-demand", "spot", "interrupt", "region"):

@@ -1,7 +1,7 @@
 """`frugal data check FILE`: what `frugal train` will make of a data file, before it runs.
 
-Every row is tokenized exactly as training does (frugal.run.data.load_examples, through
-frugal.run.data.file_stats), so the token total is the one `frugal plan --dataset` uses.
+Every row is tokenized exactly as training does (frugal.data.examples.load_examples, through
+frugal.data.examples.file_stats), so the token total is the one `frugal plan --dataset` uses.
 """
 
 from __future__ import annotations
@@ -13,9 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from frugal.errors import FrugalError
+from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
 
 if TYPE_CHECKING:
-    from frugal.run.data import DataStats
+    from frugal.data.examples import DataStats
 
 app = typer.Typer(help="Check training data before you train.", no_args_is_help=True)
 
@@ -35,9 +40,7 @@ def check(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Rows, tokens, lengths, duplicates and empty rows as `frugal train` will see them."""
-    from frugal.errors import FrugalError
-    from frugal.plan.plot import IMAGE_SUFFIXES
-    from frugal.run.data import file_stats, load_tokenizer
+    from frugal.data.examples import file_stats, load_tokenizer
 
     if seq < 1:
         raise FrugalError("--seq must be at least 1")
@@ -118,7 +121,6 @@ def summarize(st: DataStats, seq: int) -> dict[str, Any]:
 
 
 def write_plot(out: dict[str, Any], path: str) -> None:
-    from frugal.plan.plot import pyplot
 
     plt = pyplot(path)
     from matplotlib.ticker import MaxNLocator
@@ -146,8 +148,6 @@ def write_plot(out: dict[str, Any], path: str) -> None:
 
 
 def render(file: str, out: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     con = Console()
     if not con.is_terminal:

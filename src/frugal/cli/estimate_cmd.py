@@ -6,8 +6,14 @@ import json
 from typing import Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from frugal.step.job import TrainJob
+from frugal.errors import FrugalError
+from frugal.estimate.core import estimate as run_estimate
+from frugal.hardware.gpus import find_gpu
+from frugal.models.specs import load_spec
+from frugal.step.job import TrainJob, make_job
 
 
 def field_help(field: str) -> str:
@@ -42,11 +48,6 @@ def estimate(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Exact per-GPU training memory and FLOPs of one step, without a GPU or weights."""
-    from frugal.errors import FrugalError
-    from frugal.estimate.core import estimate as run_estimate
-    from frugal.hardware.gpus import find_gpu
-    from frugal.models.specs import load_spec
-    from frugal.step.job import make_job
 
     job = make_job(
         method=method,
@@ -108,8 +109,6 @@ def _si(x: float) -> str:
 
 
 def render(d: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     c = Console()
     j = d["job"]

@@ -7,6 +7,7 @@ saved (run it again to resume).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any
@@ -36,7 +37,6 @@ _DEBUG = False
 
 def _click_exceptions() -> Any:
     """typer >= 0.2x vendors click as typer._click; older ones use click itself."""
-    import importlib
 
     try:
         return importlib.import_module("typer._click.exceptions")

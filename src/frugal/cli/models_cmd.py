@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from frugal.models.specs import _text_decoder, bundled_model_ids, read_bundled
 
 
 def gather() -> list[dict[str, object]]:
     """One row per bundled model (no torch, no network)."""
-    from frugal.models.specs import _text_decoder, bundled_model_ids, read_bundled
 
     rows = []
     for mid in bundled_model_ids():
@@ -39,8 +42,6 @@ def models(json_out: bool = typer.Option(False, "--json", help="Print one JSON o
     if json_out:
         print(json.dumps({"models": rows}))
         return
-    from rich.console import Console
-    from rich.table import Table
 
     t = Table(title=f"{len(rows)} bundled models (any local config.json works too)")
     for col in ("model", "type", "params", "layers", "hidden", "vocab", "experts", "max pos"):

@@ -6,10 +6,22 @@ import json
 from typing import Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from frugal.cli.estimate_cmd import field_help
+from frugal.data.count import count_tokens
+from frugal.durations import parse_duration
+from frugal.errors import FrugalError
+from frugal.files import write_text_atomic
 from frugal.hardware.gpus import MARGIN
-from frugal.hardware.offers import KWH_USD
+from frugal.hardware.offers import KWH_USD, select_offers
+from frugal.models.specs import load_spec
+from frugal.plan.emit import hf_script, skypilot_task, to_run_config
+from frugal.plan.plot import check_plot_path, write_plot
+from frugal.plan.relax import Ask, explain
+from frugal.plan.search import Constraints, Infeasible, search
+from frugal.step.job import make_job
 
 
 def _si(n: float) -> str:
@@ -20,7 +32,6 @@ def _si(n: float) -> str:
 
 
 def _parse_tokens(s: str) -> float:
-    from frugal.errors import FrugalError
 
     mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
     t = s.strip().lower().replace("_", "").replace(",", "")
@@ -34,8 +45,6 @@ def _parse_tokens(s: str) -> float:
 
 
 def _hours(flag: str, value: str | None) -> float | None:
-    from frugal.durations import parse_duration
-    from frugal.errors import FrugalError
 
     try:
         return None if value is None else parse_duration(value, "h")
@@ -96,11 +105,6 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The cheapest (or fastest) plan that fits and meets the deadline, with its reasons."""
-    from frugal.errors import FrugalError
-    from frugal.hardware.offers import select_offers
-    from frugal.models.specs import load_spec
-    from frugal.plan.search import Constraints, Infeasible, search
-    from frugal.step.job import make_job
 
     if (tokens is None) == (dataset is None):
         raise FrugalError("give the amount of training: --tokens N or --dataset FILE")
@@ -111,8 +115,6 @@ def plan(
     if emit not in (None, "hf", "skypilot"):
         raise FrugalError(f"--emit {emit!r}: use hf or skypilot")
     if plot:
-        from frugal.plan.plot import check_plot_path
-
         check_plot_path(plot)
     if budget is not None and budget <= 0:
         raise FrugalError("--budget must be positive")
@@ -141,8 +143,6 @@ def plan(
     spec = load_spec(model)
     notes: list[str] = []
     if dataset:
-        from frugal.plan.dataset import count_tokens
-
         tc = count_tokens(dataset, model)
         per_epoch = float(tc.tokens)
         notes.append(f"{dataset}: {tc.rows:,} rows, {tc.tokens:,} tokens ({tc.how})")
@@ -167,8 +167,6 @@ def plan(
     try:
         result = search(spec, base, offers, k)
     except Infeasible as e:  # say what came nearest and which changes would give a plan
-        from frugal.plan.relax import Ask, explain
-
         every = (
             select_offers(prices or [], discount or [], local or [], kwh_usd) if providers else None
         )
@@ -184,16 +182,12 @@ def plan(
         "feasible_plans": len(result.plans),
         "notes": result.notes,
     }
-    from frugal.run.config import to_run_config
 
     run_cfg = to_run_config(spec.id, rec, k, dataset, per_epoch, epochs)
     if write:
         run_cfg.write(write)
         out["wrote"] = write
     if emit:
-        from frugal.files import write_text_atomic
-        from frugal.plan.emit import hf_script, skypilot_task
-
         path = emit_file or {"hf": "train_hf.py", "skypilot": "sky.yaml"}[emit]
         text = (
             hf_script(run_cfg, rec.speed.step_time_s)
@@ -203,8 +197,6 @@ def plan(
         write_text_atomic(path, text)
         out[f"wrote_{emit}"] = path
     if plot:
-        from frugal.plan.plot import write_plot
-
         write_plot(result, k, plot)
         out["wrote_plot"] = plot
     if json_out:
@@ -214,8 +206,6 @@ def plan(
 
 
 def render(out: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     con = Console()
     if not con.is_terminal:

@@ -11,13 +11,20 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, distribution
 from typing import Any
 
+import psutil
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from frugal.errors import RESUMABLE_EXIT
+from frugal import cli
+from frugal.config import load_run_config
+from frugal.errors import RESUMABLE_EXIT, FrugalError
 
 
 def train(
@@ -41,8 +48,6 @@ def train(
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
     """Fine-tune with LoRA, QLoRA or full training, as planned, keeping the money in view."""
-    from frugal.errors import FrugalError
-    from frugal.run.config import load_run_config
 
     if dry_run is not None and dry_run < 1:
         raise FrugalError("--dry-run N: N is a number of steps, at least 1")
@@ -74,11 +79,6 @@ def _launch(n: int) -> int:
     takes; torchrun ignores them (it would give the workers 30 s, then kill them, and exit
     1). The exit code is the workers' (75 if they stopped resumably); torchrun's own
     traceback is not shown."""
-    import signal
-
-    import psutil
-
-    from frugal import cli
 
     args = [a for a in cli.ARGV if a != "--debug"]
     own = ["--signals-to-handle=SIGHUP,SIGQUIT"] if _torchrun_can_leave_signals() else []
@@ -141,7 +141,6 @@ def _torchrun_can_leave_signals() -> bool:
     SIGTERM/SIGINT itself, but only when they reach it directly (a Ctrl-C in its terminal,
     a shutdown signalling every process), since the launcher signals the workers alone.
     Read from its source: importing torch to ask would cost the launcher a second."""
-    from importlib.metadata import PackageNotFoundError, distribution
 
     try:
         run = distribution("torch").locate_file("torch/distributed/run.py")
@@ -155,8 +154,6 @@ def _worker_codes(text: str) -> set[int]:
 
 
 def render(s: dict[str, Any], dry: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     c = Console()
     colour = {"completed": "green", "preempted": "yellow"}.get(s["outcome"], "red")

@@ -12,6 +12,7 @@ import io
 import json
 import os
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +20,18 @@ import numpy as np
 
 from frugal import DISTRIBUTION
 from frugal.estimate.profile import LayerFit, Profile
+from frugal.paths import user_path
 from frugal.step.job import installed_version
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("FRUGAL_CACHE_DIR")
-    if env:
-        return Path(env)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("frugal")) / "profiles"
+    return user_path("FRUGAL_CACHE_DIR", "cache", "profiles")
 
 
 @cache
 def code_digest() -> str:
     """A digest of the code a profile comes from (the step and its simulation): editing it
     makes old profiles miss, even within one frugal version."""
-    from importlib import resources
 
     h = hashlib.sha256()
     for pkg, names in (

@@ -12,6 +12,7 @@ from frugal.estimate import cache
 from frugal.estimate.categories import CATEGORIES, SEGMENTS
 from frugal.estimate.overheads import MIB, Overheads, load_overheads
 from frugal.estimate.profile import LayerFit, Profile, grid
+from frugal.estimate.throughput import step_time
 from frugal.hardware.gpus import GIB, GPU, memory_budget
 from frugal.models.specs import ModelSpec
 from frugal.step.job import TrainJob
@@ -50,7 +51,7 @@ class Estimate:
     headroom_gib: float | None = None
     max_batch: int | None = None
     max_seq: int | None = None
-    step_time_s: float | None = None  # on the named GPU (plan/throughput.py)
+    step_time_s: float | None = None  # on the named GPU (estimate/throughput.py)
     tokens_per_s: float | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -281,8 +282,6 @@ def estimate(
         est.max_batch = max_batch(spec, job, cap, ov)
         est.max_seq = max_seq(spec, job, cap, ov)
     if gpu is not None:
-        from frugal.plan.throughput import step_time
-
         speed = step_time(prof, job, gpu, spec.hidden_size)
         if speed is None:
             est.warnings.append(f"{gpu.name} has no {job.compute_dtype} support: no step time")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from frugal import calibration
+
 MIB = 2**20
 
 
@@ -38,6 +40,5 @@ class Overheads:
 
 
 def load_overheads() -> Overheads:
-    from frugal import calibration
 
     return calibration.load("memory", Overheads)

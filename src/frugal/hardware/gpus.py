@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from frugal.errors import FrugalError, closest, norm
+from frugal.errors import FrugalError
 from frugal.hardware.csvdata import data_rows
+from frugal.names import closest, norm
 
 GIB = 2**30
 MARGIN = 0.05

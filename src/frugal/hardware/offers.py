@@ -16,9 +16,11 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from frugal.errors import FrugalError, closest
+from frugal.errors import FrugalError
 from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.gpus import GPU, find_gpu, gpus, lookup_gpu
+from frugal.hardware.skypilot import GCP_HOST, from_skypilot
+from frugal.names import closest
 
 BUCKETS = ("<5%", "5-10%", "10-15%", "15-20%", ">20%")
 OFFER_COLUMNS = ("provider", "instance", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "region")
@@ -174,36 +176,6 @@ def parse_offers(text: str, file: str) -> list[Offer]:
     return out
 
 
-# SkyPilot accelerator names for our GPU names (sky show-gpus), and back (first one wins:
-# SkyPilot's "H100" is the SXM part)
-SKY_GPU = {
-    "H100 SXM": "H100",
-    "H100 PCIe": "H100",
-    "H200": "H200",
-    "A100 80GB": "A100-80GB",
-    "A100 40GB": "A100",
-    "L40S": "L40S",
-    "L4": "L4",
-    "A10G": "A10G",
-    "A10": "A10",
-    "T4": "T4",
-    "V100 16GB": "V100",
-    "V100 32GB": "V100-32GB",
-    "RTX 4090": "RTX4090",
-    "RTX 3090": "RTX3090",
-    "RTX A6000": "A6000",
-}
-_FROM_SKYPILOT: dict[str, str] = {}
-for _ours, _sky in SKY_GPU.items():
-    _FROM_SKYPILOT.setdefault(_sky, _ours)
-# GCP sells the GPU apart from its host VM; the host family each GPU needs (SkyPilot rows).
-_GCP_HOST = {
-    "A100 40GB": "a2-highgpu-{n}g",
-    "A100 80GB": "a2-ultragpu-{n}g",
-    "H100 SXM": "a3-highgpu-{n}g",
-}
-
-
 def parse_skypilot(text: str, file: str, cloud: str) -> list[Offer]:
     """Offers from a SkyPilot catalog vms.csv (InstanceType, AcceleratorName, Price, ...).
 
@@ -235,7 +207,7 @@ def parse_skypilot(text: str, file: str, cloud: str) -> list[Offer]:
             continue  # fractional GPUs cannot hold a training job
         count = int(count_f)
         instance = (r.get("InstanceType") or "").strip()
-        gpu_name = _FROM_SKYPILOT.get(name, name)
+        gpu_name = from_skypilot(name)
         if "pcie" in instance.lower() and name == "H100":
             gpu_name = "H100 PCIe"
         gpu = lookup_gpu(gpu_name)
@@ -245,7 +217,7 @@ def parse_skypilot(text: str, file: str, cloud: str) -> list[Offer]:
         spot = at.price(r, "SpotPrice", required=False)
         region = (r.get("Region") or "").strip()
         if not instance:  # a GCP GPU-only row: add its host
-            family = _GCP_HOST.get(gpu.name)
+            family = GCP_HOST.get(gpu.name)
             host = hosts.get((family.format(n=count), region)) if family else None
             if host is None:
                 continue

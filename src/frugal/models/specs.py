@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from frugal.errors import FrugalError, closest
+from frugal.errors import FrugalError
+from frugal.names import closest
 
 SOURCE_KEY = "_frugal_source"
 # transformers has no SDPA path for these (Gemma 2: attention logit soft-capping); they run
@@ -182,8 +185,6 @@ def _from_hub(model_id: str) -> dict[str, Any] | None:
         return _load_json_file(Path(cached))
     if offline():
         return None
-    import urllib.error
-    import urllib.request
 
     url = f"{constants.ENDPOINT}/{model_id}/resolve/main/config.json"
     try:  # plain urllib: one request, no retries (huggingface_hub's session retries)

@@ -1,6 +1,7 @@
-"""A plan in other tools' terms: a transformers/PEFT/bitsandbytes script, a SkyPilot task.
+"""What a plan hands on: the run config `frugal train` reads, and the same job in other
+tools' terms (a transformers/PEFT/bitsandbytes script, a SkyPilot task).
 
-Both read the run config the plan writes (`run.config.to_run_config`), so the script trains
+The script and the task both read the run config (`to_run_config`), so the script trains
 with the same hyperparameters and schedule as `frugal train` would, and the task runs
 `frugal train` on that config.
 """
@@ -11,8 +12,35 @@ from typing import Any
 
 import yaml
 
-from frugal.hardware.offers import SKY_GPU
+from frugal.config import PlanConfig, RunConfig
+from frugal.hardware.skypilot import to_skypilot
+from frugal.models.specs import load_spec
+from frugal.plan.search import Constraints, Plan
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
+from frugal.step.job import TrainJob
+
+
+def to_run_config(
+    model: str,
+    plan: Plan,
+    k: Constraints,
+    dataset: str | None,
+    tokens_per_epoch: float,
+    epochs: float,
+) -> RunConfig:
+    """The run config that trains `plan` (chosen under constraints `k`)."""
+    p = plan.to_json()
+    return RunConfig.model_validate(
+        {
+            "model": model,
+            "job": plan.job,
+            "data": {"path": dataset, "tokens": int(tokens_per_epoch), "epochs": epochs},
+            "training": {"effective_batch": k.effective_batch},
+            "plan": {f: p[f] for f in PlanConfig.model_fields},
+            "budget_usd": k.budget_usd,
+        }
+    )
+
 
 HF_OPTIM = {
     "adamw": "adamw_torch_fused",
@@ -24,21 +52,20 @@ HF_OPTIM = {
 HF_SCHEDULE = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
 
-def needs_bitsandbytes(job: Any) -> bool:
+def needs_bitsandbytes(job: TrainJob) -> bool:
     return bool(job.method == "qlora" or job.optimizer.endswith("8bit"))
 
 
-def save_steps(cfg: Any, step_time_s: float) -> int:
+def save_steps(cfg: RunConfig, step_time_s: float) -> int:
     """The plan's checkpoint interval in optimizer steps."""
     minutes = (cfg.plan.checkpoint_interval_min if cfg.plan else None) or DEFAULT_CHECKPOINT_MIN
     return max(1, round(minutes * 60 / max(step_time_s, 1e-9)))
 
 
-def hf_script(cfg: Any, step_time_s: float) -> str:
+def hf_script(cfg: RunConfig, step_time_s: float) -> str:
     """A Python script that trains the plan's job with transformers' Trainer, PEFT and
     bitsandbytes: the run config's model, data, hyperparameters, schedule and checkpoint
     cadence. Module level only builds the configs; `python SCRIPT` trains."""
-    from frugal.models.specs import load_spec
     from frugal.step.model import attention_kernel, weight_dtypes
 
     j, t = cfg.job, cfg.training
@@ -139,12 +166,12 @@ def hf_script(cfg: Any, step_time_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def skypilot_task(plan: Any, run_config: str) -> str:
+def skypilot_task(plan: Plan, run_config: str) -> str:
     """A SkyPilot task YAML: resources, spot with job recovery, a checkpoint bucket mount,
     and frugal installed from the synced working directory with the extras the plan needs."""
     o = plan.offer
     resources: dict[str, Any] = {
-        "accelerators": f"{SKY_GPU.get(o.gpu.name, o.gpu.name)}:{o.gpus}",
+        "accelerators": f"{to_skypilot(o.gpu.name)}:{o.gpus}",
         "use_spot": bool(plan.spot),
     }
     if o.provider in ("aws", "gcp", "azure", "lambda", "runpod"):

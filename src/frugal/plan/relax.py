@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from frugal.errors import FrugalError
+from frugal.estimate.closed_form import model_params
 from frugal.hardware.offers import Offer
 from frugal.models.specs import ModelSpec, bundled_model_ids, load_spec
 from frugal.plan.search import Constraints, Infeasible, Plan, search
@@ -177,7 +178,6 @@ def family(spec: ModelSpec) -> Callable[[ModelSpec], bool]:
 
 
 def _params(spec: ModelSpec) -> int:
-    from frugal.estimate.closed_form import model_params
 
     return model_params(spec.config)
 

@@ -17,11 +17,11 @@ from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile, largest_micro_batch
 from frugal.estimate.overheads import Overheads, load_overheads
 from frugal.estimate.profile import Profile
+from frugal.estimate.throughput import Speed, SpeedConstants, load_speed_constants, step_time
 from frugal.hardware.gpus import GIB, GPU, MARGIN, memory_budget
 from frugal.hardware.offers import Offer
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
-from frugal.plan.throughput import Speed, SpeedConstants, load_speed_constants, step_time
 from frugal.step.job import TrainJob
 
 SpotMode = Literal["auto", "only", "never"]

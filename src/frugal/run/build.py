@@ -5,12 +5,16 @@ naming the fix)."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
 
+from frugal.config import RunConfig
 from frugal.errors import FrugalError
-from frugal.run.config import RunConfig
+from frugal.estimate.core import get_profile, largest_micro_batch
+from frugal.hardware.gpus import memory_budget
+from frugal.models.specs import load_spec
 
 
 def choose_precision(wanted: str, sharded: bool = False) -> tuple[str, str]:
@@ -38,8 +42,7 @@ def load_model(cfg: RunConfig, precision: str, empty: bool = False) -> tuple[Any
     builder, at the precision chosen for this hardware), and its tokenizer. `empty`: the
     weights on the meta device (buffers real) and nothing read from disk, for an FSDP
     process that receives its shards from the main process (`shard`)."""
-    from frugal.models.specs import load_spec
-    from frugal.run.data import load_tokenizer
+    from frugal.data.examples import load_tokenizer
     from frugal.step.model import build_model
 
     job = cfg.job.model_copy(update={"precision": precision})
@@ -134,10 +137,6 @@ def auto_micro_batch(cfg: RunConfig, per_rank: int) -> tuple[int, str]:
     micro = max(d for d in range(1, per_rank + 1) if per_rank % d == 0 and d <= max(1, want))
     why = f"job.batch={want}"
     if cfg.training.auto_micro_batch and torch.cuda.is_available():
-        from frugal.estimate.core import get_profile, largest_micro_batch
-        from frugal.hardware.gpus import memory_budget
-        from frugal.models.specs import load_spec
-
         _, total = torch.cuda.mem_get_info()
         budget = memory_budget(total / 2**30)
         spec = load_spec(cfg.model)
@@ -179,7 +178,6 @@ def refuse_unsupported(cfg: RunConfig) -> None:
         )
     if job.method == "qlora" and job.precision == "fp32":
         raise FrugalError("QLoRA computes in bf16 or fp16: set job.precision=bf16-mixed")
-    import importlib.util
 
     needs_bnb = job.method == "qlora" or job.optimizer.endswith("8bit")
     if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:

@@ -21,8 +21,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from frugal.errors import FrugalError
 from frugal.files import fsync_dir as _fsync_dir
 from frugal.files import fsync_file as _fsync_file
 
@@ -31,7 +33,6 @@ PREFIX = "step-"
 
 
 def rng_state() -> dict[str, Any]:
-    import numpy as np
 
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -44,7 +45,6 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
 
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -85,8 +85,6 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
         missing = [n for n, p in params.items() if p.requires_grad and n not in saved]
         unknown = [n for n in saved if n not in params]
         if missing or unknown:
-            from frugal.errors import FrugalError
-
             raise FrugalError(
                 f"{path} does not match this model ({len(missing)} weights missing, "
                 f"{len(unknown)} unknown, e.g. {(missing + unknown)[0]}): resume with the run "

@@ -19,6 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.live import Live
+
+from frugal.files import write_text_atomic
+
 
 class CostMeter:
     def __init__(
@@ -85,8 +90,6 @@ class Sinks:
                                   id=ids.get("wandb"), resume="allow")  # fmt: skip
             ids["wandb"] = run.id
         if ids:
-            from frugal.files import write_text_atomic
-
             write_text_atomic(ids_file, json.dumps(ids))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -125,7 +128,6 @@ class Progress:
     """A live line: step, loss, tokens/s, ETA, dollars spent / projected / budget left."""
 
     def __init__(self, total_steps: int, enabled: bool, every_s: float = 10.0) -> None:
-        from rich.console import Console
 
         self.console = Console(stderr=True)
         self.total = total_steps
@@ -134,8 +136,6 @@ class Progress:
         self.last = 0.0
         self.live: Any = None
         if enabled and self.console.is_terminal:
-            from rich.live import Live
-
             self.live = Live(console=self.console, refresh_per_second=2, transient=True)
             self.live.start()
 

@@ -31,9 +31,16 @@ from typing import Any
 
 import torch
 
+from frugal.calibration import record_measurement
+from frugal.config import RunConfig
+from frugal.data.examples import Batcher, Row, Schedule, load_examples, pack, split, unpacked
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
+from frugal.estimate.core import get_profile, memory_at
+from frugal.estimate.throughput import step_time
 from frugal.files import write_text_atomic
+from frugal.hardware.gpus import lookup_gpu
+from frugal.models.specs import load_spec
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.run import checkpoint as ckpt
 from frugal.run.build import (
@@ -44,8 +51,6 @@ from frugal.run.build import (
     refuse_unsupported,
     shard,
 )
-from frugal.run.config import RunConfig
-from frugal.run.data import Batcher, Row, Schedule, load_examples, pack, split, unpacked
 from frugal.run.diagnose import Diagnostics
 from frugal.run.meter import CostMeter, Progress, Sinks
 from frugal.step.loop import Loss, Sums, forward, optimizer_step
@@ -769,11 +774,6 @@ def _predicted(cfg: RunConfig, micro: int, accum: int) -> dict[str, Any]:
             gpu=p.gpu,
         )
     if torch.cuda.is_available():  # the estimate of the step that ran: memory and speed only
-        from frugal.estimate.core import get_profile, memory_at
-        from frugal.hardware.gpus import lookup_gpu
-        from frugal.models.specs import load_spec
-        from frugal.plan.throughput import step_time
-
         spec = load_spec(cfg.model)
         job = cfg.job.model_copy(update={"batch": micro, "grad_accum": accum})
         prof = get_profile(spec, job, job.seq)
@@ -848,8 +848,6 @@ def _finish(
         name = "dry_run.json" if dry_run else "run_summary.json"
         write_text_atomic(run.out / name, json.dumps(summary, indent=1), durable=True)
         if dry_run:
-            from frugal.calibration import record_measurement
-
             record_measurement(
                 {"kind": "dry_run", "model": cfg.model, "job": cfg.job.model_dump(), **summary}
             )

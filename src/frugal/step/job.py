@@ -7,8 +7,10 @@ the run config of `frugal train` embeds the same model, so there is one schema.
 from __future__ import annotations
 
 from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from frugal.errors import FrugalError
@@ -25,7 +27,6 @@ FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops i
 
 
 def _version(text: str) -> Any:
-    from packaging.version import InvalidVersion, Version
 
     try:
         return Version(text)
@@ -38,7 +39,6 @@ def _version(text: str) -> Any:
 @cache
 def installed_version(package: str) -> str | None:
     """The installed distribution's version, or None (read once per process)."""
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version(package)

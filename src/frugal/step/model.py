@@ -31,6 +31,7 @@ import logging
 import warnings
 from collections import Counter
 from typing import Any, Literal
+from unittest.mock import patch
 
 import torch
 from torch import nn
@@ -203,7 +204,6 @@ def cuda_kernels() -> Any:
     a step run on the CPU (the estimate's fake tensors, the self-consistency tests) allocates
     what it would on the GPU: MoE experts use torch's grouped GEMM in bf16 only; other
     dtypes (full fine-tuning's fp32 masters) go through transformers' fallback."""
-    from unittest.mock import patch
 
     import transformers.integrations.moe as moe
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from frugal.data.rows import detect_format, read_rows, row_text
 from frugal.errors import FrugalError
 
 CHARS_PER_TOKEN = 4.0  # English text with BPE vocabularies of 32k-256k tokens
@@ -25,8 +26,7 @@ class TokenCount:
 
 
 def count_tokens(path: str, model: str | None = None) -> TokenCount:
-    from frugal.run.data import file_stats, load_tokenizer
-    from frugal.run.rows import detect_format, read_rows, row_text
+    from frugal.data.examples import file_stats, load_tokenizer
 
     try:
         tok = load_tokenizer(model, "") if model else None

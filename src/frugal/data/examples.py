@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from frugal.data.rows import FORMATS, detect_format, messages, read_rows
 from frugal.errors import FrugalError
-from frugal.run.rows import FORMATS, detect_format, messages, read_rows
 from frugal.step.batch import layout
 from frugal.step.loss import IGNORE
 

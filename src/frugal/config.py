@@ -8,14 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from frugal.errors import FrugalError, closest
+from frugal.durations import parse_duration
+from frugal.errors import FrugalError
+from frugal.files import write_text_atomic
+from frugal.names import closest
 from frugal.step.job import TrainJob
 
 
 def _minutes(value: Any) -> Any:
-    from frugal.durations import parse_duration
 
     return value if value is None else parse_duration(value, "min")
 
@@ -148,20 +151,17 @@ class RunConfig(Strict):
         return self.plan.price_per_hour_usd if self.plan else None
 
     def to_yaml(self) -> str:
-        import yaml
 
         header = "# frugal run config: `frugal train` reads this file (one schema with plan)\n"
         return header + yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def write(self, path: str | Path) -> None:
-        from frugal.files import write_text_atomic
 
         write_text_atomic(path, self.to_yaml())
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Set dotted `key=value` pairs (values parsed as YAML: 1e-4, true, [a, b]) into `data`."""
-    import yaml
 
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -229,7 +229,6 @@ def load_run_config(
 ) -> RunConfig:
     """The config at `path` with `key=value` overrides (YAML values) and `values` (dotted
     keys, taken as they are: command-line flags such as --output-dir) applied."""
-    import yaml
 
     try:
         raw = Path(path).read_bytes()
@@ -255,20 +254,3 @@ def load_run_config(
         for key, value in (values or {}).items():
             _set(data, key, value, what=key)
     return validate_run_config(data, str(path))
-
-
-def to_run_config(
-    model: str, plan: Any, k: Any, dataset: str | None, tokens_per_epoch: float, epochs: float
-) -> RunConfig:
-    """The run config of a plan (a search.Plan and its Constraints)."""
-    p = plan.to_json()
-    return RunConfig.model_validate(
-        {
-            "model": model,
-            "job": plan.job,
-            "data": {"path": dataset, "tokens": int(tokens_per_epoch), "epochs": epochs},
-            "training": {"effective_batch": k.effective_batch},
-            "plan": {f: p[f] for f in PlanConfig.model_fields},
-            "budget_usd": k.budget_usd,
-        }
-    )

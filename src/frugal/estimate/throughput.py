@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from frugal import calibration
 from frugal.estimate.profile import Profile
 from frugal.hardware.gpus import GPU
 from frugal.step.job import TrainJob
@@ -55,7 +56,6 @@ class SpeedConstants:
 
 
 def load_speed_constants() -> SpeedConstants:
-    from frugal import calibration
 
     return calibration.load("speed", SpeedConstants)
 

@@ -1,0 +1,23 @@
+"""Where frugal keeps its files on this machine: an environment variable when set, else the
+platform's user directory (platformdirs: ~/.cache/frugal, ~/.config/frugal on Linux)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+
+Kind = Literal["cache", "config", "data"]
+_DIRS = {
+    "cache": platformdirs.user_cache_dir,
+    "config": platformdirs.user_config_dir,
+    "data": platformdirs.user_data_dir,
+}
+
+
+def user_path(env: str, kind: Kind, name: str) -> Path:
+    """`$env` if it is set, else `name` in frugal's user `kind` directory."""
+    value = os.environ.get(env)
+    return Path(value) if value else Path(_DIRS[kind]("frugal")) / name

@@ -1,0 +1,109 @@
+"""The architecture rules that import-linter cannot express (the layer contract itself is
+in pyproject.toml and runs in `make lint`; it also runs here so `make test` holds it).
+
+Function-level imports are allowed only at the torch boundary: a module that pulls in torch
+(or one of the libraries built on it, or a large optional one) is imported where it is used,
+so that `--help`, `models`, cached `estimate` and `plan` start without it. Everything else
+is imported at the top of the module, where a reader looks for it.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+HEAVY = {  # third-party imports that cost more than they give on the light paths
+    "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "safetensors",
+    "matplotlib", "tensorboard", "mlflow", "wandb", "pyarrow", "huggingface_hub",
+}  # fmt: skip
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(node: ast.ImportFrom, module: str, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(imported module, at function level, line) for every import in `path`."""
+    module, tree = _module(path), ast.parse(path.read_text())
+    top = {id(n) for n in tree.body} | {
+        id(n)
+        for stmt in tree.body
+        if isinstance(stmt, ast.If | ast.Try)  # `if TYPE_CHECKING:` and try/except imports
+        for n in ast.walk(stmt)
+    }
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(node, module, path.name == "__init__.py")
+            names = [base]
+            if base.startswith("frugal"):  # `from frugal.x import y` may name module y
+                names = [
+                    f"{base}.{a.name}" if _find(f"{base}.{a.name}") else base for a in node.names
+                ]
+        else:
+            continue
+        out += [(n, id(node) not in top, node.lineno) for n in names]
+    return out
+
+
+@cache
+def _find(module: str) -> Path | None:
+    base = SRC.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if module.startswith("frugal") and path.is_file():
+            return path
+    return None
+
+
+@cache
+def _pulls_heavy(module: str) -> bool:
+    """Whether importing frugal `module` imports a heavy library (at its top level)."""
+    path = _find(module)
+    if path is None:
+        return False
+    for name, lazy, _ in _imports(path):
+        if lazy:
+            continue
+        if name.split(".")[0] in HEAVY or (name.startswith("frugal.") and _pulls_heavy(name)):
+            return True
+    return False
+
+
+def test_function_level_imports_only_at_the_torch_boundary():
+    bad = []
+    for path in sorted((SRC / "frugal").rglob("*.py")):
+        for name, lazy, line in _imports(path):
+            heavy = name.split(".")[0] in HEAVY or (
+                name.startswith("frugal") and _pulls_heavy(name)
+            )
+            if lazy and not heavy:
+                bad.append(f"{path.relative_to(SRC)}:{line} imports {name} inside a function")
+    assert not bad, "move these to the top of their module:\n" + "\n".join(bad)
+
+
+def test_the_layer_contract_holds():
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    if lint is None:
+        pytest.skip("import-linter is not installed (pip install -e '.[dev]')")
+    out = subprocess.run(
+        [lint, "--no-cache"], cwd=SRC.parent, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout[-3000:]
