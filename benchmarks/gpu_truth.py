@@ -113,11 +113,11 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     """One config in this (fresh) process; returns its measured and estimated figures."""
     import torch
 
+    from frugal.config import validate_run_config
     from frugal.estimate.core import estimate
     from frugal.hardware.gpus import lookup_gpu
     from frugal.models.specs import load_spec
     from frugal.run import recipe
-    from frugal.config import validate_run_config
 
     cuda = torch.cuda.is_available()
     micro = cfg.micro or 1
@@ -155,17 +155,17 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     s = recipe.train(run_cfg, dry_run=steps, on_step=on_step, quiet=True)
-    job = run_cfg.job.model_copy(update={"batch": s["micro_batch"], "grad_accum": s["grad_accum"]})
+    job = run_cfg.job.model_copy(update={"batch": s.micro_batch, "grad_accum": s.grad_accum})
     gpu = lookup_gpu(torch.cuda.get_device_name()) if cuda else None
     est = estimate(load_spec(cfg.model), job, gpu=gpu).to_json()
-    a = s["actual"]
+    a = s.actual
     row = {
-        "micro_batch": s["micro_batch"],
-        "grad_accum": s["grad_accum"],
-        "measured_allocated_gib": a.get("peak_allocated_gib"),
-        "measured_reserved_gib": a.get("peak_reserved_gib"),
+        "micro_batch": s.micro_batch,
+        "grad_accum": s.grad_accum,
+        "measured_allocated_gib": a.peak_allocated_gib,
+        "measured_reserved_gib": a.peak_reserved_gib,
         "measured_device_gib": round(device_peak, 3) if cuda else None,
-        "measured_tokens_per_s": a.get("tokens_per_s"),
+        "measured_tokens_per_s": a.tokens_per_s,
         "estimated_allocated_gib": est["peak_allocated_gib"],
         "estimated_reserved_gib": est["peak_reserved_gib"],
         "estimated_device_gib": est["device_total_gib"],

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from frugal.estimate.core import get_profile
+from frugal.estimate.throughput import SpeedConstants, load_speed_constants, step_time
 from frugal.hardware.csvdata import data_rows
 from frugal.hardware.gpus import find_gpu
 from frugal.models.specs import load_spec
-from frugal.estimate.throughput import SpeedConstants, load_speed_constants, step_time
 from frugal.step.job import make_job
 
 HERE = Path(__file__).parent

@@ -30,12 +30,12 @@ from unittest.mock import patch
 
 import numpy as np
 
+from frugal.config import RunConfig, validate_run_config
 from frugal.estimate.categories import CATEGORIES, SEGMENTS
 from frugal.estimate.core import get_profile
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
 from frugal.run import recipe
-from frugal.config import RunConfig, validate_run_config
 from frugal.step.model import cuda_kernels
 
 ROOT = Path(__file__).resolve().parents[1]

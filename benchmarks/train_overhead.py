@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from frugal.run import recipe
 from frugal.config import RunConfig, apply_overrides, validate_run_config
 from frugal.data.examples import Row, Schedule, collate, load_examples, pack
+from frugal.run import recipe
 from frugal.run.diagnose import Diagnostics
 from frugal.run.meter import CostMeter, Sinks
 from frugal.step.loss import IGNORE

@@ -25,7 +25,8 @@ from test_cli import run_error
 from frugal.config import RunConfig, apply_overrides, load_run_config, validate_run_config
 from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
-from frugal.run import recipe
+from frugal.run import predict, recipe
+from frugal.run.summary import RunSummary
 from frugal.step import loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,9 +99,9 @@ def test_loss_goes_down(tmp_path: Path) -> None:
         ),
         quiet=True,
     )
-    assert s["outcome"] == "completed" and s["steps"] == s["total_steps"] > 20
+    assert s.outcome == "completed" and s.steps == s.total_steps > 20
     first = losses(out)[1]
-    assert s["best_eval_loss"] < 0.7 * first  # ln(101) ≈ 4.6 at random init
+    assert s.best_eval_loss < 0.7 * first  # ln(101) ≈ 4.6 at random init
     assert (out / "final" / "model.safetensors").exists()
     assert (out / "config.yaml").exists() and (out / "run_summary.json").exists()
     assert json.loads((out / "run_summary.json").read_text())["outcome"] == "completed"
@@ -117,17 +118,17 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
             os.kill(os.getpid(), signal.SIGTERM)  # the real handler, as a spot VM would
 
     s = recipe.train(make_cfg(b, *over), on_step=kill_at_5, quiet=True)
-    assert s["outcome"] == "preempted" and s["resumable"] and s["steps"] == 5
+    assert s.outcome == "preempted" and s.resumable and s.steps == 5
     assert not (b / "final").exists()
-    at_5 = ckpt.read_state(b / "checkpoints" / "step-00000005")["diagnostics"]
+    at_5 = ckpt.read_state(b / "checkpoints" / "step-00000005").diagnostics
     assert at_5["n_losses"] == 5 and len(at_5["grads"]) == 5  # the windows ride along
     s = recipe.train(make_cfg(b, *over), quiet=True)
-    assert s["outcome"] == "completed" and s["steps_this_session"] == 7
-    assert "resumed from step-00000005 (step 5)" in s["notes"]
+    assert s.outcome == "completed" and s.steps_this_session == 7
+    assert "resumed from step-00000005 (step 5)" in s.notes
     assert_same_weights(a, b)
     # the resumed session judged steps 6-12 with steps 1-5 still in its windows
     last = ckpt.read_state(ckpt.latest(b / "checkpoints"))  # type: ignore[arg-type]
-    assert last["diagnostics"]["n_losses"] == last["step"]
+    assert last.diagnostics is not None and last.diagnostics["n_losses"] == last.step
     la, lb = losses(a), losses(b)  # the same data in the same order, step by step
     assert la.keys() == lb.keys() == set(range(1, 13))
     assert all(abs(la[k] - lb[k]) < 1e-6 for k in la)
@@ -160,22 +161,20 @@ def test_kill_9_during_checkpoint_write_resumes_from_previous(tmp_path: Path) ->
     names = sorted(x.name for x in (b / "checkpoints").iterdir())
     assert names == [".tmp-step-00000003", "step-00000001", "step-00000002"]
     s = recipe.train(make_cfg(b, *over), quiet=True)
-    assert "resumed from step-00000002 (step 2)" in s["notes"]
-    assert (
-        "skipped checkpoint step-00000003 was still being written when the run stopped"
-        in (s["notes"])
+    assert "resumed from step-00000002 (step 2)" in s.notes
+    assert "skipped checkpoint step-00000003 was still being written when the run stopped" in (
+        s.notes
     )
-    assert s["outcome"] == "completed"
+    assert s.outcome == "completed"
     assert not (b / "checkpoints" / ".tmp-step-00000003").exists()
     assert_same_weights(a, b)
 
 
 @pytest.fixture
-def one_second_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+def one_second_steps(monkeypatch: pytest.MonkeyPatch) -> recipe.Clock:
     """A clock on which every training step takes exactly one second (and nothing else
-    takes any time)."""
+    takes any time); pass it to `recipe.train`."""
     now = [0.0]
-    monkeypatch.setattr(recipe, "clock", lambda: now[0])
     real_step = recipe.train_step
 
     def one_second_step(run: Any, step: int) -> dict[str, float]:
@@ -183,19 +182,22 @@ def one_second_steps(monkeypatch: pytest.MonkeyPatch) -> None:
         return real_step(run, step)
 
     monkeypatch.setattr(recipe, "train_step", one_second_step)
+    return lambda: now[0]
 
 
-@pytest.mark.usefixtures("one_second_steps")
-def test_budget_guard_stops_within_a_step_with_a_usable_adapter(tmp_path: Path) -> None:
+def test_budget_guard_stops_within_a_step_with_a_usable_adapter(
+    tmp_path: Path, one_second_steps: recipe.Clock
+) -> None:
     # every training step takes one second, at $1 a second
     out = tmp_path / "run"
     s = recipe.train(
         make_cfg(out, "data.epochs=50", "price_per_hour_usd=3600", "budget_usd=10.5"),
         quiet=True,
+        clock=one_second_steps,
     )
-    assert s["outcome"] == "budget-stopped" and s["total_steps"] > 20
+    assert s.outcome == "budget-stopped" and s.total_steps > 20
     # $10 spent: an 11th step would have crossed $10.50
-    assert s["steps"] == 10 and s["actual"]["cost_usd"] == pytest.approx(10.0)
+    assert s.steps == 10 and s.actual.cost_usd == pytest.approx(10.0)
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -223,9 +225,9 @@ def test_oom_backs_off_and_keeps_the_effective_batch(
     monkeypatch.setattr(recipe, "forward", small_gpu)  # evaluation's
     out = tmp_path / "oom"
     s = recipe.train(make_cfg(out, "job.batch=4", *over), quiet=True)
-    assert s["micro_batch"] == 2 and s["grad_accum"] == 4  # 4 x 2 became 2 x 4 on 1 process
-    assert s["effective_batch"] == 8
-    assert any("evaluation batch now 1" in n for n in s["notes"])  # eval OOM: eval batch only
+    assert s.micro_batch == 2 and s.grad_accum == 4  # 4 x 2 became 2 x 4 on 1 process
+    assert s.effective_batch == 8
+    assert any("evaluation batch now 1" in n for n in s.notes)  # eval OOM: eval batch only
     # exact accumulation: the same weights as micro-batch 2 from the start
     assert_same_weights(ref, out, tol=1e-5)
 
@@ -235,7 +237,7 @@ def test_contrastive_loss_trains(tmp_path: Path) -> None:
         make_cfg(tmp_path / "r", "job.loss=ce+contrastive", "training.max_steps=3"),
         quiet=True,
     )
-    assert s["outcome"] == "completed"
+    assert s.outcome == "completed"
     logged = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").open()]
     assert all(0 < m["contrastive_loss"] < 2 for m in logged if "loss" in m)
 
@@ -243,7 +245,7 @@ def test_contrastive_loss_trains(tmp_path: Path) -> None:
 def test_dry_run_measures_and_records(tmp_path: Path) -> None:
     out = tmp_path / "dry"
     s = recipe.train(make_cfg(out, "data.epochs=5"), dry_run=3, quiet=True)
-    assert s["steps"] == 3 and s["actual"]["tokens_per_s"] > 0
+    assert s.steps == 3 and s.actual.tokens_per_s > 0
     dry = out / "dry-run"  # measurements only, beside (not over) the run's own files
     assert (dry / "dry_run.json").exists()
     assert not list(out.rglob("checkpoints")) and not list(out.rglob("final"))
@@ -264,8 +266,8 @@ def test_early_stopping_keeps_the_best(tmp_path: Path) -> None:
         ),
         quiet=True,
     )
-    assert "early stopping" in s["reason"], s["reason"]
-    assert s["best_step"] < s["steps"]
+    assert "early stopping" in s.reason, s.reason
+    assert s.best_step < s.steps
 
 
 # -- bad input: one line, exit 2, nothing lost ------------------------------------------------
@@ -336,8 +338,8 @@ def test_cli_json_summary_and_exit_code(tmp_path: Path) -> None:
         text=True,
     )
     assert p.returncode == 0, p.stderr[-2000:]
-    s = json.loads(p.stdout)
-    assert s["outcome"] == "completed" and s["steps"] == 2
+    s = RunSummary.model_validate_json(p.stdout)
+    assert s.outcome == "completed" and s.steps == 2
 
 
 def launch(cfg: Path, stop_after: int | None = None) -> tuple[int, str, str]:
@@ -380,8 +382,8 @@ def test_two_processes_gloo_match_one(tmp_path: Path, setup: tuple[str, ...]) ->
                                                   "job.gpus=2"))  # fmt: skip
     rc, stdout, stderr = launch(cfg)
     assert rc == 0, stderr[-3000:]
-    s = json.loads(stdout.strip().splitlines()[-1])
-    assert s["outcome"] == "completed" and s["steps"] == 3 and s["best_step"] is not None
+    s = RunSummary.model_validate_json(stdout.strip().splitlines()[-1])
+    assert s.outcome == "completed" and s.steps == 3 and s.best_step is not None
     # 2 processes x micro-batch 2 is the same maths as 1 process x micro-batch 4, whether
     # each process holds the whole model (DDP) or a shard of every weight (FSDP)
     assert_same_weights(one, tmp_path / "two", tol=1e-5)
@@ -400,18 +402,18 @@ def test_two_processes_sigterm_then_resume_equal_one(
     cfg = write_cfg(tmp_path / "c.yaml", make_cfg(two, "job.batch=2", *same, "job.gpus=2"))
     rc, stdout, stderr = launch(cfg, stop_after=2)
     assert rc == recipe.RESUMABLE_EXIT, stderr[-3000:]
-    stopped = json.loads(stdout.strip().splitlines()[-1])
-    assert stopped["outcome"] == "preempted" and 2 <= stopped["steps"] < 8
+    stopped = RunSummary.model_validate_json(stdout.strip().splitlines()[-1])
+    assert stopped.outcome == "preempted" and 2 <= stopped.steps < 8
     shards = (ckpt.latest(two / "checkpoints") or two) / "tensors"
     assert len(list(shards.glob("*.distcp"))) == 2
     if resume_on == 2:
         rc, stdout, stderr = launch(cfg)
         assert rc == 0, stderr[-3000:]
-        s = json.loads(stdout.strip().splitlines()[-1])
+        s = RunSummary.model_validate_json(stdout.strip().splitlines()[-1])
     else:  # the spot machine came back smaller
         s = recipe.train(make_cfg(two, "job.batch=4", *same), quiet=True)
-        assert "resumed on a different number of processes" in " ".join(s["notes"])
-    assert s["outcome"] == "completed" and s["steps_this_session"] == 8 - stopped["steps"]
+        assert "resumed on a different number of processes" in " ".join(s.notes)
+    assert s.outcome == "completed" and s.steps_this_session == 8 - stopped.steps
     assert_same_weights(one, two, tol=1e-5)
     la, lb = losses(one), losses(two)  # the same rows in the same order, step by step
     assert la.keys() == lb.keys() == set(range(1, 9))
@@ -440,8 +442,8 @@ def test_nonfinite_loss_stops_with_a_diagnosis(
     cfg = write_cfg(tmp_path / "c.yaml", make_cfg(tmp_path / "out", *over))
     msg = run_error(capsys, "train", str(cfg), "--quiet")
     assert "training stopped" in msg and "training.learning_rate=100000" in msg
-    s = json.loads((tmp_path / "out" / "run_summary.json").read_text())
-    assert s["outcome"] == "failed" and s["diagnostics"][-1]["kind"] == "nonfinite_loss"
+    s = RunSummary.model_validate_json((tmp_path / "out" / "run_summary.json").read_text())
+    assert s.outcome == "failed" and s.diagnostics[-1].kind == "nonfinite_loss"
     assert not (tmp_path / "out" / "final").exists()  # no broken weights exported
 
 
@@ -452,7 +454,7 @@ def test_tensorboard_log_and_merged_model(tmp_path: Path) -> None:
                  "training.merge=true"), quiet=True,
     )  # fmt: skip
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
-    assert s["outputs"]["merged"] == str(out / "merged")
+    assert s.outputs["merged"] == str(out / "merged")
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")  # a plain model, no adapter
@@ -469,10 +471,10 @@ def test_plan_writes_what_train_runs(capsys: pytest.CaptureFixture[str], tmp_pat
     out = tmp_path / "run"
     s = run_json(capsys, "train", str(cfg), "init=random", "training.loggers=[jsonl]",
                  f"output_dir={out}", "--json")  # fmt: skip
-    assert s["outcome"] == "completed"
+    assert s.outcome == "completed"
     rec = plan["recommendation"]
-    assert s["predicted"]["gpu"] == rec["gpu"] and s["predicted"]["hours"] == rec["est_hours"]
-    assert s["effective_batch"] == 8 and s["tokens_per_step"] == 8 * 128
+    assert s.predicted.gpu == rec["gpu"] and s.predicted.hours == rec["est_hours"]
+    assert s.effective_batch == 8 and s.tokens_per_step == 8 * 128
     saved = load_run_config(out / "config.yaml")  # the resolved config, overrides applied
     assert saved.init == "random" and saved.hourly_usd == rec["price_per_hour_usd"]
 
@@ -491,9 +493,9 @@ def test_cli_sigterm_exits_resumable(tmp_path: Path) -> None:
         time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=120) == recipe.RESUMABLE_EXIT
-    s = json.loads((out / "run_summary.json").read_text())
-    assert s["outcome"] == "preempted" and s["resumable"]
-    step = s["steps"]
+    s = RunSummary.model_validate_json((out / "run_summary.json").read_text())
+    assert s.outcome == "preempted" and s.resumable
+    step = s.steps
     assert (out / "checkpoints" / f"step-{step:08d}").exists()
 
 
@@ -519,11 +521,10 @@ def test_checkpoint_due_every_step_still_makes_progress(
         assert calls[0] < 5000, "the loop is spinning"
         return float(calls[0])
 
-    monkeypatch.setattr(recipe, "clock", jumpy)
     out = tmp_path / "run"
     over = ("training.max_steps=3", "training.save_every_min=1e-6", "training.keep_checkpoints=5")
-    s = recipe.train(make_cfg(out, *over), quiet=True)
-    assert s["outcome"] == "completed" and s["steps"] == 3
+    s = recipe.train(make_cfg(out, *over), quiet=True, clock=jumpy)
+    assert s.outcome == "completed" and s.steps == 3
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step-00000001", "step-00000002", "step-00000003"]  # fmt: skip
 
@@ -578,7 +579,7 @@ def test_resume_carries_on_the_mlflow_and_wandb_runs(
 
     assert recipe.train(make_cfg(out, *over), on_step=stop_at_3, quiet=True)["steps"] == 3
     s = recipe.train(make_cfg(out, *over), quiet=True)
-    assert s["outcome"] == "completed"
+    assert s.outcome == "completed"
     first, again = ml.named("start_run")
     assert first == {"run_name": "run"} and again == {"run_id": "run-1"}
     assert len(ml.named("log_params")) == 1  # MLflow params cannot be logged twice
@@ -591,19 +592,22 @@ def test_resume_carries_on_the_mlflow_and_wandb_runs(
     assert ml.named("start_run")[-1] == {"run_name": "other"}
 
 
-@pytest.mark.usefixtures("one_second_steps")
 def test_budget_guard_covers_the_first_step_from_the_estimate(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_second_steps: recipe.Clock
 ) -> None:
     # no plan: on a GPU the estimator predicts the step; here it says 8 x 96 tokens take 2 s,
     # and on the clock every step takes 1 s, at $1 a second
-    monkeypatch.setattr(recipe, "_predicted", lambda cfg, micro, accum: {"tokens_per_s": 384})
+    monkeypatch.setattr(recipe, "predict", lambda *a: predict.Prediction(tokens_per_s=384))
     over = ("data.epochs=5", "price_per_hour_usd=3600")
-    s = recipe.train(make_cfg(tmp_path / "a", *over, "budget_usd=1.5"), quiet=True)
-    assert s["outcome"] == "budget-stopped" and s["steps"] == 0  # a $2 step would cross $1.50
+    s = recipe.train(
+        make_cfg(tmp_path / "a", *over, "budget_usd=1.5"), quiet=True, clock=one_second_steps
+    )
+    assert s.outcome == "budget-stopped" and s.steps == 0  # a $2 step would cross $1.50
     # the estimate lets the first step run; then the timed 1 s steps guide the guard
-    s = recipe.train(make_cfg(tmp_path / "b", *over, "budget_usd=2.5"), quiet=True)
-    assert s["outcome"] == "budget-stopped" and s["steps"] == 2
+    s = recipe.train(
+        make_cfg(tmp_path / "b", *over, "budget_usd=2.5"), quiet=True, clock=one_second_steps
+    )
+    assert s.outcome == "budget-stopped" and s.steps == 2
 
 
 def test_launcher_knows_whether_torchrun_can_leave_signals() -> None:
@@ -649,8 +653,8 @@ def test_a_truncated_checkpoint_is_skipped_with_its_reason(tmp_path: Path) -> No
     size = newest.stat().st_size
     newest.write_bytes(newest.read_bytes()[: size // 2])  # a copy cut short
     s = recipe.train(make_cfg(out, *over), quiet=True)
-    assert "resumed from step-00000002 (step 2)" in s["notes"]
+    assert "resumed from step-00000002 (step 2)" in s.notes
     assert (
         f"skipped checkpoint step-00000003: scheduler.pt has {size // 2:,} bytes where "
         f"{size:,} were written (truncated or changed)"
-    ) in s["notes"]
+    ) in s.notes

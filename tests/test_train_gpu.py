@@ -25,11 +25,15 @@ def test_dry_run_on_cuda_reports_measured_and_predicted(
     tmp_path: Path, over: tuple[str, ...]
 ) -> None:
     s = recipe.train(make_cfg(tmp_path / "r", "data.epochs=3", *over), dry_run=3, quiet=True)
-    assert s["precision"].startswith("bf16")
-    a, p = s["actual"], s["predicted"]
-    assert a["peak_allocated_gib"] > 0 and a["peak_reserved_gib"] >= a["peak_allocated_gib"]
-    assert p["peak_allocated_gib"] > 0  # the estimator's figure for this GPU and micro-batch
-    assert "estimator" in s["notes"][0]  # the micro-batch came from the estimator
+    assert s.precision.startswith("bf16")
+    a, p = s.actual, s.predicted
+    assert (
+        a.peak_allocated_gib and a.peak_reserved_gib and a.peak_reserved_gib >= a.peak_allocated_gib
+    )
+    assert (
+        p.peak_allocated_gib and p.peak_allocated_gib > 0
+    )  # the estimator's figure for this GPU and micro-batch
+    assert "estimator" in s.notes[0]  # the micro-batch came from the estimator
 
 
 def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path: Path) -> None:
@@ -37,5 +41,5 @@ def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path: Path) -> None:
         make_cfg(tmp_path / "r", "job.method=qlora", "job.precision=bf16-mixed", "data.epochs=2",
                  "training.eval_every=5"), quiet=True,
     )  # fmt: skip
-    assert s["outcome"] == "completed"
+    assert s.outcome == "completed"
     assert (tmp_path / "r" / "final" / "adapter_model.safetensors").exists()

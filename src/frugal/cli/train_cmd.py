@@ -8,7 +8,6 @@ with `--resume auto` (the default) to continue exactly where it stopped.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -25,6 +24,7 @@ from rich.table import Table
 from frugal import cli
 from frugal.config import load_run_config
 from frugal.errors import RESUMABLE_EXIT, FrugalError
+from frugal.run.summary import RunSummary
 
 
 def train(
@@ -64,13 +64,13 @@ def train(
     summary = run_train(cfg, resume=resume, dry_run=dry_run, quiet=quiet or json_out)
     if int(os.environ.get("RANK", "0")) == 0:
         if json_out:
-            print(json.dumps(summary))
+            print(summary.model_dump_json())
         else:
             render(summary, dry_run is not None)
-    if summary["outcome"] == "preempted":
+    if summary.outcome == "preempted":
         raise typer.Exit(RESUMABLE_EXIT)
-    if summary["outcome"] == "failed":
-        raise FrugalError(f"training stopped: {summary['reason']}")
+    if summary.outcome == "failed":
+        raise FrugalError(f"training stopped: {summary.reason}")
 
 
 def _launch(n: int) -> int:
@@ -153,20 +153,18 @@ def _worker_codes(text: str) -> set[int]:
     return {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", text)}
 
 
-def render(s: dict[str, Any], dry: bool) -> None:
-
+def render(s: RunSummary, dry: bool) -> None:
     c = Console()
-    colour = {"completed": "green", "preempted": "yellow"}.get(s["outcome"], "red")
+    colour = {"completed": "green", "preempted": "yellow"}.get(s.outcome, "red")
     c.print(
-        f"[bold {colour}]{s['outcome']}[/]: {s['reason']} · step {s['steps']}/"
-        f"{s['total_steps']} · micro-batch {s['micro_batch']} x accum {s['grad_accum']} · "
-        f"{s['precision']}"
+        f"[bold {colour}]{s.outcome}[/]: {s.reason} · step {s.steps}/{s.total_steps} · "
+        f"micro-batch {s.micro_batch} x accum {s.grad_accum} · {s.precision}"
     )
     t = Table(title="dry run: measured vs estimate" if dry else "predicted vs actual")
     t.add_column("")
     t.add_column("predicted", justify="right")
     t.add_column("actual", justify="right")
-    p, a = s["predicted"], s["actual"]
+    p, a = s.predicted.model_dump(), s.actual.model_dump()
     for key, label in (
         ("tokens_per_s", "tokens/s"),
         ("peak_allocated_gib", "peak allocated GiB"),
@@ -174,14 +172,14 @@ def render(s: dict[str, Any], dry: bool) -> None:
         ("hours", "hours"),
         ("cost_usd", "cost USD"),
     ):
-        if key in p or key in a:
+        if p.get(key) is not None or a.get(key) is not None:
             t.add_row(label, _fmt(p.get(key)), _fmt(a.get(key)))
     c.print(t)
-    if s["best_eval_loss"] is not None:
-        c.print(f"best eval loss {s['best_eval_loss']:.4f} at step {s['best_step']}")
-    for k, v in s["outputs"].items():
+    if s.best_eval_loss is not None:
+        c.print(f"best eval loss {s.best_eval_loss:.4f} at step {s.best_step}")
+    for k, v in s.outputs.items():
         c.print(f"{k}: {v}")
-    if s["resumable"]:
+    if s.resumable:
         c.print("checkpoint saved: run the same command again to resume (--resume auto)")
 
 

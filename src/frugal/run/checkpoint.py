@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from frugal.errors import FrugalError
 from frugal.files import fsync_dir as _fsync_dir
 from frugal.files import fsync_file as _fsync_file
+from frugal.run.state import TrainState
 
 MARKER = "COMPLETE"
 PREFIX = "step-"
@@ -150,12 +152,12 @@ def begin(root: Path, step: int) -> Path:
     return tmp
 
 
-def commit(tmp: Path, state: dict[str, Any], keep: int) -> Path:
+def commit(tmp: Path, state: TrainState, keep: int) -> Path:
     """Mark the filled staging directory complete and rename it into place; keeps the
     newest `keep` checkpoints."""
-    step = int(state["step"])
+    step = state.step
     final = tmp.parent / f"{PREFIX}{step:08d}"
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    (tmp / "state.json").write_text(state.to_json())
     files = {str(f.relative_to(tmp)): f.stat().st_size for f in _files(tmp)}
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}))
     swap_in(tmp, final)  # fsyncs every file and the marker, then renames: the commit
@@ -238,5 +240,107 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def read_state(path: Path) -> dict[str, Any]:
-    return dict(json.loads((path / "state.json").read_text()))
+def read_state(path: Path) -> TrainState:
+    return TrainState.read(path)
+
+
+@dataclass
+class Parts:
+    """What a checkpoint holds besides the training state: the model (unwrapped), the torch
+    optimizer, the LR scheduler and accelerate's Accelerator (processes, loss scaler)."""
+
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    acc: Any
+
+
+class Checkpoints:
+    """The checkpoints of one run directory: find, save, restore. Every process calls
+    `save` and `restore` (each writes and reads its own shard and RNG state); the main
+    process writes the rest and commits."""
+
+    def __init__(self, root: Path, keep: int) -> None:
+        self.root, self.keep = root, keep
+
+    def latest(self) -> Path | None:
+        return latest(self.root)
+
+    def any(self) -> bool:
+        return bool(complete(self.root))
+
+    def skipped(self, resumed: Path | None) -> list[str]:
+        return skipped(self.root, resumed)
+
+    def save(self, state: TrainState, parts: Parts) -> Path:
+        acc = parts.acc
+        main = bool(acc.is_main_process)
+        tmp = begin(self.root, state.step) if main else staging(self.root, state.step)
+        acc.wait_for_everyone()  # the staging directory exists, and is empty
+        save_tensors(tmp / "tensors", parts.model, parts.optimizer)
+        rngs = [rng_state()]
+        if acc.num_processes > 1:
+            import torch.distributed as dist
+
+            gathered: list[Any] = [None] * acc.num_processes
+            dist.all_gather_object(gathered, rngs[0])  # also: every shard is written
+            rngs = gathered
+        if main:
+            scaler = acc.scaler.state_dict() if acc.scaler is not None else None
+            torch.save(
+                {"scheduler": parts.scheduler.state_dict(), "scaler": scaler},
+                tmp / "scheduler.pt",
+            )
+            for r, rng in enumerate(rngs):
+                torch.save(rng, tmp / f"rng-{r}.pt")
+            commit(tmp, state, self.keep)
+        acc.wait_for_everyone()
+        return self.root / f"{PREFIX}{state.step:08d}"
+
+    def restore(self, path: Path, parts: Parts) -> tuple[TrainState, bool]:
+        """The saved state, with weights, optimizer, scheduler, scaler and RNG restored;
+        the flag says whether this process's RNG stream was (the same number of
+        processes wrote it), else the caller reseeds."""
+        state = TrainState.read(path)
+        if not (path / "tensors").is_dir():
+            raise FrugalError(
+                f"{path} was written by an older frugal (no tensors/): resume it with that "
+                "version, or start again in a new output_dir"
+            )
+        load_tensors(path / "tensors", parts.model, parts.optimizer)
+        sched = _load(path / "scheduler.pt")
+        parts.scheduler.load_state_dict(sched["scheduler"])
+        if sched["scaler"] is not None and parts.acc.scaler is not None:
+            parts.acc.scaler.load_state_dict(sched["scaler"])
+        rng = path / f"rng-{parts.acc.process_index}.pt"
+        same = state.world == parts.acc.num_processes and rng.exists()
+        if same:
+            set_rng_state(_load(rng))
+        return state, same
+
+
+def _load(path: Path) -> Any:
+    """A checkpoint file, onto the CPU first (not every process's state onto GPU 0)."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def save_best(out: Path, model: torch.nn.Module, step: int, main: bool) -> None:
+    """The trainable weights of the best evaluation so far, in `out/best/`, swapped in whole
+    (under FSDP every process calls it; the main process writes)."""
+    weights = trainable_state(model, keep=main)
+    if not main:
+        return
+    from safetensors.torch import save_file
+
+    tmp = out / ".tmp-best"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(weights, str(tmp / "trainable.safetensors"))
+    (tmp / "step.json").write_text(json.dumps({"step": step}))
+    swap_in(tmp, out / "best")
+
+
+def best_step(out: Path) -> int | None:
+    """The step whose weights `out/best/` holds, if any."""
+    path = out / "best" / "step.json"
+    return int(json.loads(path.read_text())["step"]) if path.exists() else None

@@ -1,8 +1,13 @@
-"""The training recipe: setup → train → cleanup, read top to bottom.
+"""The training recipe: `setup` → `start` (fresh or resumed) → `Loop` → summary, read top
+to bottom.
 
-One process per GPU (launched by torchrun for `job.gpus > 1`), DDP through accelerate or
-PyTorch FSDP (`job.sharding=fsdp`), transformers models, PEFT adapters, bitsandbytes for
-QLoRA and 8-bit optimizers on CUDA.
+One process per GPU (launched by `frugal train` for `job.gpus > 1`), DDP through accelerate
+or PyTorch FSDP (`job.sharding=fsdp`), transformers models, PEFT adapters, bitsandbytes for
+QLoRA and 8-bit optimizers on CUDA. The loop is four named steps: `decide` (one check all
+processes agree on: signal, budget, time limit, checkpoint or evaluation due), `step`,
+`evaluate`, `checkpoint`. What it carries between steps is one typed `TrainState`
+(state.py), saved and restored whole through `Checkpoints` (checkpoint.py); predictions
+come from predict.py, and the result is a typed `RunSummary` (summary.py).
 What the runner adds to a plain loop, and where:
 - exact gradient accumulation: each micro-batch's summed token loss is divided by the token
   count of the whole optimizer step, so micro-batch 4 x accum 2 equals micro-batch 8;
@@ -12,7 +17,7 @@ What the runner adds to a plain loop, and where:
 - money: a cost meter and a budget guard that stops before the budget is crossed;
 - spot safety: atomic checkpoints every `save_every_min`; SIGTERM/SIGINT → checkpoint at the
   next step boundary and exit RESUMABLE_EXIT; `resume="auto"` restores weights, optimizer,
-  scheduler, RNG and the data position (a function of the step, see data.py);
+  scheduler, RNG and the data position (a function of the step, see frugal.data);
 - diagnostics (diagnose.py), early stopping, best-model selection, a run summary.
 """
 
@@ -25,7 +30,9 @@ import shutil
 import signal
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +43,7 @@ from frugal.config import RunConfig
 from frugal.data.examples import Batcher, Row, Schedule, load_examples, pack, split, unpacked
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
-from frugal.estimate.core import get_profile, memory_at
-from frugal.estimate.throughput import step_time
 from frugal.files import write_text_atomic
-from frugal.hardware.gpus import lookup_gpu
-from frugal.models.specs import load_spec
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.run import checkpoint as ckpt
 from frugal.run.build import (
@@ -51,8 +54,11 @@ from frugal.run.build import (
     refuse_unsupported,
     shard,
 )
-from frugal.run.diagnose import Diagnostics
+from frugal.run.diagnose import Diagnostics, Finding
 from frugal.run.meter import CostMeter, Progress, Sinks
+from frugal.run.predict import expected_step_s, predict
+from frugal.run.state import FindingRecord, TrainState
+from frugal.run.summary import Actual, Outcome, RunSummary
 from frugal.step.loop import Loss, Sums, forward, optimizer_step
 from frugal.step.loss import IGNORE, causal_lm_loss
 
@@ -60,7 +66,6 @@ from frugal.step.loss import IGNORE, causal_lm_loss
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 # the distributed checkpoint API says so each time it runs in one process: that is intended
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-clock = time.monotonic  # step times, checkpoint times and dollars all read this clock
 
 
 @dataclass
@@ -327,94 +332,6 @@ def evaluate(run: Run) -> float | None:
             run.notes.append(f"evaluation OOM: evaluation batch now {run.eval_micro}")
 
 
-# -- checkpoints -------------------------------------------------------------------------------
-
-
-def _state(run: Run, step: int, meter: CostMeter, book: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "step": step,
-        "spent_usd": meter.spent_usd(),
-        "elapsed_s": meter.elapsed_s(),
-        "micro_batch": run.micro,
-        "world": run.world,
-        "run_key": _run_key(run),
-        **book,
-    }
-
-
-def save_checkpoint(run: Run, step: int, meter: CostMeter, book: dict[str, Any]) -> None:
-    """Every process writes its part of the weights and optimizer state and sends its RNG
-    state; the main process writes the rest and commits the checkpoint."""
-    root = run.out / "checkpoints"
-    tmp = ckpt.begin(root, step) if run.main else ckpt.staging(root, step)
-    run.acc.wait_for_everyone()  # the staging directory exists, and is empty
-    ckpt.save_tensors(tmp / "tensors", run.unwrapped, run.inner_optimizer)
-    rngs = [ckpt.rng_state()]
-    if run.world > 1:
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * run.world
-        dist.all_gather_object(gathered, rngs[0])  # also: every process's shard is written
-        rngs = gathered
-    if run.main:
-        scaler = run.acc.scaler.state_dict() if run.acc.scaler is not None else None
-        torch.save(
-            {"scheduler": run.scheduler.state_dict(), "scaler": scaler}, tmp / "scheduler.pt"
-        )
-        for r, state in enumerate(rngs):
-            torch.save(state, tmp / f"rng-{r}.pt")
-        ckpt.commit(tmp, _state(run, step, meter, book), run.cfg.training.keep_checkpoints)
-    run.acc.wait_for_everyone()
-
-
-def _load(path: Path) -> Any:
-    """A checkpoint file, onto the CPU first (not every process's state onto GPU 0)."""
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def restore(run: Run, path: Path) -> dict[str, Any]:
-    state = ckpt.read_state(path)
-    if not (path / "tensors").is_dir():
-        raise FrugalError(
-            f"{path} was written by an older frugal (no tensors/): resume it with that "
-            "version, or start again in a new output_dir"
-        )
-    ckpt.load_tensors(path / "tensors", run.unwrapped, run.inner_optimizer)
-    sched = _load(path / "scheduler.pt")
-    run.scheduler.load_state_dict(sched["scheduler"])
-    if sched["scaler"] is not None and run.acc.scaler is not None:
-        run.acc.scaler.load_state_dict(sched["scaler"])
-    rng = path / f"rng-{run.acc.process_index}.pt"
-    if state.get("world") == run.world and rng.exists():
-        ckpt.set_rng_state(_load(rng))
-    else:
-        from accelerate.utils import set_seed
-
-        set_seed(run.cfg.training.seed + int(state["step"]) + run.acc.process_index)
-        run.notes.append("resumed on a different number of processes: RNG streams reseeded")
-    per_rank = run.cfg.training.effective_batch // run.world
-    micro = int(state.get("micro_batch", run.micro))
-    if per_rank % micro == 0:
-        run.micro = min(run.micro, micro)  # keep an OOM back-off across the restart
-    run.eval_micro = run.micro
-    return state
-
-
-def _save_best(run: Run, step: int) -> None:
-    """The trainable weights of the best evaluation so far, in `best/`, swapped in whole."""
-    weights = ckpt.trainable_state(run.unwrapped, keep=run.main)  # FSDP: all gather
-    if not run.main:
-        return
-    from safetensors.torch import save_file
-
-    tmp = run.out / ".tmp-best"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(weights, str(tmp / "trainable.safetensors"))
-    (tmp / "step.json").write_text(json.dumps({"step": step}))
-    ckpt.swap_in(tmp, run.out / "best")
-
-
 # -- the loop ----------------------------------------------------------------------------------
 
 
@@ -440,75 +357,34 @@ class _Stop:
             signal.signal(s, h)
 
 
+Clock = Callable[[], float]
+
+
 def train(
     cfg: RunConfig,
     resume: str = "auto",
     dry_run: int | None = None,
-    on_step: Any = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
     quiet: bool = False,
-) -> dict[str, Any]:
+    clock: Clock = time.monotonic,
+) -> RunSummary:
     """Run `cfg`; returns the run summary (also written to run_summary.json).
     resume: "auto" (newest complete checkpoint, if any), "never", or a checkpoint path.
-    Every unit of work (a step, an evaluation, a checkpoint) is preceded by one check that
-    all processes agree on: stop signal, budget, time limit."""
-    meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=lambda: clock())  # bills setup too
+    `clock` times steps, checkpoints and dollars (a test passes its own)."""
+    meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=clock)  # bills setup too
     with _Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
         run = setup(cfg)
         if dry_run:
             run.out = run.out / "dry-run"  # measurements only: the run's own files stay as they are
             if run.main:
                 shutil.rmtree(run.out, ignore_errors=True)
-        step, book = _start(run, cfg, resume, meter, dry_run)
-        total = min(run.total_steps, dry_run or run.total_steps)
-        return _loop(run, cfg, stop, meter, step, book, total, on_step, quiet, dry_run)
+        state = start(run, resume, meter, dry_run)
+        loop = Loop(run, state, meter, stop, clock, dry_run, on_step, quiet)
+        return loop.train()
 
 
-def _start(
-    run: Run, cfg: RunConfig, resume: str, meter: CostMeter, dry_run: int | None
-) -> tuple[int, dict[str, Any]]:
-    """Resume from a checkpoint, or start fresh where nothing would be overwritten."""
-    out = run.out
-    book: dict[str, Any] = {"best_eval": None, "best_step": None, "bad_evals": 0,
-                            "tokens": 0.0, "train_tokens": 0.0, "train_time_s": 0.0,
-                            "step_times": [], "findings": [],
-                            "diagnostics": None}  # fmt: skip
-    source = None
-    if resume not in ("auto", "never"):
-        source = Path(resume)
-        if not ckpt.is_complete(source):
-            raise FrugalError(f"--resume {resume}: not a complete checkpoint")
-    elif resume == "auto" and not dry_run:
-        source = ckpt.latest(out / "checkpoints")
-        for why in ckpt.skipped(out / "checkpoints", source):
-            run.notes.append(f"skipped checkpoint {why}")
-    finished = [f for f in ("final", "run_summary.json") if (out / f).exists()]
-    if source is None and (ckpt.complete(out / "checkpoints") or finished):
-        raise FrugalError(
-            f"{out} already holds a run: continue it with --resume auto, or set output_dir "
-            "to a new directory (nothing there was changed)"
-        )
-    step = 0
-    if source is not None:
-        state = restore(run, source)
-        mismatch = [k for k, v in _run_key(run).items() if state.get("run_key", {}).get(k) != v]
-        if mismatch:
-            raise FrugalError(
-                f"{source} was made with different {', '.join(mismatch)}: resume with the "
-                "config it was made with (see its config.yaml), or use a new output_dir"
-            )
-        step = int(state["step"])
-        meter.before_usd, meter.before_s = float(state["spent_usd"]), float(state["elapsed_s"])
-        book.update({k: state[k] for k in book if k in state})
-        run.notes.append(f"resumed from {source.name} (step {step})")
-        best = out / "best" / "step.json"
-        if best.exists() and json.loads(best.read_text())["step"] != book["best_step"]:
-            shutil.rmtree(out / "best")  # written after the checkpoint, on a lost timeline
-            book.update(best_eval=None, best_step=None, bad_evals=0)
-    if run.main:
-        out.mkdir(parents=True, exist_ok=True)
-        cfg.write(out / "config.yaml")  # the resolved config, beside every output
-        _truncate_metrics(out / "metrics.jsonl", step)
-    return step, book
+def _parts(run: Run) -> ckpt.Parts:
+    return ckpt.Parts(run.unwrapped, run.inner_optimizer, run.scheduler, run.acc)
 
 
 def _run_key(run: Run) -> dict[str, Any]:
@@ -522,153 +398,258 @@ def _run_key(run: Run) -> dict[str, Any]:
             "training.seed": c.training.seed, "total steps": run.total_steps}  # fmt: skip
 
 
-def _loop(
-    run: Run, cfg: RunConfig, stop: _Stop, meter: CostMeter, step: int, book: dict[str, Any],
-    total: int, on_step: Any, quiet: bool, dry_run: int | None,
-) -> dict[str, Any]:  # fmt: skip
-    t = cfg.training
-    config = cfg.model_dump(mode="json")
-    sinks = Sinks(run.out, t.loggers, config, resume=step > 0) if run.main else None
-    progress = Progress(total, enabled=run.main and not quiet)
-    progress.print(f"precision: {run.precision} ({run.precision_reason})")
-    for n in run.notes:
-        progress.print(n)
-    diag = Diagnostics(t.learning_rate, run.precision, t.max_grad_norm)
-    if book["diagnostics"] is not None:  # resumed: the windows carry on
-        diag.load_state_dict(book["diagnostics"])
-    save_every_s = 60 * (t.save_every_min or _plan_interval(cfg) or DEFAULT_CHECKPOINT_MIN)
-    expected_s = _expected_step_s(run)
-    # a clean stop writes a checkpoint and the final weights: guess their time from the bytes
-    # until a checkpoint has been timed (1 GB/s disk, 20 ms of fixed cost)
-    trainable = sum(p.numel() * p.element_size() for p in run.params)
-    save_s, eval_s = 0.02 + 3 * trainable / 1e9, None
-    session_t0 = last_save = clock()
-    saved_step = step  # a fresh run has nothing to save at step 0
-    eval_due = False
-    outcome, reason = "completed", f"reached {total} steps"
-    peak_alloc = peak_res = 0.0
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    start_step = step
+def start(run: Run, resume: str, meter: CostMeter, dry_run: int | None) -> TrainState:
+    """Resume from a checkpoint, or start fresh where nothing would be overwritten."""
+    out, cfg = run.out, run.cfg
+    store = ckpt.Checkpoints(out / "checkpoints", cfg.training.keep_checkpoints)
+    source = None
+    if resume not in ("auto", "never"):
+        source = Path(resume)
+        if not ckpt.is_complete(source):
+            raise FrugalError(f"--resume {resume}: not a complete checkpoint")
+    elif resume == "auto" and not dry_run:
+        source = store.latest()
+        for why in store.skipped(source):
+            run.notes.append(f"skipped checkpoint {why}")
+    finished = [f for f in ("final", "run_summary.json") if (out / f).exists()]
+    if source is None and (store.any() or finished):
+        raise FrugalError(
+            f"{out} already holds a run: continue it with --resume auto, or set output_dir "
+            "to a new directory (nothing there was changed)"
+        )
+    state = TrainState.fresh(run.micro, run.world, _run_key(run))
+    if source is not None:
+        state = _restore(run, store, source, meter)
+    if run.main:
+        out.mkdir(parents=True, exist_ok=True)
+        cfg.write(out / "config.yaml")  # the resolved config, beside every output
+        _truncate_metrics(out / "metrics.jsonl", state.step)
+    return state
 
-    def save(at: int) -> None:
-        nonlocal save_s, last_save, saved_step
-        if at == saved_step:
-            return
-        t0 = clock()
-        book["diagnostics"] = diag.state_dict()
-        save_checkpoint(run, at, meter, book)
-        save_s, last_save, saved_step = clock() - t0, clock(), at
 
-    while True:
-        times = book["step_times"]
+def _restore(run: Run, store: ckpt.Checkpoints, source: Path, meter: CostMeter) -> TrainState:
+    state, same_rng = store.restore(source, _parts(run))
+    mismatch = [k for k, v in _run_key(run).items() if state.run_key.get(k) != v]
+    if mismatch:
+        raise FrugalError(
+            f"{source} was made with different {', '.join(mismatch)}: resume with the "
+            "config it was made with (see its config.yaml), or use a new output_dir"
+        )
+    if not same_rng:
+        from accelerate.utils import set_seed
+
+        set_seed(run.cfg.training.seed + state.step + run.acc.process_index)
+        run.notes.append("resumed on a different number of processes: RNG streams reseeded")
+    per_rank = run.cfg.training.effective_batch // run.world
+    if per_rank % state.micro_batch == 0:
+        run.micro = min(run.micro, state.micro_batch)  # keep an OOM back-off
+    run.eval_micro = run.micro
+    meter.before_usd, meter.before_s = state.spent_usd, state.elapsed_s
+    run.notes.append(f"resumed from {source.name} (step {state.step})")
+    if ckpt.best_step(run.out) not in (None, state.best_step):
+        shutil.rmtree(run.out / "best")  # written after the checkpoint, on a lost timeline
+        state.best_eval, state.best_step, state.bad_evals = None, None, 0
+    return state
+
+
+class Action(Enum):
+    STEP = "step"
+    EVALUATE = "evaluate"
+    CHECKPOINT = "checkpoint"
+    STOP = "stop"
+
+
+class Loop:
+    """The training loop as four named steps: `decide` what comes next (one check all
+    processes agree on: stop signal, budget, time limit, checkpoint due, evaluation due),
+    then `step`, `evaluate` or `checkpoint`; `finish` saves and summarizes."""
+
+    def __init__(
+        self, run: Run, state: TrainState, meter: CostMeter, stop: _Stop, clock: Clock,
+        dry_run: int | None, on_step: Callable[[int, dict[str, float]], None] | None,
+        quiet: bool,
+    ) -> None:  # fmt: skip
+        self.run, self.state, self.meter, self.stop, self.clock = run, state, meter, stop, clock
+        self.dry_run, self.on_step = dry_run, on_step
+        cfg, t = run.cfg, run.cfg.training
+        self.store = ckpt.Checkpoints(run.out / "checkpoints", t.keep_checkpoints)
+        self.total = min(run.total_steps, dry_run or run.total_steps)
+        self.sinks = (
+            Sinks(run.out, t.loggers, cfg.model_dump(mode="json"), resume=state.step > 0)
+            if run.main
+            else None
+        )
+        self.progress = Progress(self.total, enabled=run.main and not quiet)
+        self.progress.print(f"precision: {run.precision} ({run.precision_reason})")
+        for n in run.notes:
+            self.progress.print(n)
+        self.diag = Diagnostics(t.learning_rate, run.precision, t.max_grad_norm)
+        if state.diagnostics is not None:  # resumed: the windows carry on
+            self.diag.load_state_dict(state.diagnostics)
+        self.save_every_s = 60 * (t.save_every_min or _plan_interval(cfg) or DEFAULT_CHECKPOINT_MIN)
+        self.prediction = predict(cfg, run.micro, run.accum, _cuda_device())
+        self.expected_s = expected_step_s(cfg, self.prediction)
+        # a clean stop writes a checkpoint and the final weights: guess their time from the
+        # bytes until a checkpoint has been timed (1 GB/s disk, 20 ms of fixed cost)
+        trainable = sum(p.numel() * p.element_size() for p in run.params)
+        self.save_s = 0.02 + 3 * trainable / 1e9
+        self.eval_s: float | None = None
+        self.session_t0 = self.last_save = clock()
+        self.start_step = self.saved_step = state.step  # nothing new to save yet
+        self.eval_due = False
+        self.outcome: Outcome = "completed"
+        self.stopped = False  # set with outcome and reason by whatever ends the run
+        self.reason = f"reached {self.total} steps"
+        self.peak_alloc = self.peak_res = 0.0
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+    def train(self) -> RunSummary:
+        act = {Action.STEP: self.step, Action.EVALUATE: self.evaluate,
+               Action.CHECKPOINT: self.checkpoint}  # fmt: skip
+        while (action := self.decide()) is not Action.STOP:
+            act[action]()
+        return self.finish()
+
+    def decide(self) -> Action:
+        """What comes next; on STOP, `outcome` and `reason` say why."""
+        if self.stopped:
+            return Action.STOP
+        st, t, step = self.state, self.run.cfg.training, self.state.step
+        times = st.step_times
         # the guards plan for a slow step: the slowest of the last ten (the first step of a
         # session, with its warm-up, only while it is the only one), or the expected before any
-        slowest = max(times[1:] if len(times) > 1 else times, default=expected_s)
-        if eval_due:
-            nxt = eval_s if eval_s is not None else slowest * len(run.val_batches) / max(
-                1, t.effective_batch) / 2  # fmt: skip
+        slowest = max(times[1:] if len(times) > 1 else times, default=self.expected_s)
+        if self.eval_due:
+            nxt = self.eval_s if self.eval_s is not None else slowest * len(
+                self.run.val_batches) / max(1, t.effective_batch) / 2  # fmt: skip
         else:
-            nxt = slowest if step < total else 0.0
+            nxt = slowest if step < self.total else 0.0
         limit = t.max_time_min
+        now = self.clock()
         sig, over_budget, over_time, save_due = _global_sum(
-            run,
-            float(stop.signal is not None),
-            float(meter.would_exceed(nxt, 2 * save_s)),  # the work, a checkpoint, final weights
-            float(limit is not None and clock() - session_t0 + nxt > 60 * limit),
+            self.run,
+            float(self.stop.signal is not None),
+            float(self.meter.would_exceed(nxt, 2 * self.save_s)),  # work, checkpoint, weights
+            float(limit is not None and now - self.session_t0 + nxt > 60 * limit),
             float(
-                not dry_run
-                and step < total
-                and step != saved_step  # nothing new to save yet
-                and clock() - last_save >= save_every_s
+                not self.dry_run
+                and step < self.total
+                and step != self.saved_step  # nothing new to save yet
+                and now - self.last_save >= self.save_every_s
             ),
         )
         if sig:
-            outcome, reason = "preempted", f"signal {stop.signal or 'on another process'}"
-            break
-        if over_budget and (eval_due or step < total):
-            outcome = "budget-stopped"
-            reason = f"the next step would cross the ${cfg.budget_usd:,.2f} budget"
-            break
-        if over_time and step < total:
-            reason = f"max_time_min={limit} reached in this session"
-            break
-        if eval_due:
-            eval_due = False
-            t0 = clock()
-            ev = evaluate(run)
-            eval_s = clock() - t0
-            if ev is None:
-                continue
-            new = diag.on_eval(step, ev, None)
-            _report(new, book, progress)
-            if book["best_eval"] is None or ev < book["best_eval"]:
-                book.update(best_eval=ev, best_step=step, bad_evals=0)
-                _save_best(run, step)
-            else:
-                book["bad_evals"] += 1
-            if sinks:
-                sinks.log(step, {"eval_loss": ev, "eval_time_s": eval_s})
-            patience = t.early_stopping_patience
-            if patience and book["bad_evals"] >= patience:
-                reason = f"early stopping: {patience} evaluations without improvement"
-                break
-            continue
+            return self._stop("preempted", f"signal {self.stop.signal or 'on another process'}")
+        if over_budget and (self.eval_due or step < self.total):
+            budget = self.run.cfg.budget_usd or 0.0
+            return self._stop(
+                "budget-stopped", f"the next step would cross the ${budget:,.2f} budget"
+            )
+        if over_time and step < self.total:
+            return self._stop("completed", f"max_time_min={limit} reached in this session")
+        if self.eval_due:
+            return Action.EVALUATE
         if save_due:
-            save(step)
-            continue
-        if step >= total:
-            break
-        t0 = clock()
+            return Action.CHECKPOINT
+        if step >= self.total:
+            return Action.STOP
+        return Action.STEP
+
+    def _stop(self, outcome: Outcome, reason: str) -> Action:
+        self.outcome, self.reason, self.stopped = outcome, reason, True
+        return Action.STOP
+
+    def step(self) -> None:
+        run, st, t = self.run, self.state, self.run.cfg.training
+        t0 = self.clock()
         try:
-            m = train_step(run, step)
+            m = train_step(run, st.step)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not _is_oom(e):
                 raise
-            _back_off(run, progress)
-            continue
-        dt = clock() - t0
-        step += 1
-        first = step == start_step + 1  # warm-up: not a typical step
-        book["step_times"] = [*times, dt][-10:]
-        book["tokens"] += m["tokens"]
-        if not first:
-            book["train_tokens"] += m["tokens"]
-            book["train_time_s"] += dt
+            _back_off(run, self.progress)
+            return
+        dt = self.clock() - t0
+        st.step += 1
+        step = st.step
+        st.step_times = [*st.step_times, dt][-10:]
+        st.tokens += m["tokens"]
+        if step != self.start_step + 1:  # a session's first step warms up: not typical
+            st.train_tokens += m["tokens"]
+            st.train_time_s += dt
         m.update(tokens_per_s=m["tokens"] / dt, step_time_s=dt, micro_batch=run.micro,
-                 grad_accum=run.accum, spent_usd=round(meter.spent_usd(), 6))  # fmt: skip
+                 grad_accum=run.accum, spent_usd=round(self.meter.spent_usd(), 6))  # fmt: skip
         if torch.cuda.is_available():
-            peak_alloc = max(peak_alloc, torch.cuda.max_memory_allocated() / 2**30)
-            peak_res = max(peak_res, torch.cuda.max_memory_reserved() / 2**30)
-            m.update(peak_allocated_gib=peak_alloc, peak_reserved_gib=peak_res)
+            self.peak_alloc = max(self.peak_alloc, torch.cuda.max_memory_allocated() / 2**30)
+            self.peak_res = max(self.peak_res, torch.cuda.max_memory_reserved() / 2**30)
+            m.update(peak_allocated_gib=self.peak_alloc, peak_reserved_gib=self.peak_res)
         # a loss-scale overflow (fp16) skips the update; it is not a broken run
-        new = diag.on_step(step, m["loss"], None if m.get("skipped") else m["grad_norm"])
-        _report(new, book, progress)
-        if sinks and (step % t.log_every == 0 or step == total):
-            sinks.log(step, m)
-        progress.update(step, m, meter, dt)
-        if on_step is not None:
-            on_step(step, m)
+        new = self.diag.on_step(step, m["loss"], None if m.get("skipped") else m["grad_norm"])
+        self._report(new)
+        if self.sinks and (step % t.log_every == 0 or step == self.total):
+            self.sinks.log(step, m)
+        self.progress.update(step, m, self.meter, dt)
+        if self.on_step is not None:
+            self.on_step(step, m)
         if any(f.fatal for f in new):
-            outcome, reason = "failed", new[-1].message
-            break
-        eval_due = not dry_run and ((t.eval_every and step % t.eval_every == 0) or step == total)
-    progress.close()
-    if not dry_run and outcome != "failed":
-        save(step)
-    summary = _finish(run, step, start_step, total, outcome, reason, meter, book,
-                      peak_alloc, peak_res, dry_run)  # fmt: skip
-    if sinks:
-        for n in sinks.notes:
-            progress.print(n)
-        sinks.close()
-    return summary
+            self._stop("failed", new[-1].message)
+            return
+        self.eval_due = not self.dry_run and (
+            (t.eval_every and step % t.eval_every == 0) or step == self.total
+        )
+
+    def evaluate(self) -> None:
+        run, st, t = self.run, self.state, self.run.cfg.training
+        self.eval_due = False
+        t0 = self.clock()
+        ev = evaluate(run)
+        self.eval_s = self.clock() - t0
+        if ev is None:
+            return
+        self._report(self.diag.on_eval(st.step, ev, None))
+        if st.best_eval is None or ev < st.best_eval:
+            st.best_eval, st.best_step, st.bad_evals = ev, st.step, 0
+            ckpt.save_best(run.out, run.unwrapped, st.step, run.main)
+        else:
+            st.bad_evals += 1
+        if self.sinks:
+            self.sinks.log(st.step, {"eval_loss": ev, "eval_time_s": self.eval_s})
+        patience = t.early_stopping_patience
+        if patience and st.bad_evals >= patience:
+            self._stop("completed", f"early stopping: {patience} evaluations without improvement")
+
+    def checkpoint(self) -> None:
+        st = self.state
+        if st.step == self.saved_step:
+            return
+        t0 = self.clock()
+        st.diagnostics = self.diag.state_dict()
+        st.spent_usd, st.elapsed_s = self.meter.spent_usd(), self.meter.elapsed_s()
+        st.micro_batch, st.world = self.run.micro, self.run.world
+        self.store.save(st, _parts(self.run))
+        # the state holds the totals so far; the meter keeps counting this session on top
+        self.save_s, self.last_save, self.saved_step = self.clock() - t0, self.clock(), st.step
+
+    def finish(self) -> RunSummary:
+        self.progress.close()
+        if not self.dry_run and self.outcome != "failed":
+            self.checkpoint()
+        summary = _summary(self)
+        if self.sinks:
+            for n in self.sinks.notes:
+                self.progress.print(n)
+            self.sinks.close()
+        return summary
+
+    def _report(self, new: list[Finding]) -> None:
+        for f in new:
+            self.state.findings.append(FindingRecord(kind=f.kind, step=f.step, message=f.message))
+            self.progress.print(f"[yellow]diagnostic:[/] {f.message}")
 
 
-def _report(new: list[Any], book: dict[str, Any], progress: Progress) -> None:
-    for f in new:
-        book["findings"].append({"kind": f.kind, "step": f.step, "message": f.message})
-        progress.print(f"[yellow]diagnostic:[/] {f.message}")
+def _cuda_device() -> str | None:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 def _back_off(run: Run, progress: Progress) -> None:
@@ -687,16 +668,6 @@ def _back_off(run: Run, progress: Progress) -> None:
     per_rank = run.cfg.training.effective_batch // run.world
     run.micro = max(d for d in range(1, run.micro // 2 + 1) if per_rank % d == 0)
     progress.print(f"OOM: micro-batch now {run.micro}, gradient accumulation {run.accum}")
-
-
-def _expected_step_s(run: Run) -> float:
-    """A step's seconds before one is timed, for the guards: the estimator's for this GPU on
-    CUDA, else the plan's; 0 when neither knows (then only the first step is unguarded)."""
-    cfg = run.cfg
-    if cfg.budget_usd is None and cfg.training.max_time_min is None:
-        return 0.0  # no guard to feed
-    tokens_per_s = _predicted(cfg, run.micro, run.accum).get("tokens_per_s")
-    return cfg.training.effective_batch * cfg.job.seq / tokens_per_s if tokens_per_s else 0.0
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -720,7 +691,7 @@ def _plan_interval(cfg: RunConfig) -> float | None:
 # -- cleanup -----------------------------------------------------------------------------------
 
 
-def _export(run: Run, book: dict[str, Any]) -> dict[str, str]:
+def _export(run: Run, best_step: int | None) -> dict[str, str]:
     """The adapter (or the full model) in HF format, from the best evaluation if there was
     one; with training.merge, the adapter merged into the model as well. Every process
     calls it (under FSDP each sends its shards); the main process writes."""
@@ -729,7 +700,7 @@ def _export(run: Run, book: dict[str, Any]) -> dict[str, str]:
     hf_logging.disable_progress_bar()  # our own progress line is enough
     model = run.unwrapped
     best = run.out / "best" / "trainable.safetensors"
-    if book.get("best_step") is not None and best.exists():
+    if best_step is not None and best.exists():
         ckpt.load_trainable(model, best)
     whole: dict[str, Any] = {}  # the weights to save, gathered from the shards
     if run.sharded and run.cfg.job.method == "full":
@@ -761,94 +732,52 @@ def _export(run: Run, book: dict[str, Any]) -> dict[str, str]:
     return outputs
 
 
-def _predicted(cfg: RunConfig, micro: int, accum: int) -> dict[str, Any]:
-    """What the plan (or, on CUDA, the estimator for this GPU) predicted."""
-    pred: dict[str, Any] = {}
-    if cfg.plan:
-        p = cfg.plan
-        pred.update(
-            hours=p.est_hours,
-            cost_usd=p.est_cost_usd,
-            tokens_per_s=p.tokens_per_s,
-            peak_reserved_gib=p.peak_reserved_gib,
-            gpu=p.gpu,
-        )
-    if torch.cuda.is_available():  # the estimate of the step that ran: memory and speed only
-        spec = load_spec(cfg.model)
-        job = cfg.job.model_copy(update={"batch": micro, "grad_accum": accum})
-        prof = get_profile(spec, job, job.seq)
-        mem = memory_at(prof, job, job.batch, job.seq)
-        pred.update(
-            peak_allocated_gib=round(mem.peak_allocated / 2**30, 3),
-            peak_reserved_gib=round(mem.peak_reserved / 2**30, 3),
-        )
-        gpu = lookup_gpu(torch.cuda.get_device_name())
-        speed = step_time(prof, job, gpu, spec.hidden_size) if gpu else None
-        if speed is not None:
-            pred["tokens_per_s"] = round(speed.tokens_per_s, 1)
-    return pred
-
-
-def _finish(
-    run: Run,
-    step: int,
-    start: int,
-    total: int,
-    outcome: str,
-    reason: str,
-    meter: CostMeter,
-    book: dict[str, Any],
-    peak_alloc: float,
-    peak_res: float,
-    dry_run: int | None,
-) -> dict[str, Any]:
-    cfg = run.cfg
+def _summary(loop: Loop) -> RunSummary:
+    run, st, meter, cfg = loop.run, loop.state, loop.meter, loop.run.cfg
     outputs: dict[str, str] = {}
-    if not dry_run and outcome in ("completed", "budget-stopped"):
-        outputs = _export(run, book)
-    times = book["step_times"]
-    typical = sorted(times)[len(times) // 2] if times else None
-    if book["train_time_s"] > 0:  # steps after each session's first (warm-up) step
-        tokens_per_s: float | None = book["train_tokens"] / book["train_time_s"]
+    if not loop.dry_run and loop.outcome in ("completed", "budget-stopped"):
+        outputs = _export(run, st.best_step)
+    times = st.step_times
+    if st.train_time_s > 0:  # steps after each session's first (warm-up) step
+        tokens_per_s: float | None = st.train_tokens / st.train_time_s
     else:
-        tokens_per_s = book["tokens"] / sum(times) if times else None
-    tokens_step = cfg.training.effective_batch * cfg.job.seq if cfg.job.packing else None
-    actual: dict[str, Any] = {
-        "hours": round(meter.elapsed_s() / 3600, 5),
-        "cost_usd": round(meter.spent_usd(), 4),
-        "tokens": int(book["tokens"]),
-        "step_time_s": typical,
-        "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
-    }
-    if torch.cuda.is_available():
-        actual.update(peak_allocated_gib=round(peak_alloc, 3), peak_reserved_gib=round(peak_res, 3))
-    summary = {
-        "outcome": outcome,
-        "reason": reason,
-        "resumable": outcome == "preempted",
-        "steps": step,
-        "total_steps": total,
-        "steps_this_session": step - start,
-        "micro_batch": run.micro,
-        "grad_accum": run.accum,
-        "effective_batch": cfg.training.effective_batch,
-        "tokens_per_step": tokens_step,
-        "precision": run.precision,
-        "precision_reason": run.precision_reason,
-        "predicted": _predicted(cfg, run.micro, run.accum),
-        "actual": actual,
-        "budget_usd": cfg.budget_usd,
-        "best_eval_loss": book["best_eval"],
-        "best_step": book["best_step"],
-        "outputs": outputs,
-        "diagnostics": book["findings"],
-        "notes": run.notes,
-    }
+        tokens_per_s = st.tokens / sum(times) if times else None
+    cuda = torch.cuda.is_available()
+    actual = Actual(
+        hours=round(meter.elapsed_s() / 3600, 5),
+        cost_usd=round(meter.spent_usd(), 4),
+        tokens=int(st.tokens),
+        step_time_s=sorted(times)[len(times) // 2] if times else None,
+        tokens_per_s=None if tokens_per_s is None else round(tokens_per_s, 1),
+        peak_allocated_gib=round(loop.peak_alloc, 3) if cuda else None,
+        peak_reserved_gib=round(loop.peak_res, 3) if cuda else None,
+    )
+    summary = RunSummary(
+        outcome=loop.outcome,
+        reason=loop.reason,
+        resumable=loop.outcome == "preempted",
+        steps=st.step,
+        total_steps=loop.total,
+        steps_this_session=st.step - loop.start_step,
+        micro_batch=run.micro,
+        grad_accum=run.accum,
+        effective_batch=cfg.training.effective_batch,
+        tokens_per_step=cfg.training.effective_batch * cfg.job.seq if cfg.job.packing else None,
+        precision=run.precision,
+        precision_reason=run.precision_reason,
+        predicted=predict(cfg, run.micro, run.accum, _cuda_device()),
+        actual=actual,
+        budget_usd=cfg.budget_usd,
+        best_eval_loss=st.best_eval,
+        best_step=st.best_step,
+        outputs=outputs,
+        diagnostics=st.findings,
+        notes=run.notes,
+    )
     if run.main:
-        name = "dry_run.json" if dry_run else "run_summary.json"
-        write_text_atomic(run.out / name, json.dumps(summary, indent=1), durable=True)
-        if dry_run:
-            record_measurement(
-                {"kind": "dry_run", "model": cfg.model, "job": cfg.job.model_dump(), **summary}
-            )
+        name = "dry_run.json" if loop.dry_run else "run_summary.json"
+        write_text_atomic(run.out / name, summary.to_json(), durable=True)
+        if loop.dry_run:
+            measured = {"kind": "dry_run", "model": cfg.model, "job": cfg.job.model_dump()}
+            record_measurement({**measured, **summary.model_dump(mode="json")})
     return summary
