@@ -115,7 +115,7 @@ def test_skypilot_task_passes_skypilots_schema(tiny_llama: ModelSpec) -> None:
     task_schema, resources_schema = _validator("task"), _validator("resources")
     seen = set()
     for method in ("lora", "qlora"):
-        k = Constraints(1e9, methods=(method,))
+        k = Constraints(tokens=1e9, methods=(method,))
         r = search(tiny_llama, make_job(method=method, seq=128), catalog(), k)
         for plan in r.plans[:40]:
             task = yaml.safe_load(skypilot_task(plan, "frugal.yaml"))

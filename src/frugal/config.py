@@ -6,24 +6,16 @@ and `key=value` overrides (dotted paths, YAML values) apply before validation.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from frugal.durations import parse_duration
+from frugal.durations import Minutes
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.names import closest
 from frugal.step.job import TrainJob
-
-
-def _minutes(value: Any) -> Any:
-
-    return value if value is None else parse_duration(value, "min")
-
-
-Minutes = Annotated[float | None, BeforeValidator(_minutes)]  # 90, "90m", "1h30m", "2h"
 
 
 class Strict(BaseModel):
@@ -112,11 +104,13 @@ class RunConfig(Strict):
     data: DataConfig = Field(default_factory=lambda: DataConfig.model_validate({}))
     training: TrainingConfig = Field(default_factory=lambda: TrainingConfig.model_validate({}))
     plan: PlanConfig | None = None
-    budget_usd: float | None = Field(None, gt=0, description="stop cleanly before spending this")
+    budget_usd: float | None = Field(
+        None, gt=0, description="stop cleanly before spending this many USD"
+    )
     price_per_hour_usd: float | None = Field(
         None, ge=0, description="hourly price of the machine (default: the plan's)"
     )
-    output_dir: str = "runs/frugal"
+    output_dir: str = Field("runs/frugal", description="where checkpoints, logs and outputs go")
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 SECONDS = {"d": 86400.0, "h": 3600.0, "min": 60.0, "m": 60.0, "s": 1.0}
 UNIT_NAMES = {"h": "hours", "min": "minutes"}
@@ -45,3 +48,12 @@ def _forms(unit: str) -> str:
 
 def _bad(value: object, unit: str) -> str:
     return f"{value!r} is not a duration: {_forms(unit)}"
+
+
+def _in(unit: str) -> BeforeValidator:
+    return BeforeValidator(lambda v: v if v is None else parse_duration(v, unit))
+
+
+# pydantic field types: a duration as people write it, held as a number of hours / minutes
+Hours = Annotated[float | None, _in("h")]
+Minutes = Annotated[float | None, _in("min")]

@@ -8,11 +8,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from frugal.cli.options import JSON_HELP
 from frugal.hardware.gpus import gpus as all_gpus
 from frugal.hardware.offers import KWH_USD, select_offers
 
 
-def gpus(json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+def gpus(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """GPU specs: usable memory, dense tensor TFLOPS, bandwidth, bf16, interconnect."""
 
     rows = [g.to_json() for g in all_gpus()]
@@ -48,7 +49,7 @@ def offers(
     ),
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
     kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for --local, $/kWh."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """GPU offers: provider, instance, GPUs, on-demand and spot $/hour, terms."""
 

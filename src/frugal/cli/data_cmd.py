@@ -16,8 +16,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from frugal.cli.options import JSON_HELP, option
 from frugal.errors import FrugalError
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
+from frugal.step.job import TrainJob
 
 if TYPE_CHECKING:
     from frugal.data.examples import DataStats
@@ -32,12 +34,12 @@ def check(
     file: str = typer.Argument(..., help="A .jsonl/.csv/.parquet file or a saved HF dataset."),
     model: str | None = typer.Option(None, help="Model whose tokenizer counts (dir or hub id)."),
     tokenizer: str | None = typer.Option(None, help="Or: a directory with tokenizer files."),
-    seq: int = typer.Option(2048, help="Training sequence length; longer rows are truncated."),
+    seq: int = option(TrainJob, "seq"),
     fmt: str = typer.Option(
         "auto", "--format", help="auto, text, prompt_completion or chat (as data.format)."
     ),
     plot: str | None = typer.Option(None, help="Write a length histogram: FILE.png/.svg/.pdf."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Rows, tokens, lengths, duplicates and empty rows as `frugal train` will see them."""
     from frugal.data.examples import file_stats, load_tokenizer

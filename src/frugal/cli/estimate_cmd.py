@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from frugal.cli.options import JSON_HELP, MODEL_HELP, option
 from frugal.errors import FrugalError
 from frugal.estimate.core import estimate as run_estimate
 from frugal.hardware.gpus import find_gpu
@@ -16,36 +17,28 @@ from frugal.models.specs import load_spec
 from frugal.step.job import TrainJob, make_job
 
 
-def field_help(field: str) -> str:
-    return TrainJob.model_fields[field].description or ""
-
-
 def estimate(
-    model: str = typer.Argument(..., help="Bundled hub id, local dir or config.json, or hub id."),
-    method: str = typer.Option("lora", help=field_help("method")),
-    precision: str = typer.Option("bf16-mixed", help=field_help("precision")),
-    optimizer: str = typer.Option("adamw", help=field_help("optimizer")),
-    lora_r: int | None = typer.Option(None, help=field_help("lora_r") + " [default: 16]"),
-    lora_alpha: int | None = typer.Option(None, help=field_help("lora_alpha")),
-    lora_targets: str | None = typer.Option(
-        None, help=field_help("lora_targets") + " [default: all-linear]"
-    ),
-    lora_dropout: float | None = typer.Option(
-        None, help=field_help("lora_dropout") + " [default: 0]"
-    ),
-    batch: int = typer.Option(1, help=field_help("batch")),
-    seq: int = typer.Option(2048, help=field_help("seq")),
-    grad_accum: int = typer.Option(1, help=field_help("grad_accum")),
-    grad_checkpointing: bool = typer.Option(True, help=field_help("grad_checkpointing")),
-    attention: str = typer.Option("sdpa", help=field_help("attention")),
-    packing: bool = typer.Option(True, help=field_help("packing")),
-    loss: str = typer.Option("ce", help=field_help("loss")),
-    gpus: int = typer.Option(1, help=field_help("gpus")),
-    sharding: str = typer.Option("ddp", help=field_help("sharding")),
-    bitsandbytes: str | None = typer.Option(None, help=field_help("bitsandbytes")),
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    method: str = option(TrainJob, "method"),
+    precision: str = option(TrainJob, "precision"),
+    optimizer: str = option(TrainJob, "optimizer"),
+    lora_r: int | None = option(TrainJob, "lora_r", unset=True),
+    lora_alpha: int | None = option(TrainJob, "lora_alpha"),
+    lora_targets: str | None = option(TrainJob, "lora_targets", unset=True),
+    lora_dropout: float | None = option(TrainJob, "lora_dropout", unset=True),
+    batch: int = option(TrainJob, "batch"),
+    seq: int = option(TrainJob, "seq"),
+    grad_accum: int = option(TrainJob, "grad_accum"),
+    grad_checkpointing: bool = option(TrainJob, "grad_checkpointing"),
+    attention: str = option(TrainJob, "attention"),
+    packing: bool = option(TrainJob, "packing"),
+    loss: str = option(TrainJob, "loss"),
+    gpus: int = option(TrainJob, "gpus"),
+    sharding: str = option(TrainJob, "sharding"),
+    bitsandbytes: str | None = option(TrainJob, "bitsandbytes"),
     gpu: str | None = typer.Option(None, help="GPU to check the fit on (see gpus.csv names)."),
     gpu_memory: float | None = typer.Option(None, help="Or: usable GPU memory in GiB."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Exact per-GPU training memory and FLOPs of one step, without a GPU or weights."""
 

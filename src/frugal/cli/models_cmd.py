@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from frugal.cli.options import JSON_HELP
 from frugal.models.specs import _text_decoder, bundled_model_ids, read_bundled
 
 
@@ -36,7 +37,7 @@ def gather() -> list[dict[str, object]]:
     return rows
 
 
-def models(json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+def models(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """List the bundled models (their config.json ships with frugal)."""
     rows = gather()
     if json_out:

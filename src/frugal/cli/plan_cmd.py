@@ -9,19 +9,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from frugal.cli.estimate_cmd import field_help
+from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, option
+from frugal.config import DataConfig
 from frugal.data.count import count_tokens
-from frugal.durations import parse_duration
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
-from frugal.hardware.gpus import MARGIN
 from frugal.hardware.offers import KWH_USD, select_offers
 from frugal.models.specs import load_spec
 from frugal.plan.emit import hf_script, skypilot_task, to_run_config
 from frugal.plan.plot import check_plot_path, write_plot
 from frugal.plan.relax import Ask, explain
 from frugal.plan.search import Constraints, Infeasible, search
-from frugal.step.job import make_job
+from frugal.step.job import TrainJob, make_job
 
 
 def _si(n: float) -> str:
@@ -44,48 +43,32 @@ def _parse_tokens(s: str) -> float:
     return v
 
 
-def _hours(flag: str, value: str | None) -> float | None:
-
-    try:
-        return None if value is None else parse_duration(value, "h")
-    except ValueError as e:
-        raise FrugalError(f"{flag} {e}") from None
-
-
 def plan(
-    model: str = typer.Argument(..., help="Bundled hub id, local dir or config.json, or hub id."),
+    model: str = typer.Argument(..., help=MODEL_HELP),
     tokens: str | None = typer.Option(None, help="Training tokens per epoch, e.g. 20M."),
     dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count."),
-    epochs: float = typer.Option(1.0, help="Passes over the data."),
-    seq: int = typer.Option(2048, help=field_help("seq")),
-    effective_batch: int = typer.Option(16, help="Sequences per optimizer step, all GPUs."),
-    method: str = typer.Option("lora", help=field_help("method")),
-    methods: str | None = typer.Option(None, help="Methods to compare, e.g. lora,qlora."),
-    precision: str = typer.Option("bf16-mixed", help=field_help("precision")),
-    optimizers: str = typer.Option(
-        "adamw,adamw-8bit", help="Optimizers to try for full fine-tuning."
-    ),
-    lora_r: int | None = typer.Option(None, help=field_help("lora_r") + " [default: 16]"),
-    lora_targets: str | None = typer.Option(None, help=field_help("lora_targets")),
-    attention: str = typer.Option("sdpa", help=field_help("attention")),
-    packing: bool = typer.Option(True, help=field_help("packing")),
-    loss: str = typer.Option("ce", help=field_help("loss")),
-    budget: float | None = typer.Option(None, help="Most you will spend, USD."),
-    deadline: str | None = typer.Option(
-        None, help="Time until the run must be done: 24h, 90m, 2d, 1h30m (a number is hours)."
-    ),
-    max_gpus: int = typer.Option(64, help="Most GPUs in one run."),
+    epochs: float = option(DataConfig, "epochs"),
+    seq: int = option(TrainJob, "seq"),
+    effective_batch: int = option(Constraints, "effective_batch"),
+    method: str = option(TrainJob, "method"),
+    methods: str | None = option(Constraints, "methods", listed=True, unset="--method"),
+    precision: str = option(TrainJob, "precision"),
+    optimizers: str = option(Constraints, "optimizers", listed=True),
+    lora_r: int | None = option(TrainJob, "lora_r", unset=True),
+    lora_targets: str | None = option(TrainJob, "lora_targets", unset=True),
+    attention: str = option(TrainJob, "attention"),
+    packing: bool = option(TrainJob, "packing"),
+    loss: str = option(TrainJob, "loss"),
+    budget: float | None = option(Constraints, "budget_usd"),
+    deadline: str | None = option(Constraints, "deadline_h"),
+    max_gpus: int = option(Constraints, "max_gpus"),
     providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
     spot: bool | None = typer.Option(
         None, "--spot/--no-spot", help="Only spot, or never spot [default: both]."
     ),
-    spot_mtbi_hours: str | None = typer.Option(
-        None,
-        help="Mean time between spot interruptions, e.g. 12h or 3d (a number is hours; "
-        "overrides the offers' buckets).",
-    ),
-    optimize: str = typer.Option("cost", help="Objective: cost or time."),
-    margin: float = typer.Option(MARGIN, help="Share of usable GPU memory kept free."),
+    spot_mtbi_hours: str | None = option(Constraints, "mtbi_h"),
+    optimize: str = option(Constraints, "objective"),
+    margin: float = option(Constraints, "margin"),
     prices: list[str] | None = typer.Option(
         None, help="Your own price CSV (or a SkyPilot vms.csv)."
     ),
@@ -102,7 +85,7 @@ def plan(
     plot: str | None = typer.Option(
         None, help="Chart cost vs time: FILE.png/.svg/.pdf (matplotlib) or FILE.html."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The cheapest (or fastest) plan that fits and meets the deadline, with its reasons."""
 
@@ -110,21 +93,11 @@ def plan(
         raise FrugalError("give the amount of training: --tokens N or --dataset FILE")
     if epochs <= 0:
         raise FrugalError("--epochs must be positive")
-    if optimize not in ("cost", "time"):
-        raise FrugalError(f"--optimize {optimize!r}: use cost or time")
     if emit not in (None, "hf", "skypilot"):
         raise FrugalError(f"--emit {emit!r}: use hf or skypilot")
     if plot:
         check_plot_path(plot)
-    if budget is not None and budget <= 0:
-        raise FrugalError("--budget must be positive")
-    deadline_h = _hours("--deadline", deadline)
-    mtbi_h = _hours("--spot-mtbi-hours", spot_mtbi_hours)
-    if not 0 <= margin < 0.5:
-        raise FrugalError("--margin is a share of GPU memory in [0, 0.5), e.g. 0.05")
-    if effective_batch < 1 or max_gpus < 1:
-        raise FrugalError("--effective-batch and --max-gpus must be at least 1")
-    method_list = tuple(m.strip() for m in (methods or method).split(",") if m.strip())
+    method_list = listed(methods or method) or ()
     base = make_job(
         method=method_list[0],
         precision=precision,
@@ -137,9 +110,8 @@ def plan(
     )
     for m in method_list:
         make_job(method=m)  # names a bad method in --methods
-    opt_list = tuple(o.strip() for o in optimizers.split(",") if o.strip())
-    for o in opt_list:
-        make_job(optimizer=o)
+    for o in listed(optimizers) or ():
+        make_job(optimizer=o)  # names a bad optimizer in --optimizers
     spec = load_spec(model)
     notes: list[str] = []
     if dataset:
@@ -150,18 +122,18 @@ def plan(
         per_epoch = _parse_tokens(tokens or "")
     if spec.max_positions and seq > spec.max_positions:
         notes.append(f"--seq {seq} is beyond {spec.id}'s {spec.max_positions} positions")
-    k = Constraints(
+    k = Constraints.build(
         tokens=per_epoch * epochs,
         effective_batch=effective_batch,
         budget_usd=budget,
-        deadline_h=deadline_h,
+        deadline_h=deadline,
         max_gpus=max_gpus,
         spot="auto" if spot is None else ("only" if spot else "never"),
         methods=method_list,
-        optimizers=opt_list,
+        optimizers=listed(optimizers),
         margin=margin,
-        mtbi_h=mtbi_h,
-        objective=optimize,  # type: ignore[arg-type]
+        mtbi_h=spot_mtbi_hours,
+        objective=optimize,
     )
     offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers)
     try:

@@ -22,9 +22,13 @@ from rich.console import Console
 from rich.table import Table
 
 from frugal import cli
-from frugal.config import load_run_config
+from frugal.cli.options import option
+from frugal.config import RunConfig, load_run_config
 from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.run.summary import RunSummary
+from frugal.step.job import TrainJob
+
+CONFIGS = "the run config's"
 
 
 def train(
@@ -35,15 +39,13 @@ def train(
     resume: str = typer.Option(
         "auto", help="auto (newest complete checkpoint, if any), never, or a checkpoint dir."
     ),
-    budget: float | None = typer.Option(None, help="Stop cleanly before spending USD."),
-    price_per_hour: float | None = typer.Option(
-        None, help="Hourly price of this machine in USD (default: the plan's)."
-    ),
+    budget: float | None = option(RunConfig, "budget_usd", unset=CONFIGS),
+    price_per_hour: float | None = option(RunConfig, "price_per_hour_usd", unset=CONFIGS),
     dry_run: int | None = typer.Option(
         None, help="Run N steps only; print measured memory and tokens/s beside the estimate."
     ),
-    output_dir: str | None = typer.Option(None, help="Where outputs go (config: output_dir)."),
-    gpus: int | None = typer.Option(None, help="GPUs (processes) to train on (job.gpus)."),
+    output_dir: str | None = option(RunConfig, "output_dir", unset=CONFIGS),
+    gpus: int | None = option(TrainJob, "gpus", unset=CONFIGS),
     quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:

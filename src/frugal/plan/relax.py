@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from frugal.errors import FrugalError
 from frugal.estimate.closed_form import model_params
@@ -92,45 +93,33 @@ def suggest(e: Infeasible, ask: Ask, every_offer: list[Offer] | None = None) -> 
     more_gpus = max((o.gpus * 4 for o in (every_offer or ask.offers)), default=0)
     if not e.plans:  # nothing fits
         tried(_shorter_seqs(ask), first_only=True)
-        tried([_Trial({"--methods": m}, replace(ask, k=replace(k, methods=(m,))))
+        tried([_Trial({"--methods": m}, _with(ask, methods=(m,)))
                for m in ("qlora", "lora") if m not in k.methods
                and _leaner(m, k.methods)])  # fmt: skip
         if "full" in k.methods and "paged-adamw-8bit" not in k.optimizers:
             opt = ("paged-adamw-8bit",)
-            tried([_Trial({"--optimizers": opt[0]}, replace(ask, k=replace(k, optimizers=opt)))])
+            tried([_Trial({"--optimizers": opt[0]}, _with(ask, optimizers=opt))])
     else:
         fastest = min(e.plans, key=lambda p: p.hours)
         cheapest = min(e.plans, key=lambda p: p.cost_usd)
         if k.deadline_h is not None and fastest.hours > k.deadline_h:
             hours = _up(fastest.hours)
-            tried(
-                [
-                    _Trial(
-                        {"--deadline": f"{hours:g}h"}, replace(ask, k=replace(k, deadline_h=hours))
-                    )
-                ]
-            )
+            tried([_Trial({"--deadline": f"{hours:g}h"}, _with(ask, deadline_h=hours))])
             if "lora" not in k.methods:
-                tried(
-                    [_Trial({"--methods": "lora"}, replace(ask, k=replace(k, methods=("lora",))))]
-                )
+                tried([_Trial({"--methods": "lora"}, _with(ask, methods=("lora",)))])
         else:
             in_time = [p for p in e.plans if k.deadline_h is None or p.hours <= k.deadline_h]
             c = min(in_time or e.plans, key=lambda p: p.cost_usd)
             usd = math.ceil(c.cost_usd * 100) / 100
-            tried([_Trial({"--budget": f"{usd:g}"}, replace(ask, k=replace(k, budget_usd=usd)))])
+            tried([_Trial({"--budget": f"{usd:g}"}, _with(ask, budget_usd=usd))])
             if k.deadline_h is not None and cheapest.cost_usd <= (k.budget_usd or 0):
                 hours = _up(cheapest.hours)
                 tried([_Trial({"--deadline": f"{hours:g}h"},
-                              replace(ask, k=replace(k, deadline_h=hours)))])  # fmt: skip
+                              _with(ask, deadline_h=hours))])  # fmt: skip
             if "qlora" not in k.methods:
-                tried(
-                    [_Trial({"--methods": "qlora"}, replace(ask, k=replace(k, methods=("qlora",))))]
-                )
+                tried([_Trial({"--methods": "qlora"}, _with(ask, methods=("qlora",)))])
     if more_gpus > k.max_gpus:
-        tried(
-            [_Trial({"--max-gpus": str(more_gpus)}, replace(ask, k=replace(k, max_gpus=more_gpus)))]
-        )
+        tried([_Trial({"--max-gpus": str(more_gpus)}, _with(ask, max_gpus=more_gpus))])
     if wider:
         tried([_Trial({"--providers": None}, replace(ask, offers=wider))])
     if not e.plans:
@@ -154,6 +143,11 @@ def _up(hours: float) -> float:
 def _leaner(method: str, current: tuple[str, ...]) -> bool:
     order = {"full": 0, "lora": 1, "qlora": 2}  # less memory to the right
     return order[method] > min(order[m] for m in current)
+
+
+def _with(ask: Ask, **change: Any) -> Ask:
+    """`ask` with some of its constraints changed."""
+    return replace(ask, k=ask.k.model_copy(update=change))
 
 
 def _shorter_seqs(ask: Ask) -> list[_Trial]:

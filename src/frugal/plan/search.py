@@ -13,6 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import JsonDict
+
+from frugal.config import TrainingConfig
+from frugal.durations import Hours
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile, largest_micro_batch
 from frugal.estimate.overheads import Overheads, load_overheads
@@ -22,7 +27,7 @@ from frugal.hardware.gpus import GIB, GPU, MARGIN, memory_budget
 from frugal.hardware.offers import Offer
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
-from frugal.step.job import TrainJob
+from frugal.step.job import Method, Optimizer, TrainJob
 
 SpotMode = Literal["auto", "only", "never"]
 NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
@@ -30,19 +35,66 @@ DISK_GBPS = 1.0  # checkpoint write and weight read from local NVMe, GB/s
 DOWNLOAD_GBPS = 0.5  # model weights from the hub or a bucket at start, GB/s
 
 
-@dataclass(frozen=True)
-class Constraints:
-    tokens: float  # training tokens in total (dataset x epochs)
-    effective_batch: int = 16  # sequences per optimizer step
-    budget_usd: float | None = None
-    deadline_h: float | None = None
-    max_gpus: int = 64
-    spot: SpotMode = "auto"
-    methods: tuple[str, ...] = ("lora",)
-    optimizers: tuple[str, ...] = ("adamw", "adamw-8bit")
-    margin: float = MARGIN  # share of usable GPU memory kept free
-    mtbi_h: float | None = None  # override the offers' interruption buckets
-    objective: Literal["cost", "time"] = "cost"
+def _cli(flag: str) -> JsonDict:
+    return {"flag": flag}  # the `frugal plan` option of a field named otherwise
+
+
+class Constraints(BaseModel):
+    """What a plan must meet, validated here for every caller. `frugal plan`'s options are
+    made from these fields (their defaults and descriptions are the help text)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokens: float = Field(gt=0, description="training tokens in total (dataset x epochs)")
+    effective_batch: int = Field(
+        TrainingConfig.model_fields["effective_batch"].default,
+        ge=1,
+        description=TrainingConfig.model_fields["effective_batch"].description,
+    )
+    budget_usd: float | None = Field(
+        None, gt=0, description="most you will spend, USD", json_schema_extra=_cli("--budget")
+    )
+    deadline_h: Hours = Field(
+        None,
+        description="time until the run must be done: 24h, 90m, 2d, 1h30m (a number is hours)",
+        json_schema_extra=_cli("--deadline"),
+    )
+    max_gpus: int = Field(64, ge=1, description="most GPUs in one run")
+    spot: SpotMode = Field("auto", description="spot offers: auto (both), only, or never")
+    methods: tuple[Method, ...] = Field(
+        ("lora",),
+        min_length=1,
+        description="methods to compare, e.g. lora,qlora",
+    )
+    optimizers: tuple[Optimizer, ...] = Field(
+        ("adamw", "adamw-8bit"), min_length=1, description="optimizers to try for full fine-tuning"
+    )
+    margin: float = Field(MARGIN, ge=0, lt=0.5, description="share of usable GPU memory kept free")
+    mtbi_h: Hours = Field(
+        None,
+        description="mean time between spot interruptions, e.g. 12h or 3d (a number is hours; "
+        "overrides the offers' buckets)",
+        json_schema_extra=_cli("--spot-mtbi-hours"),
+    )
+    objective: Literal["cost", "time"] = Field(
+        "cost", description="what to minimize: cost or time", json_schema_extra=_cli("--optimize")
+    )
+
+    @classmethod
+    def build(cls, **values: Any) -> Constraints:
+        """Validated constraints, or one line naming the option to fix."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as e:
+            err = e.errors()[0]
+            name = str((err.get("loc") or ("",))[0])
+            field = cls.model_fields.get(name)
+            extra = field.json_schema_extra if field else None
+            flag = extra["flag"] if isinstance(extra, dict) else "--" + name.replace("_", "-")
+            msg = str(err.get("msg", ""))
+            if err.get("type") == "value_error":  # our own message, naming the value
+                raise FrugalError(f"{flag} {msg.removeprefix('Value error, ')}") from None
+            raise FrugalError(f"{flag}: {msg[:1].lower()}{msg[1:]}") from None
 
 
 @dataclass

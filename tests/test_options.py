@@ -1,0 +1,96 @@
+"""Each default and each help text is written once, on the schema field: every command-line
+option of a field shows the field's own; the library validates its inputs for any caller."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import typer
+from pydantic import BaseModel, ValidationError
+
+from frugal.cli.main import app
+from frugal.cli.options import default, describe
+from frugal.config import DataConfig, RunConfig
+from frugal.errors import FrugalError
+from frugal.plan.search import Constraints
+from frugal.step.job import TrainJob
+
+
+def _commands(cmd: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every command under `cmd` (typer's own click, whichever it is), with its path."""
+    if hasattr(cmd, "commands"):
+        for name, sub in cmd.commands.items():
+            yield from _commands(sub, f"{path} {name}".strip())
+    else:
+        yield path, cmd
+
+
+def _field(command: str, param: str) -> tuple[type[BaseModel], str] | None:
+    if command == "train":  # overrides of the run config
+        name = {"budget": "budget_usd", "price_per_hour": "price_per_hour_usd"}.get(param, param)
+        if name in RunConfig.model_fields:
+            return RunConfig, name
+    if param in ("tokens", "spot"):  # `plan --tokens` is per epoch (the field: all epochs);
+        return None  # --spot/--no-spot/neither is the field's only/never/auto
+    if param in TrainJob.model_fields:
+        return TrainJob, param
+    for name, f in Constraints.model_fields.items():
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        if param == name or "--" + param.replace("_", "-") == extra.get("flag"):
+            return Constraints, name
+    if param == "epochs":
+        return DataConfig, param
+    return None
+
+
+def test_every_option_of_a_schema_field_shows_its_default_and_help() -> None:
+    seen = set()
+    for path, cmd in _commands(typer.main.get_command(app)):
+        for p in cmd.params:
+            found = _field(path, p.name or "") if p.param_type_name == "option" else None
+            if found is None:
+                continue
+            model, name = found
+            want = default(model, name)
+            want = ",".join(want) if isinstance(want, tuple) else want
+            assert (p.help or "").startswith(describe(model, name)), (path, p.name, p.help)
+            if p.default is None and want is not None:  # unset: the library picks it
+                assert "[default: " in (p.help or ""), (path, p.name)
+            else:
+                assert p.default == want, (path, p.name, p.default, want)
+            seen.add((path, name))
+    # the commands that expose the schemas do so through it
+    assert {("estimate", "seq"), ("plan", "seq"), ("data check", "seq")} <= seen
+    assert {("plan", "effective_batch"), ("plan", "margin"), ("plan", "deadline_h")} <= seen
+
+
+def test_the_plan_and_the_run_config_share_the_effective_batch_default() -> None:
+    from frugal.config import TrainingConfig
+
+    assert default(Constraints, "effective_batch") == default(TrainingConfig, "effective_batch")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"margin": 0.7}, "--margin: input should be less than 0.5"),
+        ({"budget_usd": 0}, "--budget: input should be greater than 0"),
+        ({"deadline_h": "soon"}, "--deadline 'soon' is not a duration"),
+        ({"objective": "speed"}, "--optimize: input should be 'cost' or 'time'"),
+        ({"methods": ("lora", "dora")}, "--methods: input should be"),
+        ({"max_gpus": 0}, "--max-gpus: input should be greater than or equal to 1"),
+    ],
+)
+def test_constraints_validate_themselves(change: dict[str, object], message: str) -> None:
+    with pytest.raises(FrugalError) as e:
+        Constraints.build(tokens=1e6, **change)
+    assert str(e.value).startswith(message), str(e.value)
+    with pytest.raises(ValidationError):  # also for a library caller that skips build()
+        Constraints(tokens=1e6, **change)  # type: ignore[arg-type]
+
+
+def test_constraints_take_durations() -> None:
+    k = Constraints.build(tokens=1e6, deadline_h="1h30m", mtbi_h="2d")
+    assert (k.deadline_h, k.mtbi_h) == (1.5, 48.0)
