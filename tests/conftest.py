@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from frugal.cli.main import main
+from frugal.config import RunConfig, apply_overrides, validate_run_config
 from frugal.models.specs import ModelSpec, load_spec
 
 
@@ -55,6 +57,63 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_llama_dir: Path) -> ModelSpec:
     return load_spec(str(tiny_llama_dir / "config.json"))
+
+
+# -- the command line, called in process ----------------------------------------------------
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1, out
+    obj = json.loads(lines[0])
+    assert isinstance(obj, dict)
+    return obj
+
+
+def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc == 2, (rc, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error:")
+    return lines[0]
+
+
+# -- a tiny training run on the bundled example model and data ------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "examples" / "tiny-llama"
+DATA = ROOT / "examples" / "data"
+
+
+def make_cfg(out: Path, *overrides: str) -> RunConfig:
+    base: dict[str, Any] = {
+        "model": str(TINY),
+        "init": "random",
+        "job": {
+            "method": "lora",
+            "precision": "fp32",
+            "lora_r": 8,
+            "batch": 4,
+            "seq": 96,
+            "grad_checkpointing": False,
+        },
+        "data": {"path": str(DATA / "spell.jsonl"), "epochs": 1},
+        "training": {
+            "effective_batch": 8,
+            "learning_rate": 0.01,
+            "eval_every": 0,
+            "loggers": ["jsonl"],
+            "warmup_ratio": 0.0,
+        },
+        "output_dir": str(out),
+    }
+    return validate_run_config(apply_overrides(base, list(overrides)), "test")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

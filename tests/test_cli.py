@@ -7,9 +7,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from conftest import run_error, run_json
 
 from frugal.cli import estimate_cmd
 from frugal.cli.main import main
@@ -32,28 +32,6 @@ FIT_KEYS = {"fits", "max_batch", "max_seq", "budget_gib", "headroom_gib"}
 @pytest.fixture(autouse=True)
 def _no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(specs, "_from_hub", lambda model_id: None)
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    lines = [ln for ln in out.splitlines() if ln.strip()]
-    assert len(lines) == 1, out
-    obj = json.loads(lines[0])
-    assert isinstance(obj, dict)
-    return obj
-
-
-def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    assert rc == 2, (rc, err)
-    assert "Traceback" not in err and "Traceback" not in out
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error:")
-    return lines[0]
 
 
 def _subprocess_env() -> dict[str, str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import run_error, run_json
+from conftest import run_error, run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny-llama")  # char-level tokenizer: BOS + chars (+ EOS)

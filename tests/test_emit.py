@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from test_cli import run_json
+from conftest import run_json
 
 from frugal.hardware.offers import catalog
 from frugal.models.specs import ModelSpec

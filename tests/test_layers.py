@@ -107,3 +107,23 @@ def test_the_layer_contract_holds():
         [lint, "--no-cache"], cwd=SRC.parent, capture_output=True, text=True, check=False
     )
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_test_modules_do_not_import_each_other():
+    """Shared test helpers live in conftest.py; a test module never imports another."""
+    tests = Path(__file__).resolve().parent
+    bad = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted(tests.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and any(
+            n.split(".")[0].startswith("test_")
+            for n in (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+        )
+    ]
+    assert not bad, "move the shared helpers to conftest.py: " + ", ".join(bad)

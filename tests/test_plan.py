@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_cli import run_error, run_json
+from conftest import run_error, run_json
 
 from frugal.cli.main import main
 from frugal.config import load_run_config

@@ -19,44 +19,15 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import DATA, ROOT, TINY, make_cfg, run_error, run_json
 from safetensors.torch import load_file
-from test_cli import run_error
 
-from frugal.config import RunConfig, apply_overrides, load_run_config, validate_run_config
+from frugal.config import RunConfig, load_run_config
 from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
 from frugal.run import predict, recipe
 from frugal.run.summary import RunSummary
 from frugal.step import loop
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "examples" / "tiny-llama"
-DATA = ROOT / "examples" / "data"
-
-
-def make_cfg(out: Path, *overrides: str) -> RunConfig:
-    base: dict[str, Any] = {
-        "model": str(TINY),
-        "init": "random",
-        "job": {
-            "method": "lora",
-            "precision": "fp32",
-            "lora_r": 8,
-            "batch": 4,
-            "seq": 96,
-            "grad_checkpointing": False,
-        },
-        "data": {"path": str(DATA / "spell.jsonl"), "epochs": 1},
-        "training": {
-            "effective_batch": 8,
-            "learning_rate": 0.01,
-            "eval_every": 0,
-            "loggers": ["jsonl"],
-            "warmup_ratio": 0.0,
-        },
-        "output_dir": str(out),
-    }
-    return validate_run_config(apply_overrides(base, list(overrides)), "test")
 
 
 def write_cfg(path: Path, cfg: RunConfig) -> Path:
@@ -462,7 +433,6 @@ def test_tensorboard_log_and_merged_model(tmp_path: Path) -> None:
 
 
 def test_plan_writes_what_train_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from test_cli import run_json
 
     cfg = tmp_path / "frugal.yaml"
     data = str(DATA / "spell.jsonl")
@@ -577,7 +547,7 @@ def test_resume_carries_on_the_mlflow_and_wandb_runs(
         if step == 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    assert recipe.train(make_cfg(out, *over), on_step=stop_at_3, quiet=True)["steps"] == 3
+    assert recipe.train(make_cfg(out, *over), on_step=stop_at_3, quiet=True).steps == 3
     s = recipe.train(make_cfg(out, *over), quiet=True)
     assert s.outcome == "completed"
     first, again = ml.named("start_run")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_train import make_cfg
+from conftest import make_cfg
 
 from frugal.run import recipe
 
