@@ -7,16 +7,9 @@ with `--resume auto` (the default) to continue exactly where it stopped.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import signal
-import subprocess
-import sys
-from importlib.metadata import PackageNotFoundError, distribution
 from typing import Any
 
-import psutil
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -25,6 +18,7 @@ from frugal import cli
 from frugal.cli.options import option
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import RESUMABLE_EXIT, FrugalError
+from frugal.run.launch import launch
 from frugal.run.summary import RunSummary
 from frugal.step.job import TrainJob
 
@@ -59,7 +53,7 @@ def train(
         config, list(overrides or []), {k: v for k, v in flags.items() if v is not None}
     )
     if cfg.job.gpus > 1 and "LOCAL_RANK" not in os.environ:
-        raise typer.Exit(_launch(cfg.job.gpus))
+        raise typer.Exit(launch(cfg.job.gpus, cli.ARGV))
 
     from frugal.run.recipe import train as run_train
 
@@ -73,86 +67,6 @@ def train(
         raise typer.Exit(RESUMABLE_EXIT)
     if summary.outcome == "failed":
         raise FrugalError(f"training stopped: {summary.reason}")
-
-
-def _launch(n: int) -> int:
-    """One process per GPU through torchrun (gloo on CPU, NCCL on CUDA), same arguments.
-    SIGTERM/SIGINT go straight to the workers, which checkpoint and stop however long that
-    takes; torchrun ignores them (it would give the workers 30 s, then kill them, and exit
-    1). The exit code is the workers' (75 if they stopped resumably); torchrun's own
-    traceback is not shown."""
-
-    args = [a for a in cli.ARGV if a != "--debug"]
-    own = ["--signals-to-handle=SIGHUP,SIGQUIT"] if _torchrun_can_leave_signals() else []
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={n}", *own, "-m", "frugal.cli.main", *args]  # fmt: skip
-    stops = (signal.SIGTERM, signal.SIGINT)
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in stops}  # inherited by torchrun
-    try:
-        child = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-    def forward(signum: int, frame: Any) -> None:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            workers = psutil.Process(child.pid).children()  # each in a session of its own
-            if not workers:  # still starting: nothing to save
-                child.kill()
-            for worker in workers:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    worker.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in stops}
-    held: list[str] = []  # torchrun's own report, from its first log or traceback line on
-    errors: list[str] = []
-    try:
-        assert child.stderr is not None
-        for line in child.stderr:
-            if TORCHRUN_BANNER.match(line):
-                continue
-            if held or TORCHRUN_NOISE.match(line):
-                held.append(line)
-            elif line.startswith("error: "):
-                if line not in errors:  # every worker prints the same one-line error
-                    errors.append(line)
-                    sys.stderr.write(line)
-            else:
-                sys.stderr.write(line)
-        child.wait()
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if child.returncode == 0:
-        return 0
-    codes = _worker_codes("".join(held))
-    if RESUMABLE_EXIT in codes:
-        return RESUMABLE_EXIT
-    if errors:
-        return 2
-    sys.stderr.write("".join(held[-40:]))
-    return 1
-
-
-TORCHRUN_BANNER = re.compile(r"^(\*+\s*$|Setting OMP_NUM_THREADS)")
-TORCHRUN_NOISE = re.compile(r"^(Traceback|[WEI]\d{4} |\[[WEI] |W\d|E\d|torch\.distributed)")
-
-
-def _torchrun_can_leave_signals() -> bool:
-    """Whether this torchrun takes --signals-to-handle (torch 2.9 on). An older one handles
-    SIGTERM/SIGINT itself, but only when they reach it directly (a Ctrl-C in its terminal,
-    a shutdown signalling every process), since the launcher signals the workers alone.
-    Read from its source: importing torch to ask would cost the launcher a second."""
-
-    try:
-        run = distribution("torch").locate_file("torch/distributed/run.py")
-        return "--signals-to-handle" in run.read_text()
-    except (PackageNotFoundError, OSError):
-        return False
-
-
-def _worker_codes(text: str) -> set[int]:
-    return {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", text)}
 
 
 def render(s: RunSummary, dry: bool) -> None:

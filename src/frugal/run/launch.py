@@ -1,0 +1,251 @@
+"""One process per GPU for `frugal train` with `job.gpus > 1`, through torch's elastic
+multiprocessing API (`start_processes`), as torchrun --standalone does it but without its
+agent: the launcher hosts the c10d store on a free port of localhost, starts N workers
+(`python -m frugal.cli.main` with the same arguments; gloo on CPU, NCCL on CUDA is theirs to
+choose) and reads each one's exit code from torch's result.
+
+- SIGTERM/SIGINT to the launcher go straight to the workers, which checkpoint and stop
+  however long that takes: the launcher waits for every worker to exit by itself. (torch's
+  agent would give them 30 s, then kill them; its process context does that as soon as one
+  worker exits non-zero, so it is asked for the result only once all have exited, or once
+  one has failed outright: then the others are stopped its way, SIGTERM, then SIGKILL.)
+- The exit code is the workers': 0 if all succeeded, 75 (RESUMABLE_EXIT) if any stopped
+  resumably, 2 if one printed a one-line `error: ...` (each distinct line shown once, not
+  once per worker), else 1 with a short tail of what failed.
+- The workers' stderr goes to files the launcher follows: their own lines are shown as they
+  come, torch's C++ log lines and Python tracebacks are held back (shown only on exit 1),
+  and torch's own logging in the launcher is silenced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+import psutil
+
+from frugal.errors import RESUMABLE_EXIT
+
+STOPS = (signal.SIGTERM, signal.SIGINT)  # passed on to the workers
+TORCH_HANDLES = "SIGHUP,SIGQUIT"  # left to torch: it stops the workers with them
+NOISE = re.compile(r"^(\[rank\d+\]:)?(\[?[WEIF]\d{4} |\[[WEIF] |torch\.distributed)")
+TAIL = 40  # lines of held output shown when a worker failed
+POLL_S = 0.1
+
+
+def launch(n: int, argv: Sequence[str], worker: Sequence[str] | None = None) -> int:
+    """Run `worker` (default `python -m frugal.cli.main`) with `argv` (less `--debug`) in
+    `n` processes on this machine; returns the exit code for the launcher (see above)."""
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+
+    cmd = list(worker or (sys.executable, "-m", "frugal.cli.main"))
+    args = (*cmd[1:], *(a for a in argv if a != "--debug"))
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: free
+    same = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the workers join the launcher's store
+        "TORCHELASTIC_RUN_ID": uuid.uuid4().hex,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "WORLD_SIZE": str(n),
+        "LOCAL_WORLD_SIZE": str(n),
+        "GROUP_RANK": "0",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),  # as torchrun: not N x cores
+    }
+    envs = {r: {**same, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(n)}
+    logs = tempfile.mkdtemp(prefix="frugal-launch-")
+    with _quiet_torch(), _Forward() as forward:
+        try:
+            with _env("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCH_HANDLES):  # read at the start
+                pc = start_processes(
+                    name="frugal",
+                    entrypoint=cmd[0],
+                    args=dict.fromkeys(range(n), args),
+                    envs=envs,
+                    logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=Std.ERR),
+                )
+            procs = {r: psutil.Process(pid) for r, pid in pc.pids().items()}
+            forward.to(list(procs.values()))
+            err = _Stderr(pc.stderrs)
+            try:
+                codes = _wait(pc, procs, err)
+            finally:
+                err.close()
+        finally:
+            shutil.rmtree(logs, ignore_errors=True)
+    if all(c == 0 for c in codes.values()):
+        return 0
+    if RESUMABLE_EXIT in codes.values():
+        return RESUMABLE_EXIT
+    if err.errors:
+        return 2
+    err.report(codes)
+    return 1
+
+
+def _wait(pc: Any, procs: dict[int, psutil.Process], err: _Stderr) -> dict[int, int]:
+    """Every worker's exit code, by local rank, once all have exited: as long as each exits
+    0 or 75, the others are left to finish however long that takes; once one fails
+    otherwise, torch's process context stops the rest (SIGTERM, then SIGKILL after 30 s)."""
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    try:
+        while True:
+            time.sleep(POLL_S)
+            err.pump()
+            codes = [_exit_code(p) for p in procs.values()]
+            if None not in codes:
+                break
+            if any(c not in (None, 0, RESUMABLE_EXIT) for c in codes):
+                break  # failed outright: the others are stopped below
+    except SignalException as e:  # SIGHUP/SIGQUIT: torch's own handling
+        pc.close(e.sigval)
+    result = pc.wait(period=POLL_S)  # reaps them all (stopping any still running)
+    err.pump()
+    return {r: 0 for r in procs} | {r: f.exitcode for r, f in result.failures.items()}
+
+
+def _exit_code(p: psutil.Process) -> int | None:
+    """A worker's exit code once it has exited (None while it runs), read without reaping
+    it: torch reads it again for the result. Where os.waitid is missing (macOS before
+    Python 3.13), 0 for any exit: the others are then always left to finish."""
+
+    if hasattr(os, "waitid"):
+        st = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if st is None:
+            return None
+        return st.si_status if st.si_code == os.CLD_EXITED else -st.si_status
+    with contextlib.suppress(psutil.NoSuchProcess):
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return None
+    return 0
+
+
+class _Forward:
+    """SIGTERM/SIGINT to the launcher, passed on to each worker (each runs in a session of
+    its own, so a Ctrl-C in the terminal reaches the launcher alone). One that comes before
+    the workers exist is passed on as soon as they do."""
+
+    def __init__(self) -> None:
+        self.procs: list[psutil.Process] = []
+        self.pending: list[int] = []
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Forward:
+        for name in TORCH_HANDLES.split(","):  # torch's handlers go when the launcher does
+            s = getattr(signal, name)
+            self.old[s] = signal.getsignal(s)
+        for s in STOPS:
+            self.old[s] = signal.signal(s, self._handle)
+        return self
+
+    def to(self, procs: list[psutil.Process]) -> None:
+        self.procs = procs
+        for s in self.pending:
+            self._handle(s, None)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.procs:
+            self.pending.append(signum)
+        for p in self.procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """torch's elastic logging (process starts, closing signals, failures) is not shown."""
+
+    log = logging.getLogger("torch.distributed.elastic")
+    null = logging.NullHandler()
+    propagate = log.propagate
+    log.addHandler(null)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(null)
+        log.propagate = propagate
+
+
+class _Stderr:
+    """The workers' stderr, followed in the files torch writes it to."""
+
+    def __init__(self, paths: dict[int, str]) -> None:
+        self.files: dict[int, IO[str]] = {
+            r: open(p, encoding="utf-8", errors="replace")  # noqa: SIM115
+            for r, p in paths.items()
+        }
+        self.partial = dict.fromkeys(self.files, "")
+        self.traced: set[int] = set()  # workers that printed a traceback: the rest is held
+        self.held: list[str] = []
+        self.errors: list[str] = []
+
+    def pump(self) -> None:
+        for r, f in self.files.items():
+            text = self.partial[r] + f.read()
+            lines = text.splitlines(keepends=True)
+            self.partial[r] = lines.pop() if lines and not lines[-1].endswith("\n") else ""
+            for line in lines:
+                self._line(r, line)
+        sys.stderr.flush()
+
+    def _line(self, rank: int, line: str) -> None:
+        if line.startswith("error: "):
+            if line not in self.errors:  # every worker prints the same one-line error
+                self.errors.append(line)
+                sys.stderr.write(line)
+        elif rank in self.traced or NOISE.match(line):
+            self.held.append(f"[{rank}] {line}")
+        elif line.startswith("Traceback (most recent call last)"):
+            self.traced.add(rank)
+            self.held.append(f"[{rank}] {line}")
+        else:
+            sys.stderr.write(line)
+
+    def report(self, codes: dict[int, int]) -> None:
+        sys.stderr.write("".join(self.held[-TAIL:]))
+        for r, c in sorted(codes.items()):
+            if c > 0:
+                sys.stderr.write(f"process {r} exited with code {c}\n")
+            elif c < 0:
+                name = signal.Signals(-c).name if -c in signal.valid_signals() else -c
+                sys.stderr.write(f"process {r} was stopped by signal {name}\n")
+
+    def close(self) -> None:
+        for r, rest in self.partial.items():
+            if rest:
+                self._line(r, rest + "\n")
+        for f in self.files.values():
+            f.close()
