@@ -210,6 +210,13 @@ def measure(cfg: RunConfig) -> Measured:
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(True)  # one process, many precisions
+    try:
+        return _measure(cfg)
+    finally:  # leave no precision behind for whatever runs next in this process
+        AcceleratorState._reset_state(True)
+
+
+def _measure(cfg: RunConfig) -> Measured:
     as_configured = patch.object(recipe, "choose_precision", lambda w, sharded=False: (w, "as set"))
     with as_configured:
         run = recipe.setup(cfg)

@@ -30,6 +30,7 @@ def errors() -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 def test_core_rows_within_target(errors: dict[str, float]) -> None:
     assert len(errors) >= 8
     assert statistics.median(abs(e) for e in errors.values()) <= 0.10

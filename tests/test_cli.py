@@ -44,6 +44,7 @@ def _subprocess_env() -> dict[str, str]:
 # -- estimate --json ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_estimate_json(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
     d = run_json(capsys, "estimate", str(tiny_llama_dir), "--seq", "128", "--json")
     assert set(d) >= ESTIMATE_KEYS
@@ -58,6 +59,7 @@ def test_estimate_json(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path)
     assert d["warnings"] == []
 
 
+@pytest.mark.slow
 def test_estimate_json_with_gpu_memory(
     capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
 ) -> None:
@@ -92,6 +94,7 @@ def test_estimate_json_with_gpu_memory(
     assert over["fits"] is False and over["device_total_gib"] > over["budget_gib"] - 0.001
 
 
+@pytest.mark.slow
 def test_estimate_with_named_gpu(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
     d = run_json(capsys, "estimate", str(tiny_llama_dir), "--seq", "128", "--gpu", "H100", "--json")
     assert d["gpu"] == "H100 SXM"
@@ -161,6 +164,7 @@ def test_bad_input(
     assert needle in line
 
 
+@pytest.mark.slow
 def test_fp16_on_t4_is_accepted(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
     d = run_json(
         capsys,
@@ -257,6 +261,7 @@ def test_cached_estimate_does_not_import_torch(
     assert _python(code) == "0 False"
 
 
+@pytest.mark.slow
 def test_cached_plan_does_not_import_torch(
     capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
 ) -> None:
@@ -279,6 +284,7 @@ def test_models_does_not_import_torch() -> None:
     assert _python(code) == "0 False"
 
 
+@pytest.mark.slow
 def test_console_script_exits_fast_without_losing_output(tiny_llama_dir: Path) -> None:
     """`run()` leaves through os._exit once torch is loaded: output and exit code survive."""
     env = {**_subprocess_env(), "FRUGAL_CACHE_DIR": str(tiny_llama_dir / "fresh-cache")}

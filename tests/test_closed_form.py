@@ -45,6 +45,7 @@ def test_lora_count_matches_peft(targets: str) -> None:
         ("meta-llama/Llama-3.1-8B", TrainJob(method="qlora", lora_targets="q_proj,v_proj")),
     ],
 )
+@pytest.mark.slow
 def test_state_bytes_match_simulation(model_id: str, job: TrainJob) -> None:
     spec = load_spec(model_id)
     prof = get_profile(spec, job, job.seq)
@@ -59,6 +60,7 @@ def test_state_bytes_match_simulation(model_id: str, job: TrainJob) -> None:
     assert sim["gradients"] == pytest.approx(expect["gradients"], rel=1e-9, abs=64)
 
 
+@pytest.mark.slow
 def test_eight_bit_optimizer_state_is_a_quarter() -> None:
     spec = load_spec("meta-llama/Llama-3.1-8B")
     full = get_profile(spec, TrainJob(method="lora"), 2048)

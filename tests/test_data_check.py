@@ -108,6 +108,7 @@ def test_plot_png(capsys: pytest.CaptureFixture[str], tmp_path: Path, mixed: str
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_plan_counts_the_same_tokens(capsys: pytest.CaptureFixture[str], mixed: str) -> None:
     d = check(capsys, mixed)
     p = run_json(capsys, "plan", TINY, "--dataset", mixed, "--seq", "128", "--json")

@@ -43,6 +43,7 @@ def is_subsequence(want: list[str], have: list[str]) -> bool:
 
 
 @pytest.mark.parametrize(("where", "command", "shown"), examples(), ids=lambda x: str(x)[:40])
+@pytest.mark.slow
 def test_documented_example_runs_as_written(
     where: str, command: str, shown: str, tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ def _script_namespace(text: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+@pytest.mark.slow
 def test_hf_script_builds_the_run_configs_hyperparameters(
     tiny_llama: ModelSpec, method: str
 ) -> None:
@@ -67,6 +68,7 @@ def test_hf_script_builds_the_run_configs_hyperparameters(
         assert q.bnb_4bit_quant_type == "nf4" and q.bnb_4bit_use_double_quant
 
 
+@pytest.mark.slow
 def test_emitted_hf_script_trains_as_written(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -111,6 +113,7 @@ def _validator(name: str) -> Any:
     return cls(json.loads((SCHEMAS / f"{name}.schema.json").read_text()))
 
 
+@pytest.mark.slow
 def test_skypilot_task_passes_skypilots_schema(tiny_llama: ModelSpec) -> None:
     task_schema, resources_schema = _validator("task"), _validator("resources")
     seen = set()

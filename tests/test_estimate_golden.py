@@ -37,6 +37,7 @@ def test_llama31_8b_full_depth_counts(method: str, expected: tuple[int, int]) ->
     assert count_params(model) == expected
 
 
+@pytest.mark.slow
 def test_llama31_8b_estimate_counts() -> None:
     spec = load_spec("meta-llama/Llama-3.1-8B")
     est = estimate(spec, make_job(method="lora"))
@@ -47,6 +48,7 @@ def test_llama31_8b_estimate_counts() -> None:
     )
 
 
+@pytest.mark.slow
 def test_llama2_7b_total() -> None:
     spec = load_spec("meta-llama/Llama-2-7b-hf")
     est = estimate(spec, make_job(method="lora"))

@@ -84,6 +84,7 @@ def test_flops_and_tokens_scale_with_batch(tiny_llama: ModelSpec) -> None:
     assert 0 < f["recompute"] <= f["forward"]
 
 
+@pytest.mark.slow
 def test_an_accumulating_run_also_gives_the_single_micro_step_profile(
     tiny_llama: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,6 +111,7 @@ def test_an_accumulating_run_also_gives_the_single_micro_step_profile(
 # -- (b) activation checkpointing ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkpointing_saves_activations(tiny_llama: ModelSpec) -> None:
     on = estimate(tiny_llama, make_job(method="full", batch=2, seq=256, grad_checkpointing=True))
     off = estimate(tiny_llama, make_job(method="full", batch=2, seq=256, grad_checkpointing=False))
@@ -126,6 +128,7 @@ def test_checkpointing_saves_activations(tiny_llama: ModelSpec) -> None:
 # -- (c) QLoRA keeps the base model in 4 bits ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_qlora_frozen_weights_are_a_quarter() -> None:
     spec = load_spec("meta-llama/Llama-3.1-8B")
     lora = estimate(spec, make_job(method="lora")).memory.breakdown["frozen_weights"]
@@ -143,6 +146,7 @@ def test_qlora_frozen_weights_are_a_quarter() -> None:
     assert qlora == pytest.approx(expect_q, abs=4096)
 
 
+@pytest.mark.slow
 def test_old_bitsandbytes_keeps_each_4bit_input(tiny_llama: ModelSpec) -> None:
     """Before 0.43.2, bitsandbytes held each 4-bit layer's input on the autograd context: the
     forward keeps it (what LitGPT's QLoRA rows measured), and since checkpointing only frees
@@ -234,6 +238,7 @@ def _check_close(r: dict[str, Any], batch: int) -> None:
 
 
 @pytest.mark.parametrize(("method", "attention"), CASES)
+@pytest.mark.slow
 def test_profile_matches_direct_simulation(
     tiny_llama: ModelSpec, method: str, attention: str
 ) -> None:
@@ -248,6 +253,7 @@ def test_profile_matches_direct_simulation(
     assert mem.peak_allocated == pytest.approx(expect_alloc, rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("method", "attention"), CASES)
 def test_profile_exact_at_batch_one(tiny_llama: ModelSpec, method: str, attention: str) -> None:
     _check_close(_compare(_key(tiny_llama), method, attention, SHAPES)[1], batch=1)
@@ -262,6 +268,7 @@ def test_profile_exact_at_long_seq(tiny_llama: ModelSpec) -> None:
 
 
 @pytest.mark.parametrize("seq", [100, 24])  # beyond the 32-token window, and within it
+@pytest.mark.slow
 def test_sliding_window_profile_matches_direct(tiny_gemma2: ModelSpec, seq: int) -> None:
     # the simulated lengths stay on the side of the window that `seq` is on
     assert base_length(tiny_gemma2, seq) == (32 + 64 if seq > 32 else 32 // 3)
@@ -276,6 +283,7 @@ def test_base_length_of_dense_model(tiny_llama: ModelSpec) -> None:
 # -- (f) mixture of experts ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_moe_lora_estimate(tiny_moe: ModelSpec) -> None:
     job = make_job(method="lora", seq=128)
     est = estimate(tiny_moe, job)
@@ -291,6 +299,7 @@ def test_moe_lora_estimate(tiny_moe: ModelSpec) -> None:
     assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(est.lora_targets)
 
 
+@pytest.mark.slow
 def test_moe_full_finetune(tiny_moe: ModelSpec) -> None:
     est = estimate(tiny_moe, make_job(method="full", seq=128))
     total, trainable = count_params(
@@ -303,6 +312,7 @@ def test_moe_full_finetune(tiny_moe: ModelSpec) -> None:
     assert b["optimizer_state"] >= 8 * total
 
 
+@pytest.mark.slow
 def test_moe_full_finetune_bf16_true(tiny_moe: ModelSpec) -> None:
     est = estimate(tiny_moe, make_job(method="full", precision="bf16-true", seq=128))
     total, _ = count_params(

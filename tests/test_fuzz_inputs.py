@@ -68,6 +68,7 @@ def _one_line_or_result(capsys: pytest.CaptureFixture[str], rc: int, what: str) 
     assert "Traceback" not in err and "internal error" not in err, f"{what}: {err[-500:]}"
 
 
+@pytest.mark.slow
 def test_data_check_never_crashes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rng = random.Random(20261123)
     valid = _valid_files(tmp_path)

@@ -243,6 +243,7 @@ def test_an_unknown_id_fails_at_once_offline(how: str, silent_hub: tuple[str, li
     assert accepted == []  # never asked the hub
 
 
+@pytest.mark.slow
 def test_an_unknown_id_online_costs_one_short_probe(silent_hub: tuple[str, list[int]]) -> None:
     endpoint, accepted = silent_hub
     run, took = _frugal("estimate", "meta-llama/Llama-3.1-8x", HF_ENDPOINT=endpoint)

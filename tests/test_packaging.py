@@ -43,6 +43,7 @@ def _requires(meta: email.message.Message) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_the_name_is_ours_and_the_command_is_frugal(wheel: zipfile.ZipFile) -> None:
     meta = _metadata(wheel)
     assert meta["Name"] == "frugal-ft"  # `frugal` on PyPI is an unrelated project

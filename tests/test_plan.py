@@ -32,6 +32,7 @@ def test_search_recommends_the_cheapest_feasible(tiny_llama: ModelSpec) -> None:
     assert fastest.hours <= best.hours
 
 
+@pytest.mark.slow
 def test_plan_memory_is_the_estimate_of_the_printed_job(tiny_llama: ModelSpec) -> None:
     """Fit is judged with the accumulation the plan prints: an accumulating job holds its
     gradients through the next forward pass."""
@@ -202,6 +203,7 @@ def test_catalog_commands(capsys: pytest.CaptureFixture[str]) -> None:
 # -- the issue's must-shows on bundled models (simulated once, then cached) -----------------
 
 
+@pytest.mark.slow
 def test_70b_full_plans_multi_gpu_with_sharding() -> None:
     spec = load_spec("meta-llama/Llama-3.1-70B")
     r = search(spec, make_job(method="full"), catalog(), Constraints(tokens=5e7, methods=("full",)))
@@ -209,12 +211,14 @@ def test_70b_full_plans_multi_gpu_with_sharding() -> None:
     assert rec.gpus > 1 and rec.job.sharding in ("fsdp", "zero3")
 
 
+@pytest.mark.slow
 def test_135m_plans_a_small_gpu() -> None:
     spec = load_spec("HuggingFaceTB/SmolLM2-135M")
     rec = search(spec, make_job(), catalog(), Constraints(tokens=5e6)).recommendation
     assert rec.gpus == 1 and rec.offer.gpu.memory_gb <= 24
 
 
+@pytest.mark.slow
 def test_8b_qlora_fits_a_24gb_card() -> None:
     spec = load_spec("meta-llama/Llama-3.1-8B")
     offers = catalog(local=["RTX 4090"], bundled=False)
@@ -247,6 +251,7 @@ def test_plot_bad_suffix(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Pat
     assert ".png, .svg, .pdf or .html" in msg
 
 
+@pytest.mark.slow
 def test_plans_only_shardings_train_runs() -> None:
     # 4-bit 70B needs ~49 GiB a GPU unsharded, more than an L40S; FSDP would split it, but
     # `frugal train` runs QLoRA with DDP only, so no such plan may be offered
@@ -267,6 +272,7 @@ def test_gpu_counts_that_cannot_share_the_batch_are_rejected(tiny_llama: ModelSp
     assert any(x.kind == "batch" and "8 GPUs cannot share" in x.why for x in r.rejected)
 
 
+@pytest.mark.slow
 def test_plan_and_train_take_the_same_micro_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -343,6 +349,7 @@ def _apply(argv: list[str], flags: dict[str, str | None]) -> list[str]:
         ["plan", "HuggingFaceTB/SmolLM2-135M", "--tokens", "50M", "--budget", "0.01"],
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_every_suggested_change_gives_a_plan(
     capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:

@@ -33,6 +33,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("case", sc.CASES, ids=[c.id for c in sc.CASES])
+@pytest.mark.slow
 def test_estimate_is_the_trainers_step(case: Case, workdir: Path, tmp_path: Path) -> None:
     cfg = sc.make_cfg(case, workdir, tmp_path / "run")
     problems = list(sc.mismatches(sc.measure(cfg).peaks, sc.predicted(cfg)))
@@ -53,6 +54,7 @@ def test_the_matrix_covers_what_the_step_varies() -> None:
 # -- the suite fails when either side alone changes its step ----------------------------------
 
 
+@pytest.mark.slow
 def test_a_trainer_that_loads_the_lora_base_in_fp32_is_caught(
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -68,6 +70,7 @@ def test_a_trainer_that_loads_the_lora_base_in_fp32_is_caught(
     assert any(p.startswith("fwd/frozen_weights") for p in problems), problems
 
 
+@pytest.mark.slow
 def test_an_estimate_without_sgd_momentum_is_caught(
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

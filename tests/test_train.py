@@ -122,6 +122,7 @@ sys.exit(main(["train", sys.argv[1], "--quiet"]))
 """
 
 
+@pytest.mark.slow
 def test_kill_9_during_checkpoint_write_resumes_from_previous(tmp_path: Path) -> None:
     over = ("training.save_every_min=1e-6", "training.max_steps=6", "training.keep_checkpoints=5")
     a, b = tmp_path / "a", tmp_path / "b"
@@ -177,6 +178,7 @@ def test_budget_guard_stops_within_a_step_with_a_usable_adapter(
     assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
 
 
+@pytest.mark.slow
 def test_oom_backs_off_and_keeps_the_effective_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +303,7 @@ def test_fresh_run_never_overwrites_a_saved_one(
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_cli_json_summary_and_exit_code(tmp_path: Path) -> None:
     cfg = write_cfg(tmp_path / "c.yaml", make_cfg(tmp_path / "out", "training.max_steps=2"))
     p = subprocess.run(
@@ -345,6 +348,7 @@ EVERY_STEP = ("job.optimizer=sgd", "data.val_ratio=0.004", "training.eval_every=
 
 
 @pytest.mark.parametrize("setup", [("job.sharding=ddp",), ("job.sharding=fsdp", "job.method=full")])
+@pytest.mark.slow
 def test_two_processes_gloo_match_one(tmp_path: Path, setup: tuple[str, ...]) -> None:
     same = ("training.max_steps=3", *EVERY_STEP, *setup)
     one = tmp_path / "one"
@@ -361,6 +365,7 @@ def test_two_processes_gloo_match_one(tmp_path: Path, setup: tuple[str, ...]) ->
 
 
 @pytest.mark.parametrize(("sharding", "resume_on"), [("ddp", 2), ("fsdp", 2), ("fsdp", 1)])
+@pytest.mark.slow
 def test_two_processes_sigterm_then_resume_equal_one(
     tmp_path: Path, sharding: str, resume_on: int
 ) -> None:
@@ -432,6 +437,7 @@ def test_tensorboard_log_and_merged_model(tmp_path: Path) -> None:
     assert not any("lora_" in n for n, _ in merged.named_parameters())
 
 
+@pytest.mark.slow
 def test_plan_writes_what_train_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 
     cfg = tmp_path / "frugal.yaml"
@@ -439,8 +445,8 @@ def test_plan_writes_what_train_runs(capsys: pytest.CaptureFixture[str], tmp_pat
     plan = run_json(capsys, "plan", str(TINY), "--dataset", data, "--seq", "128",
                     "--effective-batch", "8", "--write", str(cfg), "--json")  # fmt: skip
     out = tmp_path / "run"
-    s = run_json(capsys, "train", str(cfg), "init=random", "training.loggers=[jsonl]",
-                 f"output_dir={out}", "--json")  # fmt: skip
+    args = ("init=random", "training.loggers=[jsonl]", f"output_dir={out}", "--json")
+    s = RunSummary.model_validate(run_json(capsys, "train", str(cfg), *args))
     assert s.outcome == "completed"
     rec = plan["recommendation"]
     assert s.predicted.gpu == rec["gpu"] and s.predicted.hours == rec["est_hours"]
@@ -449,6 +455,7 @@ def test_plan_writes_what_train_runs(capsys: pytest.CaptureFixture[str], tmp_pat
     assert saved.init == "random" and saved.hourly_usd == rec["price_per_hour_usd"]
 
 
+@pytest.mark.slow
 def test_cli_sigterm_exits_resumable(tmp_path: Path) -> None:
     import time
 
@@ -578,17 +585,6 @@ def test_budget_guard_covers_the_first_step_from_the_estimate(
         make_cfg(tmp_path / "b", *over, "budget_usd=2.5"), quiet=True, clock=one_second_steps
     )
     assert s.outcome == "budget-stopped" and s.steps == 2
-
-
-def test_launcher_knows_whether_torchrun_can_leave_signals() -> None:
-    import torch.distributed.run as torchrun
-
-    from frugal.cli.train_cmd import _torchrun_can_leave_signals
-
-    # read from the installed source without importing torch: the same answer as importing
-    assert _torchrun_can_leave_signals() == (
-        "--signals-to-handle" in Path(torchrun.__file__).read_text()
-    )
 
 
 def test_a_pretrained_lora_base_is_loaded_in_the_compute_dtype(tmp_path: Path) -> None:
