@@ -19,7 +19,7 @@ from frugal.models.specs import load_spec
 from frugal.plan.emit import hf_script, skypilot_task, to_run_config
 from frugal.plan.plot import check_plot_path, write_plot
 from frugal.plan.relax import Ask, explain
-from frugal.plan.search import Constraints, Infeasible, search
+from frugal.plan.search import Constraints, Infeasible, Result, search
 from frugal.step.job import TrainJob, make_job
 
 
@@ -145,20 +145,11 @@ def plan(
         raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
     result.notes[:0] = notes
     rec = result.recommendation
-    out: dict[str, Any] = {
-        "model": spec.id,
-        "tokens": k.tokens,
-        "recommendation": rec.to_json(),
-        "frontier": [p.to_json() for p in result.frontier],
-        "rejected": [r.to_json() for r in result.rejected],
-        "feasible_plans": len(result.plans),
-        "notes": result.notes,
-    }
-
     run_cfg = to_run_config(spec.id, rec, k, dataset, per_epoch, epochs)
+    wrote: dict[str, str] = {}  # what was written: "run config", "hf", "skypilot", "plot"
     if write:
         run_cfg.write(write)
-        out["wrote"] = write
+        wrote["run config"] = write
     if emit:
         path = emit_file or {"hf": "train_hf.py", "skypilot": "sky.yaml"}[emit]
         text = (
@@ -167,74 +158,76 @@ def plan(
             else skypilot_task(rec, write or "frugal.yaml")
         )
         write_text_atomic(path, text)
-        out[f"wrote_{emit}"] = path
+        wrote[emit] = path
     if plot:
         write_plot(result, k, plot)
-        out["wrote_plot"] = plot
+        wrote["plot"] = plot
     if json_out:
-        print(json.dumps(out))
+        print(json.dumps(to_json(spec.id, k, result, wrote)))
     else:
-        render(out)
+        render(spec.id, k, result, wrote)
 
 
-def render(out: dict[str, Any]) -> None:
+def to_json(model: str, k: Constraints, result: Result, wrote: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "model": model,
+        "tokens": k.tokens,
+        "recommendation": result.recommendation.to_json(),
+        "frontier": [p.to_json() for p in result.frontier],
+        "rejected": [r.to_json() for r in result.rejected],
+        "feasible_plans": len(result.plans),
+        "notes": result.notes,
+    }
+    keys = {"run config": "wrote", "hf": "wrote_hf", "skypilot": "wrote_skypilot"}
+    out.update({keys.get(what, f"wrote_{what}"): path for what, path in wrote.items()})
+    return out
 
+
+def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) -> None:
     con = Console()
     if not con.is_terminal:
         con = Console(width=120)
-    r = out["recommendation"]
-    spot = (
-        " (spot"
-        + (
-            f", on-demand after {r['spot_fallback']['switch_to_ondemand_after_h']:.1f} h)"
-            if r["spot_fallback"]
-            else ")"
-        )
-        if r["spot"]
-        else ""
+    r, o, j = result.recommendation, result.recommendation.offer, result.recommendation.job
+    fallback = r.fallback if r.fallback and r.fallback.spot_share < 1 else None
+    spot = ""
+    if r.spot:
+        spot = f" (spot, on-demand after {fallback.switch_at_h:.1f} h)" if fallback else " (spot)"
+    con.print(f"[bold]{model}[/] · {_si(k.tokens)} tokens · {len(result.plans)} feasible plans")
+    con.print(
+        f"[bold green]plan:[/] {o.provider} {o.instance}{spot} · {j.gpus}x {o.gpu.name} · "
+        f"{j.method} · micro-batch {j.batch} x accum {j.grad_accum} · checkpointing "
+        f"{'on' if j.grad_checkpointing else 'off'} · {j.optimizer}"
     )
     con.print(
-        f"[bold]{out['model']}[/] · {_si(out['tokens'])} tokens · "
-        f"{out['feasible_plans']} feasible plans"
+        f"      [bold]${r.cost_usd:,.2f}[/] in [bold]{r.hours:.2f} h[/] · "
+        f"{r.speed.tokens_per_s:,.0f} tokens/s · {r.device_total_gib:.1f} of "
+        f"{o.gpu.usable_gib:.1f} GiB per GPU"
     )
-    con.print(
-        f"[bold green]plan:[/] {r['provider']} {r['instance']}{spot} · "
-        f"{r['gpus']}x {r['gpu']} · {r['method']} · micro-batch {r['micro_batch']} x "
-        f"accum {r['grad_accum']} · checkpointing {'on' if r['grad_checkpointing'] else 'off'}"
-        f" · {r['optimizer']}"
-    )
-    con.print(
-        f"      [bold]${r['est_cost_usd']:,.2f}[/] in [bold]{r['est_hours']:.2f} h[/] · "
-        f"{r['tokens_per_s']:,.0f} tokens/s · {r['device_total_gib']:.1f} of "
-        f"{r['usable_gib']:.1f} GiB per GPU"
-    )
-    for reason in r["reasons"]:
+    for reason in r.reasons:
         con.print(f"  • {reason}")
     t = Table(title="cost vs time: the Pareto frontier")
     for col in ("plan", "GPUs", "method", "hours", "cost", "tokens/s"):
         t.add_column(col, justify="left" if col in ("plan", "method") else "right")
-    for p in out["frontier"]:
-        nodes = f"{p['nodes']}x " if p["nodes"] > 1 else ""
+    for p in result.frontier:
+        nodes = f"{p.nodes}x " if p.nodes > 1 else ""
         t.add_row(
-            f"{p['provider']} {nodes}{p['instance']}{' spot' if p['spot'] else ''}",
-            f"{p['gpus']}x {p['gpu']}",
-            p["method"],
-            f"{p['est_hours']:.2f}",
-            f"${p['est_cost_usd']:,.2f}",
-            f"{p['tokens_per_s']:,.0f}",
+            f"{p.offer.provider} {nodes}{p.offer.instance}{' spot' if p.spot else ''}",
+            f"{p.gpus}x {p.offer.gpu.name}",
+            p.job.method,
+            f"{p.hours:.2f}",
+            f"${p.cost_usd:,.2f}",
+            f"{p.speed.tokens_per_s:,.0f}",
         )
     con.print(t)
-    if out["rejected"]:
+    if result.rejected:
         con.print("[bold]rejected[/]")
-        for x in out["rejected"]:
-            con.print(f"  ✗ {x['option']}: {x['why']}")
-    for n in out["notes"]:
+        for x in result.rejected:
+            con.print(f"  ✗ {x.label}: {x.why}")
+    for n in result.notes:
         con.print(f"[dim]note: {n}[/]")
-    if out.get("wrote"):
-        con.print(f"wrote {out['wrote']} (run it with: frugal train {out['wrote']})")
-    if out.get("wrote_skypilot"):
-        con.print(
-            f"wrote {out['wrote_skypilot']} (launch with: sky jobs launch {out['wrote_skypilot']})"
-        )
-    if out.get("wrote_hf"):
-        con.print(f"wrote {out['wrote_hf']} (run it with: python {out['wrote_hf']})")
+    if "run config" in wrote:
+        con.print(f"wrote {wrote['run config']} (run it with: frugal train {wrote['run config']})")
+    if "skypilot" in wrote:
+        con.print(f"wrote {wrote['skypilot']} (launch with: sky jobs launch {wrote['skypilot']})")
+    if "hf" in wrote:
+        con.print(f"wrote {wrote['hf']} (run it with: python {wrote['hf']})")
