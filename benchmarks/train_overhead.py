@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file
 
 from frugal.config import RunConfig, apply_overrides, validate_run_config
-from frugal.data.examples import Row, Schedule, collate, load_examples, pack
+from frugal.data.examples import PackedRows, Schedule, collate, load_examples, pack
 from frugal.run import recipe
 from frugal.run.diagnose import Diagnostics
 from frugal.run.meter import CostMeter, Sinks
@@ -65,7 +65,7 @@ def make_cfg(model: str, out: Path, steps: int) -> RunConfig:
     return validate_run_config(apply_overrides({}, over.split()), "train_overhead")
 
 
-def packed(model: str) -> tuple[list[Row], int]:
+def packed(model: str) -> tuple[PackedRows, int]:
     """The training rows of frugal's setup (no validation split), and the pad id."""
     from transformers import AutoTokenizer
 

@@ -338,7 +338,7 @@ def test_profile_is_reused_from_cache(
     assert np.array_equal(again.segment_peaks(2, 300), first.segment_peaks(2, 300))
     # the cache is the test session's private dir, never the user's
     d = core.cache.cache_dir()
-    assert d == Path(os.environ["FRUGAL_CACHE_DIR"])
+    assert d == Path(os.environ["FRUGAL_CACHE_DIR"]) / "profiles"
     assert any(d.glob("*.npz"))
 
 

@@ -13,6 +13,9 @@ of `seq` tokens greedily; position ids restart at 0 for each sample, which makes
 build a block-diagonal causal mask (masking_utils.find_packed_sequence_indices), so packed
 samples never attend to each other. Padding forms its own segment (id 0) and is never trained.
 
+Examples are tokenized once per file and tokenizer, in batches, and kept as Arrow / flat
+int32 columns (`frugal.data.tokens`); packing writes straight into `[rows, seq]` arrays.
+
 The order of rows in epoch e is a permutation seeded by (seed, e); global step s reads rows
 [k*E, (k+1)*E) of epoch s // steps_per_epoch, k = s % steps_per_epoch. The data position is
 therefore a function of the step alone, and a resumed run reads exactly what an
@@ -22,81 +25,37 @@ uninterrupted one would.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
 
+import numpy as np
 import torch
 
-from frugal.data.rows import FORMATS, detect_format, messages, read_rows
+from frugal.data.rows import FORMATS, messages
+from frugal.data.rows import detect_format as detect_format  # part of this module's API
+from frugal.data.tokens import DataStats, Example, Examples, tokenize_batch, tokenized
 from frugal.errors import FrugalError
 from frugal.step.batch import layout
 from frugal.step.loss import IGNORE
 
 
-@dataclass
-class Example:
-    input_ids: list[int]
-    labels: list[int]  # IGNORE where the token is not trained
-
-
-@dataclass
-class DataStats:
-    rows: int = 0
-    empty: int = 0  # no text, or nothing left to train after masking
-    duplicates: int = 0
-    over_length: int = 0  # longer than seq (truncated)
-    tokens: int = 0  # before truncation
-    trained_tokens: int = 0  # after truncation, labels not masked
-    lengths: list[int] = field(default_factory=list)
-    format: str = ""
-
-
-def _chat(tok: Any, msgs: list[dict[str, str]], where: str) -> Example:
-    if not getattr(tok, "chat_template", None):
-        raise FrugalError(
-            f"{where}: chat rows need a tokenizer with a chat template; set tokenizer= to one "
-            "that has it, or use text or prompt/completion rows"
-        )
-    text = tok.apply_chat_template(msgs, tokenize=False)
-    spans = []  # character spans of the assistant turns in the rendered conversation
-    for i, m in enumerate(msgs):
-        if m["role"] == "assistant":
-            prefix = msgs[:i]  # empty when the conversation opens with the assistant
-            start = (
-                len(tok.apply_chat_template(prefix, tokenize=False, add_generation_prompt=True))
-                if prefix
-                else 0
-            )
-            end = len(tok.apply_chat_template(msgs[: i + 1], tokenize=False))
-            spans.append((start, end))
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    labels = [
-        t if any(a <= s < b for a, b in spans) else IGNORE
-        for t, (s, _) in zip(ids, enc["offset_mapping"], strict=True)
-    ]
-    return Example(ids, labels)
-
-
 def tokenize(row: dict[str, Any], fmt: str, tok: Any, where: str) -> Example:
-    """One row as an example, with its loss mask; ends with EOS; first label masked."""
-    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    if fmt == "chat":
-        ex = _chat(tok, messages(row, where), where)
-    elif fmt == "prompt_completion":
-        p = tok(str(row.get("prompt") or ""))["input_ids"]
-        c = tok(str(row.get("completion") or ""), add_special_tokens=False)["input_ids"] + eos
-        ex = Example(p + c, [IGNORE] * len(p) + c)
-    elif fmt == "text":
-        ids = tok(str(row.get("text") or ""))["input_ids"] + eos
-        ex = Example(ids, list(ids))
-    else:
+    """One row as an example, with its loss mask (the batched path, for one row)."""
+    if fmt not in FORMATS:
         raise FrugalError(f"data.format {fmt!r}: use auto, {', '.join(FORMATS)}")
-    if ex.labels:
-        ex.labels[0] = IGNORE
-    return ex
+    if fmt == "chat":
+        one: dict[str, list[Any]] = {"messages": [json.dumps(messages(row, where))]}
+    elif fmt == "prompt_completion":
+        one = {"prompt": [str(row.get("prompt") or "")],
+               "completion": [str(row.get("completion") or "")]}  # fmt: skip
+    else:
+        one = {"text": [str(row.get("text") or "")]}
+    out = tokenize_batch({**one, "where": [where]}, fmt, tok)
+    return Example(out.column("input_ids")[0].as_py(), out.column("labels")[0].as_py())
 
 
 def load_examples(
@@ -106,39 +65,28 @@ def load_examples(
     fmt: str = "auto",
     stats: DataStats | None = None,
     need_trainable: bool = True,
-) -> list[Example]:
+) -> Examples:
     """Tokenized examples of a data file, truncated to `seq`; empty rows dropped. A file with
     nothing to train is refused unless `need_trainable` is off (a count, not a run)."""
+    full, found = tokenized(path, tok, fmt)
     st = stats if stats is not None else DataStats()
+    lengths = full.lengths
+    trained = full.trained_per_example(seq)
+    st.rows, st.format = len(full), found
+    st.tokens, st.lengths = int(lengths.sum()), lengths.tolist()
+    st.over_length = int((lengths > seq).sum())
+    st.empty = int((trained == 0).sum())
+    st.trained_tokens = int(trained.sum())
     seen: set[bytes] = set()
-    out: list[Example] = []
-    for where, row in read_rows(path):
-        st.rows += 1
-        f = detect_format(row, where) if fmt == "auto" else fmt
-        if st.format and f != st.format and fmt == "auto":
-            raise FrugalError(f"{where}: a {f} row in a {st.format} file; use one format per file")
-        st.format = f
-        ex = tokenize(row, f, tok, where)
-        digest = hashlib.blake2b(repr(ex.input_ids).encode(), digest_size=16).digest()
+    ids, offsets = full.ids, full.offsets.tolist()
+    for a, b in itertools.pairwise(offsets):
+        digest = hashlib.blake2b(ids[a:b].tobytes(), digest_size=16).digest()
         st.duplicates += digest in seen
         seen.add(digest)
-        n = len(ex.input_ids)
-        st.lengths.append(n)
-        st.tokens += n
-        if n > seq:
-            st.over_length += 1
-            ex = Example(ex.input_ids[:seq], ex.labels[:seq])
-        trained = sum(1 for x in ex.labels if x != IGNORE)
-        if trained == 0:
-            st.empty += 1
-            continue
-        st.trained_tokens += trained
-        out.append(ex)
-    if not st.rows:
-        raise FrugalError(f"dataset {path} has no rows")
-    if not out and need_trainable:
+    keep = np.flatnonzero(trained > 0)
+    if not len(keep) and need_trainable:
         raise FrugalError(f"dataset {path}: no row has tokens to train on (all empty or masked)")
-    return out
+    return full.take(keep, np.minimum(lengths[keep], seq))
 
 
 def file_stats(path: str, tok: Any, seq: int, fmt: str = "auto") -> DataStats:
@@ -171,43 +119,109 @@ class Row:
     positions: list[int]
 
 
-def pack(examples: list[Example], seq: int, pad_id: int) -> list[Row]:
-    """Greedy packing in order: a sample that does not fit starts a new row."""
-    rows: list[Row] = []
-    cur = Row([], [], [], [])
+@dataclass(eq=False)
+class PackedRows:
+    """Packed rows as `[rows, seq]` int32 arrays; `rows[i]` is one `Row` (Python lists)."""
 
-    def close() -> None:
-        pad = seq - len(cur.input_ids)
-        cur.input_ids += [pad_id] * pad
-        cur.labels += [IGNORE] * pad
-        cur.segments += [0] * pad
-        cur.positions += list(range(pad))
-        rows.append(Row(cur.input_ids, cur.labels, cur.segments, cur.positions))
+    input_ids: np.ndarray
+    labels: np.ndarray
+    segments: np.ndarray
+    positions: np.ndarray
 
-    seg = 0
-    for ex in examples:
-        ex = Example(ex.input_ids[:seq], ex.labels[:seq])  # load_examples truncates already
-        if cur.input_ids and len(cur.input_ids) + len(ex.input_ids) > seq:
-            close()
-            cur, seg = Row([], [], [], []), 0
-        seg += 1
-        cur.input_ids += ex.input_ids
-        cur.labels += ex.labels
-        cur.segments += [seg] * len(ex.input_ids)
-        cur.positions += list(range(len(ex.input_ids)))
-    if cur.input_ids:
-        close()
-    return rows
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedRows):
+            return all(np.array_equal(getattr(self, k), getattr(other, k))
+                       for k in ("input_ids", "labels", "segments", "positions"))  # fmt: skip
+        if isinstance(other, list):
+            return list(self) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @overload
+    def __getitem__(self, i: int) -> Row: ...
+    @overload
+    def __getitem__(self, i: slice) -> PackedRows: ...
+
+    def __getitem__(self, i: int | slice) -> Row | PackedRows:
+        if isinstance(i, slice):
+            return PackedRows(self.input_ids[i], self.labels[i], self.segments[i],
+                              self.positions[i])  # fmt: skip
+        return Row(self.input_ids[i].tolist(), self.labels[i].tolist(),
+                   self.segments[i].tolist(), self.positions[i].tolist())  # fmt: skip
+
+    def __iter__(self) -> Iterator[Row]:
+        return (self[i] for i in range(len(self)))
 
 
-def unpacked(examples: list[Example]) -> list[Row]:
-    return [
-        Row(e.input_ids, e.labels, [1] * len(e.input_ids), list(range(len(e.input_ids))))
-        for e in examples
-    ]
+@dataclass
+class UnpackedRows:
+    """One sample per row, unpadded (a batch pads its rows to its longest)."""
+
+    examples: Examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> Row:
+        e = self.examples[i]
+        n = len(e.input_ids)
+        return Row(e.input_ids, e.labels, [1] * n, list(range(n)))
+
+    def __iter__(self) -> Iterator[Row]:
+        return (self[i] for i in range(len(self)))
 
 
-def collate(rows: list[Row], pad_id: int, packed: bool) -> dict[str, torch.Tensor]:
+Rows = PackedRows | UnpackedRows
+
+
+def _columns(examples: Examples | Sequence[Example]) -> Examples:
+    return examples if isinstance(examples, Examples) else Examples.from_list(examples)
+
+
+def pack(examples: Examples | Sequence[Example], seq: int, pad_id: int) -> PackedRows:
+    """Greedy packing in order: a sample that does not fit starts a new row. The rows are
+    assigned in one pass over the lengths; the tokens are then placed in one vectorized
+    scatter."""
+    ex = _columns(examples)
+    ex = ex.truncated(seq)  # load_examples truncates already
+    lens = ex.lengths
+    row_of = np.empty(len(ex), dtype=np.int64)
+    start = np.empty(len(ex), dtype=np.int64)
+    first = []  # the first sample of each row
+    r, used = -1, seq
+    for i, n in enumerate(lens.tolist()):
+        if used and used + n > seq:
+            r, used = r + 1, 0
+            first.append(i)
+        row_of[i], start[i] = r, used
+        used += n
+    n_rows = r + 1
+    shape = (n_rows, seq)
+    ids = np.full(shape, pad_id, dtype=np.int32)
+    labels = np.full(shape, IGNORE, dtype=np.int32)
+    segments = np.zeros(shape, dtype=np.int32)
+    within = ex.positions()
+    dest = np.repeat(row_of * seq + start, lens) + within
+    ids.flat[dest], labels.flat[dest] = ex.ids, ex.labels
+    seg_of = np.arange(len(ex)) - np.asarray(first, dtype=np.int64)[row_of] + 1
+    segments.flat[dest] = np.repeat(seg_of, lens)
+    # positions restart at 0 for each sample, and for the padding after the last one
+    filled = np.bincount(row_of, weights=lens, minlength=n_rows).astype(np.int64)
+    column = np.arange(seq, dtype=np.int64)[None, :]
+    positions = (column - filled[:, None]).astype(np.int32)
+    positions.flat[dest] = within
+    return PackedRows(ids, labels, segments, positions)
+
+
+def unpacked(examples: Examples | Sequence[Example]) -> UnpackedRows:
+    return UnpackedRows(_columns(examples))
+
+
+def collate(rows: Sequence[Row], pad_id: int, packed: bool) -> dict[str, torch.Tensor]:
     """Right-padded tensors in the step's layout (`frugal.step.batch.layout`): packed rows
     get position ids and no attention mask (so the model builds the block-diagonal mask);
     unpacked rows get an attention mask."""
@@ -226,15 +240,19 @@ def collate(rows: list[Row], pad_id: int, packed: bool) -> dict[str, torch.Tenso
 
 
 class Batcher:
-    """Batches of rows by index. Packed rows all have the same length, so they are stacked
-    into tensors once and a batch is an index_select (a Python-list collate of 64 x 4096
-    tokens costs ~0.5 s a step); unpacked rows are collated (right-padded) per batch."""
+    """Batches of rows by index. Packed rows all have the same length: their arrays become
+    tensors once and a batch is an index_select; unpacked rows are collated (right-padded)
+    per batch."""
 
-    def __init__(self, rows: list[Row], pad_id: int, packed: bool) -> None:
+    def __init__(self, rows: Rows | Sequence[Row], pad_id: int, packed: bool) -> None:
         self.rows, self.pad_id, self.packed = rows, pad_id, packed
         self.tensors: dict[str, torch.Tensor] = {}
-        if packed and rows:
-            self.tensors = collate(rows, pad_id, packed=True)
+        if isinstance(rows, PackedRows) and len(rows):
+            tensor = lambda a: torch.from_numpy(a).long()  # noqa: E731
+            self.tensors = layout(tensor(rows.input_ids), tensor(rows.labels),
+                                  tensor(rows.segments), tensor(rows.positions), True)  # fmt: skip
+        elif packed and len(rows):
+            self.tensors = collate(list(rows), pad_id, packed=True)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -246,16 +264,19 @@ class Batcher:
         return collate([self.rows[i] for i in indices], self.pad_id, self.packed)
 
 
-def split(examples: list[Example], ratio: float, seed: int) -> tuple[list[Example], list[Example]]:
-    """(train, validation): a seeded random `ratio` of the examples held out."""
+def split(examples: Any, ratio: float, seed: int) -> tuple[Any, Any]:
+    """(train, validation): a seeded random `ratio` of the examples held out, both in their
+    original order (`Examples` columns, or a list of `Example`)."""
     if ratio <= 0 or len(examples) < 2:
-        return examples, []
+        return examples, examples.take(np.arange(0)) if isinstance(examples, Examples) else []
     g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(examples), generator=g).tolist()
+    order = torch.randperm(len(examples), generator=g).numpy()
     n_val = max(1, round(len(examples) * ratio))
-    val = sorted(order[:n_val])
-    held = set(val)
-    return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in val]
+    val = np.sort(order[:n_val])
+    train = np.setdiff1d(np.arange(len(examples)), val)  # sorted
+    if isinstance(examples, Examples):
+        return examples.take(train), examples.take(val)
+    return [examples[i] for i in train], [examples[i] for i in val]
 
 
 @dataclass

@@ -25,7 +25,7 @@ from frugal.step.job import installed_version
 
 
 def cache_dir() -> Path:
-    return user_path("FRUGAL_CACHE_DIR", "cache", "profiles")
+    return user_path("FRUGAL_CACHE_DIR", "cache", "") / "profiles"
 
 
 @cache

@@ -40,7 +40,16 @@ import torch
 
 from frugal.calibration import record_measurement
 from frugal.config import RunConfig
-from frugal.data.examples import Batcher, Row, Schedule, load_examples, pack, split, unpacked
+from frugal.data.examples import (
+    Batcher,
+    Rows,
+    Schedule,
+    load_examples,
+    pack,
+    split,
+    unpacked,
+)
+from frugal.data.tokens import Examples
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
@@ -143,7 +152,7 @@ def setup(cfg: RunConfig) -> Run:
         train_ex, val_ex = split(examples, cfg.data.val_ratio, cfg.training.seed)
     pad = tok.pad_token_id
 
-    def to_rows(ex: list[Any]) -> list[Row]:
+    def to_rows(ex: Examples) -> Rows:
         return pack(ex, job.seq, pad) if cfg.job.packing else unpacked(ex)
 
     rows, val_rows = to_rows(train_ex), to_rows(val_ex)
