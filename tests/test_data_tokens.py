@@ -146,3 +146,18 @@ def test_batched_tokenizing_equals_one_call_per_row(tmp_path: Path, tok: Any) ->
     for r, ex in zip(rows, load_examples(str(text), tok, 512), strict=True):
         ids = tok(r["prompt"])["input_ids"] + eos
         assert ex.input_ids == ids and ex.labels == [IGNORE, *ids[1:]]
+
+
+def test_a_backend_left_truncating_does_not_cut_examples(tmp_path: Path, own_cache: Path) -> None:
+    """A tokenizer.json may carry truncation: tokenizing turns it off, as `tok()` does, and
+    the cache key does not depend on what state the tokenizer was left in."""
+    fresh = AutoTokenizer.from_pretrained(str(TINY))
+    digest = tokens.tokenizer_digest(fresh)
+    fresh.backend_tokenizer.enable_truncation(max_length=4)
+    assert tokens.tokenizer_digest(fresh) == digest
+    fresh.backend_tokenizer.enable_truncation(max_length=4)
+    text = "a sentence well over four tokens long"
+    data = tmp_path / "t.jsonl"
+    data.write_text(json.dumps({"text": text}) + "\n")
+    (ex,) = load_examples(str(data), fresh, 512)
+    assert ex.input_ids == fresh(text)["input_ids"] + [fresh.eos_token_id]

@@ -165,11 +165,23 @@ def _chat(tok: Any, msgs: list[dict[str, str]], where: str) -> Example:
     return Example(ids, labels)
 
 
+def _backend(tok: Any) -> Any:
+    """The fast tokenizer's backend in the state `tok(texts)` puts it in first: no
+    truncation, no padding, special tokens split as the tokenizer says (a saved
+    tokenizer.json may carry truncation or padding that transformers would turn off)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+        backend.encode_special_tokens = bool(getattr(tok, "split_special_tokens", False))
+    return backend
+
+
 def _encode(tok: Any, texts: list[str], special: bool) -> tuple[np.ndarray, np.ndarray]:
     """The token ids of `texts`, flat, and each text's count: one batched call to the fast
     tokenizer's backend (what transformers' `tok(texts)` calls, without building a Python
     dict per row)."""
-    backend = getattr(tok, "backend_tokenizer", None)
+    backend = _backend(tok)
     if backend is not None:
         seqs = [e.ids for e in backend.encode_batch(texts, add_special_tokens=special)]
     else:
@@ -277,7 +289,7 @@ def file_digest(path: str) -> str:
 def tokenizer_digest(tok: Any) -> str:
     """A digest of everything tokenizing depends on: the tokenizer's definition (vocabulary,
     merges, normalizer, post-processor), its chat template and special tokens."""
-    backend = getattr(tok, "backend_tokenizer", None)
+    backend = _backend(tok)  # in the state it tokenizes in, whatever called it before
     body = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
     h = hashlib.sha256(body.encode())
     extra = [type(tok).__name__, getattr(tok, "chat_template", None), tok.eos_token_id,
@@ -346,13 +358,19 @@ def _load(final: Path) -> tuple[Examples, str]:
 
     ds = datasets.load_from_disk(str(final))  # memory-mapped Arrow
     table = ds.data.table
-    ids = table.column("input_ids").combine_chunks()
-    labels = table.column("labels").combine_chunks()
-    offsets = ids.offsets.to_numpy().astype(np.int64)
-    start, end = int(offsets[0]), int(offsets[-1])
-    ex = Examples(
-        ids.values.to_numpy()[start:end],
-        labels.values.to_numpy()[start:end],
-        offsets - start,
-    )
-    return ex, json.loads((final / "format.json").read_text())["format"]
+    ids, offsets = _flat(table.column("input_ids"))
+    labels, _ = _flat(table.column("labels"))
+    return Examples(ids, labels, offsets), json.loads((final / "format.json").read_text())["format"]
+
+
+def _flat(column: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A chunked Arrow list column as flat values and 64-bit offsets, chunk by chunk (one
+    combined chunk would overflow Arrow's 32-bit list offsets past 2**31 tokens)."""
+    values, lengths = [], []
+    for chunk in column.chunks:
+        off = chunk.offsets.to_numpy()
+        values.append(chunk.values.to_numpy()[off[0] : off[-1]])
+        lengths.append(np.diff(off).astype(np.int64))
+    lens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    flat = np.concatenate(values) if values else np.zeros(0, dtype=np.int32)
+    return flat, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
