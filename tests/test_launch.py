@@ -20,7 +20,9 @@ from frugal.run.launch import launch
 CODES = """
 import os, sys, time
 rank = int(os.environ["RANK"])
-print("out", rank, os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], sys.argv[1:], flush=True)
+env = os.environ
+line = f"out {rank} {env['WORLD_SIZE']} {env['LOCAL_RANK']} {sys.argv[1:]}\\n"
+os.write(1, line.encode())  # one write: two workers' lines never interleave
 print("[W1019 10:11:12.131415 ProcessGroupGloo.cpp:1] torch's noise", file=sys.stderr)
 print(f"a warning from {rank}", file=sys.stderr)
 code = sys.argv[1 + rank]
