@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,3 +132,67 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- a real PostgreSQL server, started by the tests ----------------------------------------
+
+
+def _pg_bin() -> Path | None:
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return versions[-1].parent if versions else None
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A PostgreSQL server of the system's postgresql package on a free loopback port in a
+    temp dir (as the `postgres` user when the tests run as root); yields the base URL."""
+    pg = _pg_bin()
+    if pg is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; .ci/run does)")
+    as_user: list[str] = []
+    # not under pytest's temp root: that is private to the user running the tests
+    root = Path(tempfile.mkdtemp(prefix="frugal-pg-"))
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no postgres user to run PostgreSQL as")
+        os.chown(root, owner.pw_uid, owner.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = root / "data"
+
+    def run(*cmd: str) -> None:
+        done = subprocess.run([*as_user, *cmd], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{cmd[0]} failed: {done.stderr or done.stdout}"
+
+    run(str(pg / "initdb"), "-D", str(data), "-A", "trust", "-U", "frugal", "-E", "UTF8",
+        "--no-sync")  # fmt: skip
+    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=64"
+    run(str(pg / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w", "start")
+    try:
+        yield f"postgresql+psycopg://frugal@127.0.0.1:{port}"
+    finally:
+        run(str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty ledger on each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    import psycopg
+
+    base = request.getfixturevalue("postgres_server")
+    name = f"t{uuid.uuid4().hex[:12]}"
+    port = base.rsplit(":", 1)[1]
+    with psycopg.connect(f"host=127.0.0.1 port={port} user=frugal dbname=postgres",
+                         autocommit=True) as conn:  # fmt: skip
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"{base}/{name}"

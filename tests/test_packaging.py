@@ -49,12 +49,14 @@ def test_the_name_is_ours_and_the_command_is_frugal(wheel: zipfile.ZipFile) -> N
     assert meta["Name"] == "frugal-ft"  # `frugal` on PyPI is an unrelated project
     entry = next(n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))
     assert "frugal = frugal.cli.main:run" in wheel.read(entry).decode()
-    assert set(meta.get_all("Provides-Extra") or []) == {"train", "plot", "tracking", "dev"}
+    extras = {"train", "plot", "tracking", "postgres", "dev"}
+    assert set(meta.get_all("Provides-Extra") or []) == extras
     req = _requires(meta)
     assert 'extra == "train"' in req["bitsandbytes"] and "linux" in req["bitsandbytes"]
     assert 'extra == "plot"' in req["matplotlib"]
     assert 'extra == "tracking"' in req["mlflow"] and 'extra == "tracking"' in req["wandb"]
     assert req["tensorboard"] == ""  # the default logger: a dependency, not optional
+    assert 'extra == "postgres"' in req["psycopg"]  # the driver of postgresql+psycopg:// URLs
 
 
 def _imported_modules() -> set[str]:
@@ -82,7 +84,8 @@ def test_every_package_the_code_imports_is_declared(wheel: zipfile.ZipFile) -> N
 
 def test_the_wheel_ships_every_data_file_the_code_reads(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    shipped = [p for p in SRC.rglob("*") if p.suffix in (".json", ".csv") and p.is_file()]
+    shipped = [p for p in SRC.rglob("*") if p.suffix in (".json", ".csv", ".mako") and p.is_file()]
+    shipped += list((SRC / "frugal" / "ledger" / "migrations").rglob("*.py"))
     assert len(shipped) > 40  # bundled model configs, GPU specs, offers, providers
     for p in shipped:
         assert f"frugal/{p.relative_to(SRC).as_posix()}" in names, p

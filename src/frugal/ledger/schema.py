@@ -1,0 +1,109 @@
+"""The ledger's tables. Prices are stored as they were at the time (a plan's, a run's hourly
+price at launch): nothing is re-priced later from today's catalog. Changing a table means a
+new Alembic migration in `migrations/versions/` (a test compares the two)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class PlanRecord(Base):
+    """A plan `frugal plan` chose, with its estimate."""
+
+    __tablename__ = "plans"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime]
+    model: Mapped[str] = mapped_column(String(300))
+    method: Mapped[str] = mapped_column(String(20))
+    provider: Mapped[str] = mapped_column(String(50))
+    instance: Mapped[str] = mapped_column(String(100))
+    region: Mapped[str] = mapped_column(String(50))
+    gpu: Mapped[str] = mapped_column(String(50))
+    gpus: Mapped[int]
+    spot: Mapped[bool]
+    price_per_hour_usd: Mapped[float] = mapped_column(Float)
+    est_hours: Mapped[float] = mapped_column(Float)
+    est_cost_usd: Mapped[float] = mapped_column(Float)
+    tokens: Mapped[float] = mapped_column(Float)
+    record: Mapped[dict[str, Any]]  # the plan's whole JSON, as printed by --json
+
+
+class RunRecord(Base):
+    """One `frugal train` run: its start, its last heartbeat, its end."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    plan_id: Mapped[int | None] = mapped_column(ForeignKey("plans.id"))
+    started_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    outcome: Mapped[str | None] = mapped_column(String(20))  # None while running
+    dry_run: Mapped[bool]
+    model: Mapped[str] = mapped_column(String(300))
+    method: Mapped[str] = mapped_column(String(20))
+    provider: Mapped[str] = mapped_column(String(50))
+    instance: Mapped[str] = mapped_column(String(100))
+    region: Mapped[str] = mapped_column(String(50))
+    gpu: Mapped[str] = mapped_column(String(50))
+    gpus: Mapped[int]
+    spot: Mapped[bool]
+    price_per_hour_usd: Mapped[float | None] = mapped_column(Float)  # at launch
+    step: Mapped[int]
+    tokens: Mapped[float] = mapped_column(Float)
+    cost_usd: Mapped[float] = mapped_column(Float)
+    hours: Mapped[float] = mapped_column(Float)
+    config: Mapped[dict[str, Any]]
+    predicted: Mapped[dict[str, Any]]
+    actual: Mapped[dict[str, Any]]
+
+
+class Tag(Base):
+    """A tag of a plan, a run or a cost entry (project, team, model, env, user, or free)."""
+
+    __tablename__ = "tags"
+    __table_args__ = (Index("ix_tags_key_value", "key", "value"),)
+
+    kind: Mapped[str] = mapped_column(String(10), primary_key=True)  # plan | run | cost
+    ref: Mapped[str] = mapped_column(String(36), primary_key=True)
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str] = mapped_column(String(300))
+
+
+class Heartbeat(Base):
+    __tablename__ = "heartbeats"
+    __table_args__ = (Index("ix_heartbeats_run", "run_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    at: Mapped[datetime]
+    step: Mapped[int]
+    tokens: Mapped[float] = mapped_column(Float)
+    cost_usd: Mapped[float] = mapped_column(Float)
+
+
+class CostEntry(Base):
+    """Money spent outside `frugal train`: a notebook's GPU hours, a storage bill, a row of
+    a FOCUS billing export."""
+
+    __tablename__ = "costs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(50))
+    amount_usd: Mapped[float] = mapped_column(Float)
+    description: Mapped[str] = mapped_column(String(500))
+    resource_id: Mapped[str] = mapped_column(String(300))
+    source: Mapped[str] = mapped_column(String(300))

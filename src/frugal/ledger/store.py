@@ -1,0 +1,117 @@
+"""Writing to and reading from the ledger: plans, runs (start, heartbeats, end), other costs.
+
+Every write is one short transaction, so concurrent runs and their heartbeats interleave
+safely (SQLite serializes them through its busy timeout; PostgreSQL through row locks).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from frugal.ledger.db import engine
+from frugal.ledger.schema import CostEntry, Heartbeat, PlanRecord, RunRecord, Tag
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Ledger:
+    def __init__(self, url: str | None = None) -> None:
+        self.engine: Engine = engine(url)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    def _tag(self, s: Session, kind: str, ref: str, tags: dict[str, str]) -> None:
+        s.add_all(Tag(kind=kind, ref=ref, key=k, value=str(v)) for k, v in tags.items())
+
+    def record_plan(self, plan: dict[str, Any], model: str, tokens: float,
+                    tags: dict[str, str] | None = None) -> int:  # fmt: skip
+        """Record a plan (the `recommendation` object of `frugal plan --json`)."""
+        with self.session() as s:
+            rec = PlanRecord(
+                created_at=now(), model=model, method=plan["method"], provider=plan["provider"],
+                instance=plan["instance"], region=plan.get("region") or "", gpu=plan["gpu"],
+                gpus=plan["gpus"], spot=plan["spot"],
+                price_per_hour_usd=plan["price_per_hour_usd"], est_hours=plan["est_hours"],
+                est_cost_usd=plan["est_cost_usd"], tokens=tokens, record=plan,
+            )  # fmt: skip
+            s.add(rec)
+            s.flush()
+            self._tag(s, "plan", str(rec.id), tags or {})
+            return rec.id
+
+    def start_run(self, *, model: str, method: str, config: dict[str, Any],
+                  price_per_hour_usd: float | None, provider: str = "local",
+                  instance: str = "", region: str = "", gpu: str = "", gpus: int = 1,
+                  spot: bool = False, plan_id: int | None = None, dry_run: bool = False,
+                  predicted: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
+                  run_id: str | None = None) -> str:  # fmt: skip
+        """Record a run's start; returns its id."""
+        rid = run_id or str(uuid.uuid4())
+        t = now()
+        with self.session() as s:
+            s.add(RunRecord(
+                id=rid, plan_id=plan_id, started_at=t, heartbeat_at=t, ended_at=None,
+                outcome=None, dry_run=dry_run, model=model, method=method, provider=provider,
+                instance=instance, region=region, gpu=gpu, gpus=gpus, spot=spot,
+                price_per_hour_usd=price_per_hour_usd, step=0, tokens=0.0, cost_usd=0.0,
+                hours=0.0, config=config, predicted=predicted or {}, actual={},
+            ))  # fmt: skip
+            s.flush()
+            self._tag(s, "run", rid, tags or {})
+        return rid
+
+    def heartbeat(self, run_id: str, step: int, tokens: float, cost_usd: float) -> None:
+        t = now()
+        with self.session() as s:
+            s.add(Heartbeat(run_id=run_id, at=t, step=step, tokens=tokens, cost_usd=cost_usd))
+            run = s.get(RunRecord, run_id, with_for_update=True)
+            if run is not None:
+                run.heartbeat_at, run.step, run.tokens, run.cost_usd = t, step, tokens, cost_usd
+
+    def end_run(self, run_id: str, outcome: str, actual: dict[str, Any],
+                step: int, tokens: float, cost_usd: float, hours: float) -> None:  # fmt: skip
+        with self.session() as s:
+            run = s.get(RunRecord, run_id, with_for_update=True)
+            if run is None:
+                raise KeyError(run_id)
+            run.ended_at, run.outcome, run.actual = now(), outcome, actual
+            run.step, run.tokens, run.cost_usd, run.hours = step, tokens, cost_usd, hours
+
+    def add_cost(self, amount_usd: float, kind: str, description: str = "",
+                 resource_id: str = "", source: str = "manual", at: datetime | None = None,
+                 tags: dict[str, str] | None = None) -> int:  # fmt: skip
+        with self.session() as s:
+            c = CostEntry(
+                at=at or now(), kind=kind, amount_usd=amount_usd, description=description,
+                resource_id=resource_id, source=source,
+            )  # fmt: skip
+            s.add(c)
+            s.flush()
+            self._tag(s, "cost", str(c.id), tags or {})
+            return c.id
+
+    def runs(self) -> list[RunRecord]:
+        with self.session() as s:
+            return list(s.scalars(select(RunRecord).order_by(RunRecord.started_at)))
+
+    def tags(self, kind: str, ref: str) -> dict[str, str]:
+        with self.session() as s:
+            rows = s.scalars(select(Tag).where(Tag.kind == kind, Tag.ref == ref))
+            return {t.key: t.value for t in rows}
+
+    def total_cost(self) -> float:
+        with self.session() as s:
+            runs = sum(r.cost_usd for r in s.scalars(select(RunRecord)))
+            return runs + sum(c.amount_usd for c in s.scalars(select(CostEntry)))
