@@ -21,3 +21,8 @@ def user_path(env: str, kind: Kind, name: str) -> Path:
     """`$env` if it is set, else `name` in frugal's user `kind` directory."""
     value = os.environ.get(env)
     return Path(value) if value else Path(_DIRS[kind]("frugal")) / name
+
+
+def cache_dir(name: str) -> Path:
+    """`name` in frugal's cache: under `FRUGAL_CACHE_DIR` when set (profiles/, data/)."""
+    return user_path("FRUGAL_CACHE_DIR", "cache", "") / name

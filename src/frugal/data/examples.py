@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,9 +34,15 @@ from typing import Any, overload
 import numpy as np
 import torch
 
-from frugal.data.rows import FORMATS, messages
 from frugal.data.rows import detect_format as detect_format  # part of this module's API
-from frugal.data.tokens import DataStats, Example, Examples, tokenize_batch, tokenized
+from frugal.data.tokens import (
+    DataStats,
+    Example,
+    Examples,
+    row_fields,
+    tokenize_batch,
+    tokenized,
+)
 from frugal.errors import FrugalError
 from frugal.step.batch import layout
 from frugal.step.loss import IGNORE
@@ -45,15 +50,7 @@ from frugal.step.loss import IGNORE
 
 def tokenize(row: dict[str, Any], fmt: str, tok: Any, where: str) -> Example:
     """One row as an example, with its loss mask (the batched path, for one row)."""
-    if fmt not in FORMATS:
-        raise FrugalError(f"data.format {fmt!r}: use auto, {', '.join(FORMATS)}")
-    if fmt == "chat":
-        one: dict[str, list[Any]] = {"messages": [json.dumps(messages(row, where))]}
-    elif fmt == "prompt_completion":
-        one = {"prompt": [str(row.get("prompt") or "")],
-               "completion": [str(row.get("completion") or "")]}  # fmt: skip
-    else:
-        one = {"text": [str(row.get("text") or "")]}
+    one = {k: [v] for k, v in row_fields(row, fmt, where).items()}
     out = tokenize_batch({**one, "where": [where]}, fmt, tok)
     return Example(out.column("input_ids")[0].as_py(), out.column("labels")[0].as_py())
 
@@ -178,7 +175,7 @@ class UnpackedRows:
 Rows = PackedRows | UnpackedRows
 
 
-def _columns(examples: Examples | Sequence[Example]) -> Examples:
+def _as_examples(examples: Examples | Sequence[Example]) -> Examples:
     return examples if isinstance(examples, Examples) else Examples.from_list(examples)
 
 
@@ -186,7 +183,7 @@ def pack(examples: Examples | Sequence[Example], seq: int, pad_id: int) -> Packe
     """Greedy packing in order: a sample that does not fit starts a new row. The rows are
     assigned in one pass over the lengths; the tokens are then placed in one vectorized
     scatter."""
-    ex = _columns(examples)
+    ex = _as_examples(examples)
     ex = ex.truncated(seq)  # load_examples truncates already
     lens = ex.lengths
     row_of = np.empty(len(ex), dtype=np.int64)
@@ -218,7 +215,7 @@ def pack(examples: Examples | Sequence[Example], seq: int, pad_id: int) -> Packe
 
 
 def unpacked(examples: Examples | Sequence[Example]) -> UnpackedRows:
-    return UnpackedRows(_columns(examples))
+    return UnpackedRows(_as_examples(examples))
 
 
 def collate(rows: Sequence[Row], pad_id: int, packed: bool) -> dict[str, torch.Tensor]:

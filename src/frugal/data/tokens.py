@@ -34,7 +34,7 @@ import numpy as np
 
 from frugal.data.rows import FORMATS, detect_format, messages, read_rows
 from frugal.errors import FrugalError
-from frugal.paths import user_path
+from frugal.paths import cache_dir
 from frugal.step.loss import IGNORE
 
 BATCH = 1000  # rows per tokenizer call
@@ -240,37 +240,38 @@ def tokenize_batch(batch: dict[str, list[Any]], fmt: str, tok: Any) -> Any:
     })  # fmt: skip
 
 
+def row_fields(row: dict[str, Any], fmt: str, where: str) -> dict[str, str]:
+    """What tokenizing reads of one row of format `fmt`, checked (chat: its messages as
+    JSON); an error names `where`."""
+    if fmt not in FORMATS:
+        raise FrugalError(f"data.format {fmt!r}: use auto, {', '.join(FORMATS)}")
+    if fmt == "chat":
+        return {"messages": json.dumps(messages(row, where))}
+    if fmt == "prompt_completion":
+        return {"prompt": str(row.get("prompt") or ""),
+                "completion": str(row.get("completion") or "")}  # fmt: skip
+    return {"text": str(row.get("text") or "")}
+
+
 def _columns(path: str, fmt: str) -> tuple[str, dict[str, list[Any]]]:
     """The file's rows as the columns tokenizing needs, and their one format; every row is
     checked here, so an error names the file and line before any tokenizing."""
     found = ""
-    cols: dict[str, list[Any]] = {"where": [], "text": [], "prompt": [], "completion": [],
-                                  "messages": []}  # fmt: skip
+    cols: dict[str, list[Any]] = {"where": []}
     for where, row in read_rows(path):
         f = detect_format(row, where) if fmt == "auto" else fmt
-        if f not in FORMATS:
-            raise FrugalError(f"data.format {f!r}: use auto, {', '.join(FORMATS)}")
         if found and f != found and fmt == "auto":
             raise FrugalError(f"{where}: a {f} row in a {found} file; use one format per file")
-        found = f
+        fields, found = row_fields(row, f, where), f
         cols["where"].append(where)
-        if f == "chat":
-            cols["messages"].append(json.dumps(messages(row, where)))
-        elif f == "prompt_completion":
-            cols["prompt"].append(str(row.get("prompt") or ""))
-            cols["completion"].append(str(row.get("completion") or ""))
-        else:
-            cols["text"].append(str(row.get("text") or ""))
+        for k, v in fields.items():
+            cols.setdefault(k, []).append(v)
     if not cols["where"]:
         raise FrugalError(f"dataset {path} has no rows")
-    return found, {k: v for k, v in cols.items() if len(v) == len(cols["where"])}
+    return found, cols
 
 
 # -- the cache -----------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    return user_path("FRUGAL_CACHE_DIR", "cache", "") / "data"
 
 
 def file_digest(path: str) -> str:
@@ -315,7 +316,7 @@ def tokenized(path: str, tok: Any, fmt: str = "auto") -> tuple[Examples, str]:
     key = hashlib.sha256(
         json.dumps([file_digest(path), tokenizer_digest(tok), fmt, _code_digest()]).encode()
     ).hexdigest()[:32]
-    root = cache_root()
+    root = cache_dir("data")
     root.mkdir(parents=True, exist_ok=True)
     final = root / key
     with open(root / f"{key}.lock", "w") as lock:

@@ -18,14 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from frugal import DISTRIBUTION
+from frugal import DISTRIBUTION, paths
 from frugal.estimate.profile import LayerFit, Profile
-from frugal.paths import user_path
 from frugal.step.job import installed_version
 
 
 def cache_dir() -> Path:
-    return user_path("FRUGAL_CACHE_DIR", "cache", "") / "profiles"
+    return paths.cache_dir("profiles")
 
 
 @cache

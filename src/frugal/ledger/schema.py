@@ -18,13 +18,9 @@ class Base(DeclarativeBase):
     }
 
 
-class PlanRecord(Base):
-    """A plan `frugal plan` chose, with its estimate."""
+class JobOnOffer:
+    """What was trained on what: the columns a plan and a run share."""
 
-    __tablename__ = "plans"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    created_at: Mapped[datetime]
     model: Mapped[str] = mapped_column(String(300))
     method: Mapped[str] = mapped_column(String(20))
     provider: Mapped[str] = mapped_column(String(50))
@@ -33,6 +29,15 @@ class PlanRecord(Base):
     gpu: Mapped[str] = mapped_column(String(50))
     gpus: Mapped[int]
     spot: Mapped[bool]
+
+
+class PlanRecord(JobOnOffer, Base):
+    """A plan `frugal plan` chose, with its estimate."""
+
+    __tablename__ = "plans"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime]
     price_per_hour_usd: Mapped[float] = mapped_column(Float)
     est_hours: Mapped[float] = mapped_column(Float)
     est_cost_usd: Mapped[float] = mapped_column(Float)
@@ -40,7 +45,7 @@ class PlanRecord(Base):
     record: Mapped[dict[str, Any]]  # the plan's whole JSON, as printed by --json
 
 
-class RunRecord(Base):
+class RunRecord(JobOnOffer, Base):
     """One `frugal train` run: its start, its last heartbeat, its end."""
 
     __tablename__ = "runs"
@@ -52,14 +57,6 @@ class RunRecord(Base):
     ended_at: Mapped[datetime | None]
     outcome: Mapped[str | None] = mapped_column(String(20))  # None while running
     dry_run: Mapped[bool]
-    model: Mapped[str] = mapped_column(String(300))
-    method: Mapped[str] = mapped_column(String(20))
-    provider: Mapped[str] = mapped_column(String(50))
-    instance: Mapped[str] = mapped_column(String(100))
-    region: Mapped[str] = mapped_column(String(50))
-    gpu: Mapped[str] = mapped_column(String(50))
-    gpus: Mapped[int]
-    spot: Mapped[bool]
     price_per_hour_usd: Mapped[float | None] = mapped_column(Float)  # at launch
     step: Mapped[int]
     tokens: Mapped[float] = mapped_column(Float)

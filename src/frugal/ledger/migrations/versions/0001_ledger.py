@@ -18,11 +18,9 @@ depends_on = None
 WHEN = sa.DateTime(timezone=True)
 
 
-def upgrade() -> None:
-    op.create_table(
-        "plans",
-        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
-        sa.Column("created_at", WHEN, nullable=False),
+def _job_on_offer() -> list[sa.Column]:
+    """What was trained on what: the columns plans and runs share (fresh for each table)."""
+    return [
         sa.Column("model", sa.String(300), nullable=False),
         sa.Column("method", sa.String(20), nullable=False),
         sa.Column("provider", sa.String(50), nullable=False),
@@ -31,6 +29,15 @@ def upgrade() -> None:
         sa.Column("gpu", sa.String(50), nullable=False),
         sa.Column("gpus", sa.Integer(), nullable=False),
         sa.Column("spot", sa.Boolean(), nullable=False),
+    ]
+
+
+def upgrade() -> None:
+    op.create_table(
+        "plans",
+        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("created_at", WHEN, nullable=False),
+        *_job_on_offer(),
         sa.Column("price_per_hour_usd", sa.Float(), nullable=False),
         sa.Column("est_hours", sa.Float(), nullable=False),
         sa.Column("est_cost_usd", sa.Float(), nullable=False),
@@ -46,14 +53,7 @@ def upgrade() -> None:
         sa.Column("ended_at", WHEN, nullable=True),
         sa.Column("outcome", sa.String(20), nullable=True),
         sa.Column("dry_run", sa.Boolean(), nullable=False),
-        sa.Column("model", sa.String(300), nullable=False),
-        sa.Column("method", sa.String(20), nullable=False),
-        sa.Column("provider", sa.String(50), nullable=False),
-        sa.Column("instance", sa.String(100), nullable=False),
-        sa.Column("region", sa.String(50), nullable=False),
-        sa.Column("gpu", sa.String(50), nullable=False),
-        sa.Column("gpus", sa.Integer(), nullable=False),
-        sa.Column("spot", sa.Boolean(), nullable=False),
+        *_job_on_offer(),
         sa.Column("price_per_hour_usd", sa.Float(), nullable=True),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("tokens", sa.Float(), nullable=False),
