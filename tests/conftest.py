@@ -26,6 +26,15 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     old = os.environ.get("FRUGAL_CACHE_DIR")
     os.environ["FRUGAL_CACHE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
     os.environ["FRUGAL_MEASUREMENTS"] = str(tmp_path_factory.mktemp("m") / "measurements.jsonl")
+    # the ledger and the settings: never the user's (a test that needs its own sets them)
+    os.environ["FRUGAL_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
+    os.environ["FRUGAL_SETTINGS"] = str(tmp_path_factory.mktemp("cfg") / "settings.toml")
+    for name in [
+        n
+        for n in os.environ
+        if n.startswith("FRUGAL_TAG") or n in ("FRUGAL_DB_URL", "FRUGAL_REQUIRED_TAGS")
+    ]:
+        del os.environ[name]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     yield
     if old is None:

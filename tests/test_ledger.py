@@ -28,7 +28,7 @@ def test_the_migrations_make_the_schema_the_code_uses(ledger_url: str) -> None:
     eng = db.engine(ledger_url)
     with eng.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
     db.migrate(eng)  # again: a no-op
 
 

@@ -7,7 +7,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -49,6 +58,7 @@ class RunRecord(JobOnOffer, Base):
     """One `frugal train` run: its start, its last heartbeat, its end."""
 
     __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_started_at", "started_at"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     plan_id: Mapped[int | None] = mapped_column(ForeignKey("plans.id"))
@@ -65,6 +75,15 @@ class RunRecord(JobOnOffer, Base):
     config: Mapped[dict[str, Any]]
     predicted: Mapped[dict[str, Any]]
     actual: Mapped[dict[str, Any]]
+    # revision 0002
+    resource_id: Mapped[str] = mapped_column(String(300), server_default="")  # the machine's
+    output_dir: Mapped[str] = mapped_column(String(1000), server_default="")
+    est_hours: Mapped[float | None] = mapped_column(Float)  # the prediction, for reports
+    est_cost_usd: Mapped[float | None] = mapped_column(Float)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.hours * self.gpus
 
 
 class Tag(Base):
@@ -96,6 +115,7 @@ class CostEntry(Base):
     a FOCUS billing export."""
 
     __tablename__ = "costs"
+    __table_args__ = (Index("ix_costs_at", "at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     at: Mapped[datetime]
@@ -104,3 +124,38 @@ class CostEntry(Base):
     description: Mapped[str] = mapped_column(String(500))
     resource_id: Mapped[str] = mapped_column(String(300))
     source: Mapped[str] = mapped_column(String(300))
+    # revision 0002
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id"))  # the run it paid for
+    provider: Mapped[str] = mapped_column(String(50), server_default="")
+    gpu_hours: Mapped[float] = mapped_column(Float, server_default="0")
+    period_end: Mapped[datetime | None]  # `at` is the start of the charge period
+
+
+class Budget(Base):
+    """Money a scope (runs and costs carrying all of `scope`'s tags) may spend per period."""
+
+    __tablename__ = "budgets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime]
+    scope: Mapped[dict[str, Any]]  # tag key -> value; {} is everything
+    period: Mapped[str] = mapped_column(String(10))  # week | month | total
+    amount_usd: Mapped[float] = mapped_column(Float)
+    thresholds: Mapped[list[float]] = mapped_column(JSON)  # percent of amount, ascending
+    action: Mapped[str] = mapped_column(String(10))  # warn | stop
+
+
+class Alert(Base):
+    """A threshold of a budget that fired in one period: the unique key makes it fire once,
+    however many processes see it crossed."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (UniqueConstraint("budget_id", "period_start", "threshold"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    budget_id: Mapped[int] = mapped_column(ForeignKey("budgets.id", ondelete="CASCADE"))
+    period_start: Mapped[datetime]
+    threshold: Mapped[float] = mapped_column(Float)
+    fired_at: Mapped[datetime]
+    spend_usd: Mapped[float] = mapped_column(Float)

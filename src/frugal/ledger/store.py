@@ -23,6 +23,11 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+def _aware(t: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
 class Ledger:
     def __init__(self, url: str | None = None) -> None:
         self.engine: Engine = engine(url)
@@ -56,46 +61,73 @@ class Ledger:
                   instance: str = "", region: str = "", gpu: str = "", gpus: int = 1,
                   spot: bool = False, plan_id: int | None = None, dry_run: bool = False,
                   predicted: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
-                  run_id: str | None = None) -> str:  # fmt: skip
-        """Record a run's start; returns its id."""
+                  run_id: str | None = None, resource_id: str = "", output_dir: str = "",
+                  at: datetime | None = None) -> str:  # fmt: skip
+        """Record a run's start (at `at`, default now); returns its id. Starting a run id
+        that is already on the books (a resumed run, a spooled start sent twice) keeps the
+        first record."""
         rid = run_id or str(uuid.uuid4())
-        t = now()
+        t = at or now()
+        predicted = predicted or {}
         with self.session() as s:
+            if s.get(RunRecord, rid) is not None:
+                return rid
             s.add(RunRecord(
                 id=rid, plan_id=plan_id, started_at=t, heartbeat_at=t, ended_at=None,
                 outcome=None, dry_run=dry_run, model=model, method=method, provider=provider,
                 instance=instance, region=region, gpu=gpu, gpus=gpus, spot=spot,
                 price_per_hour_usd=price_per_hour_usd, step=0, tokens=0.0, cost_usd=0.0,
-                hours=0.0, config=config, predicted=predicted or {}, actual={},
+                hours=0.0, config=config, predicted=predicted, actual={},
+                resource_id=resource_id, output_dir=output_dir,
+                est_hours=predicted.get("hours"), est_cost_usd=predicted.get("cost_usd"),
             ))  # fmt: skip
             s.flush()
             self._tag(s, "run", rid, tags or {})
         return rid
 
-    def heartbeat(self, run_id: str, step: int, tokens: float, cost_usd: float) -> None:
-        t = now()
+    def resume_run(self, run_id: str) -> None:
+        """A run on the books starts again (resumed after a stop): running until it ends."""
         with self.session() as s:
-            s.add(Heartbeat(run_id=run_id, at=t, step=step, tokens=tokens, cost_usd=cost_usd))
             run = s.get(RunRecord, run_id, with_for_update=True)
             if run is not None:
+                run.ended_at = run.outcome = None
+
+    def heartbeat(self, run_id: str, step: int, tokens: float, cost_usd: float,
+                  at: datetime | None = None) -> None:  # fmt: skip
+        """A run's progress at `at` (default now). The same heartbeat sent twice (a spool
+        flushed again after a crash) is kept once."""
+        t = at or now()
+        with self.session() as s:
+            run = s.get(RunRecord, run_id, with_for_update=True)
+            if at is not None and s.scalar(
+                select(Heartbeat.id).where(Heartbeat.run_id == run_id, Heartbeat.at == t)
+            ):
+                return
+            s.add(Heartbeat(run_id=run_id, at=t, step=step, tokens=tokens, cost_usd=cost_usd))
+            if run is not None and run.ended_at is None and t >= _aware(run.heartbeat_at):
                 run.heartbeat_at, run.step, run.tokens, run.cost_usd = t, step, tokens, cost_usd
 
     def end_run(self, run_id: str, outcome: str, actual: dict[str, Any],
-                step: int, tokens: float, cost_usd: float, hours: float) -> None:  # fmt: skip
+                step: int, tokens: float, cost_usd: float, hours: float,
+                at: datetime | None = None) -> None:  # fmt: skip
         with self.session() as s:
             run = s.get(RunRecord, run_id, with_for_update=True)
             if run is None:
                 raise KeyError(run_id)
-            run.ended_at, run.outcome, run.actual = now(), outcome, actual
+            run.ended_at, run.outcome, run.actual = at or now(), outcome, actual
+            run.heartbeat_at = run.ended_at
             run.step, run.tokens, run.cost_usd, run.hours = step, tokens, cost_usd, hours
 
     def add_cost(self, amount_usd: float, kind: str, description: str = "",
                  resource_id: str = "", source: str = "manual", at: datetime | None = None,
-                 tags: dict[str, str] | None = None) -> int:  # fmt: skip
+                 tags: dict[str, str] | None = None, run_id: str | None = None,
+                 provider: str = "", gpu_hours: float = 0.0,
+                 period_end: datetime | None = None) -> int:  # fmt: skip
         with self.session() as s:
             c = CostEntry(
                 at=at or now(), kind=kind, amount_usd=amount_usd, description=description,
-                resource_id=resource_id, source=source,
+                resource_id=resource_id, source=source, run_id=run_id, provider=provider,
+                gpu_hours=gpu_hours, period_end=period_end,
             )  # fmt: skip
             s.add(c)
             s.flush()
