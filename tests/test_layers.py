@@ -21,7 +21,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 HEAVY = {  # third-party imports that cost more than they give on the light paths
     "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "safetensors",
-    "matplotlib", "tensorboard", "mlflow", "wandb", "pyarrow", "huggingface_hub",
+    "matplotlib", "tensorboard", "mlflow", "wandb", "pyarrow", "huggingface_hub", "alembic",
+    "sqlalchemy",  # the ledger: commands that do not keep books start without it
 }  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from frugal.durations import Minutes
+from frugal.durations import Hours, Minutes
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.names import closest
@@ -71,6 +71,19 @@ class TrainingConfig(Strict):
     seed: int = Field(42, description="seed of weights init, data order and dropout")
     contrastive_weight: float = Field(1.0, ge=0, description="weight of the contrastive term")
     contrastive_margin: float = Field(0.5, ge=0, le=2, description="SimCTG margin rho")
+    max_hours: Hours = Field(
+        None,
+        description="stop cleanly (resumable) before the run's hours, all sessions, cross "
+        "this: hours, or a duration such as 90m",
+    )
+    idle_stop_min: Minutes = Field(
+        30.0,
+        description="no step, evaluation or checkpoint for this long: stop with the last "
+        "checkpoint, report to the ledger (minutes, or a duration such as 1h)",
+    )
+    heartbeat_min: Minutes = Field(
+        1.0, description="how often the run reports its progress and spend to the ledger"
+    )
     log_every: int = Field(1, ge=1, description="log metrics every N steps")
     loggers: list[Logger] = Field(default_factory=_default_loggers, description="metric sinks")
     merge: bool = Field(False, description="also save the LoRA adapter merged into the model")
@@ -92,6 +105,7 @@ class PlanConfig(Strict):
     est_cost_usd: float
     tokens_per_s: float
     peak_reserved_gib: float
+    ledger_id: int | None = None  # the plan's record on the books, when it was recorded
 
 
 class RunConfig(Strict):
@@ -111,6 +125,10 @@ class RunConfig(Strict):
         None, ge=0, description="hourly price of the machine (default: the plan's)"
     )
     output_dir: str = Field("runs/frugal", description="where checkpoints, logs and outputs go")
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="ledger tags of the run (project, team, env, free ones); --tag adds more",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

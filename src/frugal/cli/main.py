@@ -15,7 +15,15 @@ from typing import Any
 import typer
 
 from frugal import cli
-from frugal.cli import catalog_cmd, data_cmd, estimate_cmd, models_cmd, plan_cmd, train_cmd
+from frugal.cli import (
+    budget_cmd,
+    catalog_cmd,
+    data_cmd,
+    estimate_cmd,
+    models_cmd,
+    plan_cmd,
+    train_cmd,
+)
 from frugal.errors import FrugalError
 
 app = typer.Typer(
@@ -31,6 +39,7 @@ app.command("gpus")(catalog_cmd.gpus)
 app.command("offers")(catalog_cmd.offers)
 app.command("train")(train_cmd.train)
 app.add_typer(data_cmd.app, name="data")
+app.add_typer(budget_cmd.app, name="budget")
 
 _DEBUG = False
 

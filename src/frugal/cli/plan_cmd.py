@@ -15,6 +15,7 @@ from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.hardware.offers import KWH_USD, select_offers
+from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import load_spec
 from frugal.plan.emit import hf_script, skypilot_task, to_run_config
 from frugal.plan.plot import check_plot_path, write_plot
@@ -85,6 +86,9 @@ def plan(
     plot: str | None = typer.Option(
         None, help="Chart cost vs time: FILE.png/.svg/.pdf (matplotlib) or FILE.html."
     ),
+    tag: list[str] | None = typer.Option(
+        None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The cheapest (or fastest) plan that fits and meets the deadline, with its reasons."""
@@ -97,6 +101,8 @@ def plan(
         raise FrugalError(f"--emit {emit!r}: use hf or skypilot")
     if plot:
         check_plot_path(plot)
+    flags = list(tag or [])
+    resolve(flags, required=False)  # a bad --tag fails before the search
     method_list = listed(methods or method) or ()
     base = make_job(
         method=method_list[0],
@@ -145,7 +151,16 @@ def plan(
         raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
     result.notes[:0] = notes
     rec = result.recommendation
+    tags = resolve(flags, model=spec.id, required=False)
+    from frugal.ledger.spool import attempt  # SQLAlchemy: only once there is a plan to record
+
+    plan_id, down = attempt(lambda led: led.record_plan(rec.to_json(), spec.id, k.tokens, tags))
+    if down:
+        result.notes.append(f"the plan is not on the books (ledger unreachable: {down})")
     run_cfg = to_run_config(spec.id, rec, k, dataset, per_epoch, epochs)
+    run_cfg.tags = parse_tags(flags)  # what was asked for; defaults apply when it runs
+    if run_cfg.plan:
+        run_cfg.plan.ledger_id = plan_id
     wrote: dict[str, str] = {}  # what was written: "run config", "hf", "skypilot", "plot"
     if write:
         run_cfg.write(write)
@@ -163,7 +178,7 @@ def plan(
         write_plot(result, k, plot)
         wrote["plot"] = plot
     if json_out:
-        print(json.dumps(to_json(spec.id, k, result, wrote)))
+        print(json.dumps(to_json(spec.id, k, result, wrote) | {"plan_id": plan_id, "tags": tags}))
     else:
         render(spec.id, k, result, wrote)
 

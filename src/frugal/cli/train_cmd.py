@@ -1,8 +1,9 @@
 """`frugal train CONFIG [key=value ...]`: run a plan's config; live cost, budget guard, resume.
 
-Exit codes: 0 completed or stopped cleanly (budget, time, early stopping); 2 bad input;
-75 (RESUMABLE_EXIT) stopped by SIGTERM/SIGINT with a checkpoint saved: run the same command
-with `--resume auto` (the default) to continue exactly where it stopped.
+Exit codes: 0 completed or stopped cleanly (budget, time, early stopping); 2 bad input
+(a missing required tag, a plan over a budget without --force); 75 (RESUMABLE_EXIT)
+stopped by SIGTERM/SIGINT or by the idle watchdog with a checkpoint saved: run the same
+command with `--resume auto` (the default) to continue exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def train(
     output_dir: str | None = option(RunConfig, "output_dir", unset=CONFIGS),
     gpus: int | None = option(TrainJob, "gpus", unset=CONFIGS),
     quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
+    tag: list[str] | None = typer.Option(
+        None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Start even if the plan's estimate would cross a budget."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
     """Fine-tune with LoRA, QLoRA or full training, as planned, keeping the money in view."""
@@ -53,17 +60,21 @@ def train(
         config, list(overrides or []), {k: v for k, v in flags.items() if v is not None}
     )
     if cfg.job.gpus > 1 and "LOCAL_RANK" not in os.environ:
+        from frugal.run.books import preflight  # the ledger: SQLAlchemy
+
+        preflight(cfg, list(tag or []), force)  # refused here, before any process starts
         raise typer.Exit(launch(cfg.job.gpus, cli.ARGV))
 
     from frugal.run.recipe import train as run_train
 
-    summary = run_train(cfg, resume=resume, dry_run=dry_run, quiet=quiet or json_out)
+    summary = run_train(cfg, resume=resume, dry_run=dry_run, quiet=quiet or json_out,
+                        tags=list(tag or []), force=force)  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
         if json_out:
             print(summary.model_dump_json())
         else:
             render(summary, dry_run is not None)
-    if summary.outcome == "preempted":
+    if summary.resumable:
         raise typer.Exit(RESUMABLE_EXIT)
     if summary.outcome == "failed":
         raise FrugalError(f"training stopped: {summary.reason}")

@@ -23,7 +23,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def _aware(t: datetime) -> datetime:
+def aware(t: datetime) -> datetime:
     """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
@@ -85,8 +85,9 @@ class Ledger:
             self._tag(s, "run", rid, tags or {})
         return rid
 
-    def resume_run(self, run_id: str) -> None:
-        """A run on the books starts again (resumed after a stop): running until it ends."""
+    def resume_run(self, run_id: str, at: datetime | None = None) -> None:
+        """A run on the books starts again (resumed after a stop, at `at`): running until it
+        ends."""
         with self.session() as s:
             run = s.get(RunRecord, run_id, with_for_update=True)
             if run is not None:
@@ -104,7 +105,7 @@ class Ledger:
             ):
                 return
             s.add(Heartbeat(run_id=run_id, at=t, step=step, tokens=tokens, cost_usd=cost_usd))
-            if run is not None and run.ended_at is None and t >= _aware(run.heartbeat_at):
+            if run is not None and run.ended_at is None and t >= aware(run.heartbeat_at):
                 run.heartbeat_at, run.step, run.tokens, run.cost_usd = t, step, tokens, cost_usd
 
     def end_run(self, run_id: str, outcome: str, actual: dict[str, Any],
@@ -133,6 +134,10 @@ class Ledger:
             s.flush()
             self._tag(s, "cost", str(c.id), tags or {})
             return c.id
+
+    def run(self, run_id: str) -> RunRecord | None:
+        with self.session() as s:
+            return s.get(RunRecord, run_id)
 
     def runs(self) -> list[RunRecord]:
         with self.session() as s:

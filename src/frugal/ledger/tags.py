@@ -99,14 +99,15 @@ def resolve(
     config: Mapping[str, str] | None = None,
     model: str | None = None,
     settings: Settings | None = None,
+    required: bool = True,
 ) -> dict[str, str]:
     """The tags of a plan, run or cost: defaults < environment < run config < flags; then
-    check the required ones are there."""
+    (`required`) check the required ones are there."""
     s = settings or load_settings()
     tags = {"user": _login()} | ({"model": model} if model else {}) | s.tags
     tags |= dict(config or {})
     tags |= parse_tags(flags)
-    missing = [k for k in s.required if not tags.get(k)]
+    missing = [k for k in s.required if required and not tags.get(k)]
     if missing:
         add = " ".join(f"--tag {k}=NAME" for k in missing)
         raise FrugalError(

@@ -36,7 +36,7 @@ def to_run_config(
             "job": plan.job,
             "data": {"path": dataset, "tokens": int(tokens_per_epoch), "epochs": epochs},
             "training": {"effective_batch": k.effective_batch},
-            "plan": {f: p[f] for f in PlanConfig.model_fields},
+            "plan": {f: p[f] for f in PlanConfig.model_fields if f in p},
             "budget_usd": k.budget_usd,
         }
     )

@@ -168,6 +168,10 @@ class Progress:
         if self.enabled:
             self.console.print(text, highlight=False)
 
+    def alert(self, text: str) -> None:
+        """Printed even when quiet (on stderr: `--json` keeps stdout to itself)."""
+        self.console.print(text, highlight=False)
+
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()

@@ -55,6 +55,7 @@ from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.run import checkpoint as ckpt
+from frugal.run.books import Cap, RunBooks, Watchdog, is_main_process, preflight
 from frugal.run.build import (
     auto_micro_batch,
     choose_precision,
@@ -376,10 +377,15 @@ def train(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     quiet: bool = False,
     clock: Clock = time.monotonic,
+    tags: list[str] | None = None,
+    force: bool = False,
 ) -> RunSummary:
     """Run `cfg`; returns the run summary (also written to run_summary.json).
     resume: "auto" (newest complete checkpoint, if any), "never", or a checkpoint path.
-    `clock` times steps, checkpoints and dollars (a test passes its own)."""
+    `clock` times steps, checkpoints and dollars (a test passes its own).
+    tags: `key=value` ledger tags added to the config's; force: start even when the plan's
+    estimate would cross a budget (see frugal.run.books)."""
+    pre = preflight(cfg, tags or [], force) if is_main_process() else None  # before any work
     meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=clock)  # bills setup too
     with _Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
         run = setup(cfg)
@@ -389,7 +395,23 @@ def train(
                 shutil.rmtree(run.out, ignore_errors=True)
         state = start(run, resume, meter, dry_run)
         loop = Loop(run, state, meter, stop, clock, dry_run, on_step, quiet)
-        return loop.train()
+        if pre is not None and run.main:
+            loop.books = RunBooks(cfg, pre.tags, run.out, bool(dry_run), loop.progress.alert)
+            for w in pre.warnings:
+                loop.progress.alert(f"[yellow]{w}[/]")
+            usd, hours = loop.books.start(loop.prediction, _cuda_device())
+            meter.before_usd = max(meter.before_usd, usd)
+            meter.before_s = max(meter.before_s, 3600 * hours)
+        idle_s = 60 * (cfg.training.idle_stop_min or float("inf"))
+        with Watchdog(idle_s, loop.hung) as loop.dog:
+            try:
+                summary = loop.train()
+            except BaseException as e:
+                loop.failed(f"{type(e).__name__}: {e}")
+                raise
+        if loop.books:
+            loop.books.end(summary)
+        return summary
 
 
 def _parts(run: Run) -> ckpt.Parts:
@@ -512,12 +534,16 @@ class Loop:
         self.peak_alloc = self.peak_res = 0.0
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+        self.books: RunBooks | None = None  # the main process keeps the books
+        self.dog: Watchdog | None = None
 
     def train(self) -> RunSummary:
         act = {Action.STEP: self.step, Action.EVALUATE: self.evaluate,
                Action.CHECKPOINT: self.checkpoint}  # fmt: skip
         while (action := self.decide()) is not Action.STOP:
             act[action]()
+            if self.dog:
+                self.dog.touch()
         return self.finish()
 
     def decide(self) -> Action:
@@ -536,10 +562,16 @@ class Loop:
             nxt = slowest if step < self.total else 0.0
         limit = t.max_time_min
         now = self.clock()
-        sig, over_budget, over_time, save_due = _global_sum(
+        cap = self._books(now)
+        then = nxt + 2 * self.save_s  # the next piece of work, a checkpoint, the weights
+        meter = self.meter
+        sig, over_budget, over_scope, over_hours, idle, over_time, save_due = _global_sum(
             self.run,
             float(self.stop.signal is not None),
-            float(self.meter.would_exceed(nxt, 2 * self.save_s)),  # work, checkpoint, weights
+            float(meter.would_exceed(nxt, 2 * self.save_s)),
+            float(cap is not None and meter.spent_usd() + then * meter.rate > cap.usd),
+            float(t.max_hours is not None and meter.elapsed_s() + then > 3600 * t.max_hours),
+            float(self.dog is not None and self.dog.idle),
             float(limit is not None and now - self.session_t0 + nxt > 60 * limit),
             float(
                 not self.dry_run
@@ -550,10 +582,25 @@ class Loop:
         )
         if sig:
             return self._stop("preempted", f"signal {self.stop.signal or 'on another process'}")
-        if over_budget and (self.eval_due or step < self.total):
+        if idle:
+            return self._stop(
+                "idle-stopped", f"nothing progressed for {t.idle_stop_min:g} min (idle_stop_min)"
+            )
+        work_left = self.eval_due or step < self.total
+        if over_budget and work_left:
             budget = self.run.cfg.budget_usd or 0.0
             return self._stop(
                 "budget-stopped", f"the next step would cross the ${budget:,.2f} budget"
+            )
+        if over_scope and work_left:
+            name = cap.budget if cap else "a budget on another process"
+            return self._stop(
+                "budget-stopped", f"the next step would cross stop budget {name}, shared by "
+                "its scope's runs (frugal budget list)",
+            )  # fmt: skip
+        if over_hours and work_left:
+            return self._stop(
+                "budget-stopped", f"the next step would cross max_hours={t.max_hours:g}"
             )
         if over_time and step < self.total:
             return self._stop("completed", f"max_time_min={limit} reached in this session")
@@ -564,6 +611,28 @@ class Loop:
         if step >= self.total:
             return Action.STOP
         return Action.STEP
+
+    def _books(self, now: float) -> Cap | None:
+        """A heartbeat when one is due; what a stop budget lets the run spend."""
+        if self.books is None:
+            return None
+        if self.books.due(now):
+            st = self.state
+            self.books.beat(now, st.step, st.tokens, self.meter.spent_usd())
+        return self.books.cap
+
+    def hung(self) -> None:
+        """The watchdog's last word: no progress for twice idle_stop_min (a hang)."""
+        minutes = 2 * (self.run.cfg.training.idle_stop_min or 0)
+        self.failed(f"no progress for {minutes:g} min: hung; resume from the last checkpoint",
+                    outcome="idle-stopped")  # fmt: skip
+
+    def failed(self, reason: str, outcome: Outcome = "failed") -> None:
+        """End the run on the books when it cannot end through `finish`."""
+        if self.books is not None:
+            m, st = self.meter, self.state
+            self.books.end_failed(outcome, reason, round(m.spent_usd(), 4),
+                                  round(m.elapsed_s() / 3600, 5), st.step, st.tokens)  # fmt: skip
 
     def _stop(self, outcome: Outcome, reason: str) -> Action:
         self.outcome, self.reason, self.stopped = outcome, reason, True
@@ -764,7 +833,7 @@ def _summary(loop: Loop) -> RunSummary:
     summary = RunSummary(
         outcome=loop.outcome,
         reason=loop.reason,
-        resumable=loop.outcome == "preempted",
+        resumable=loop.outcome in ("preempted", "idle-stopped"),
         steps=st.step,
         total_steps=loop.total,
         steps_this_session=st.step - loop.start_step,

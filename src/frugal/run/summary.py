@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from frugal.run.predict import Prediction
 from frugal.run.state import FindingRecord
 
-Outcome = Literal["completed", "preempted", "budget-stopped", "failed"]
+Outcome = Literal["completed", "preempted", "budget-stopped", "idle-stopped", "failed"]
 
 
 class Actual(BaseModel):

@@ -1,0 +1,303 @@
+"""Budgets: money a scope of tags may spend per week, month or in total; their alerts; and
+what they allow a run.
+
+A budget's scope is a set of tags (`{"team": "nlp"}`; `{}` is everything): its spend in a
+period is the dollars of the runs carrying all of them that started in the period, plus
+the other costs (`frugal costs add`, imports) dated in it. Periods are calendar weeks
+(Monday 00:00 UTC), calendar months, or all time.
+
+- **Alerts**: each threshold (default 50/75/90/100 % of the amount) fires once per period,
+  lowest first, however many processes see it crossed: the first to insert the
+  (budget, period, threshold) row sends it; the others find it there.
+- **Guardrail**: a run is refused before it starts when its estimate would cross the
+  remainder of any budget in its scope (`--force` turns that into a warning).
+- **Stop budgets** (`action="stop"`): at each heartbeat a run asks what it may still
+  spend, `allowance()`. Earlier-started runs of the scope come first: a run reserves, for
+  each running run started before it, that run's price for the time since its last
+  heartbeat plus one heartbeat interval; what is left of the amount is its own. So two
+  runs sharing a budget stop the later one before the scope's money is crossed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import ColumnElement, String, cast, exists, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from frugal.errors import FrugalError
+from frugal.ledger.schema import Alert, Budget, CostEntry, RunRecord, Tag
+from frugal.ledger.store import Ledger, aware, now
+
+Period = Literal["week", "month", "total"]
+PERIODS: tuple[Period, ...] = ("week", "month", "total")
+ACTIONS = ("warn", "stop")
+DEFAULT_THRESHOLDS = (50.0, 75.0, 90.0, 100.0)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # the start of a "total" budget's one period
+STALE_HEARTBEATS, STALE_MIN_S = 10, 600.0  # a running run silent this long has died
+
+
+def period_start(period: str, at: datetime) -> datetime:
+    at = aware(at).astimezone(UTC)
+    day = at.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "week":
+        return day - timedelta(days=day.weekday())
+    if period == "month":
+        return day.replace(day=1)
+    return EPOCH
+
+
+def period_end(period: str, start: datetime) -> datetime | None:
+    if period == "week":
+        return start + timedelta(days=7)
+    if period == "month":
+        return (start + timedelta(days=32)).replace(day=1)
+    return None
+
+
+def _tagged(kind: str, ref: Any, scope: dict[str, str]) -> list[ColumnElement[bool]]:
+    """Conditions: the row (`kind`, `ref`) carries every tag of `scope`."""
+    return [
+        exists().where(Tag.kind == kind, Tag.ref == ref, Tag.key == k, Tag.value == str(v))
+        for k, v in scope.items()
+    ]
+
+
+def spend(s: Session, scope: dict[str, str], since: datetime,
+          until: datetime | None = None) -> float:  # fmt: skip
+    """Dollars spent in `scope` from `since` (to `until`): runs by their start, costs by date."""
+    runs = select(func.coalesce(func.sum(RunRecord.cost_usd), 0.0)).where(
+        RunRecord.started_at >= since, *_tagged("run", RunRecord.id, scope)
+    )
+    costs = select(func.coalesce(func.sum(CostEntry.amount_usd), 0.0)).where(
+        CostEntry.at >= since,
+        CostEntry.run_id.is_(None),  # a cost matched to a run is in the run's dollars already
+        *_tagged("cost", cast(CostEntry.id, String), scope),
+    )
+    if until is not None:
+        runs = runs.where(RunRecord.started_at < until)
+        costs = costs.where(CostEntry.at < until)
+    return float(s.scalar(runs) or 0.0) + float(s.scalar(costs) or 0.0)
+
+
+def in_scope(scope: dict[str, str], tags: dict[str, str]) -> bool:
+    return all(tags.get(k) == v for k, v in scope.items())
+
+
+# -- the budgets themselves ----------------------------------------------------------------
+
+
+def parse_thresholds(text: str) -> tuple[float, ...]:
+    try:
+        values = sorted({float(x.strip().rstrip("%")) for x in text.split(",") if x.strip()})
+    except ValueError:
+        values = []
+    if not values or any(not 0 < v <= 1000 for v in values):
+        raise FrugalError(f"--thresholds {text!r}: give percents of the amount, e.g. 50,75,90,100")
+    return tuple(values)
+
+
+def set_budget(led: Ledger, name: str, amount_usd: float, period: str,
+               scope: dict[str, str], thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+               action: str = "warn") -> Budget:  # fmt: skip
+    """Create or change the budget `name`."""
+    if not name.strip():
+        raise FrugalError("a budget needs a name, e.g. frugal budget set nlp-monthly ...")
+    if not amount_usd > 0:
+        raise FrugalError(f"--amount {amount_usd}: a budget is a positive number of USD")
+    if period not in PERIODS:
+        raise FrugalError(f"--period {period!r}: use {', '.join(PERIODS)}")
+    if action not in ACTIONS:
+        raise FrugalError(f"--action {action!r}: use warn (alerts only) or stop")
+    with led.session() as s:
+        b = s.scalar(select(Budget).where(Budget.name == name))
+        if b is None:
+            b = Budget(name=name, created_at=now())
+            s.add(b)
+        b.amount_usd, b.period, b.scope = amount_usd, period, dict(scope)
+        b.thresholds, b.action = sorted(thresholds), action
+    return b
+
+
+def budgets(led: Ledger) -> list[Budget]:
+    with led.session() as s:
+        return list(s.scalars(select(Budget).order_by(Budget.name)))
+
+
+def remove_budget(led: Ledger, name: str) -> None:
+    with led.session() as s:
+        b = s.scalar(select(Budget).where(Budget.name == name))
+        if b is None:
+            known = ", ".join(x.name for x in s.scalars(select(Budget))) or "none"
+            raise FrugalError(f"no budget named {name!r} (budgets: {known})")
+        s.delete(b)
+
+
+@dataclass(frozen=True)
+class Status:
+    budget: Budget
+    period_start: datetime
+    spent_usd: float
+
+    @property
+    def left_usd(self) -> float:
+        return self.budget.amount_usd - self.spent_usd
+
+    @property
+    def used_pct(self) -> float:
+        return 100.0 * self.spent_usd / self.budget.amount_usd
+
+    def to_json(self) -> dict[str, Any]:
+        b = self.budget
+        return {
+            "name": b.name, "scope": b.scope, "period": b.period, "action": b.action,
+            "amount_usd": b.amount_usd, "thresholds_pct": b.thresholds,
+            "period_start": self.period_start.isoformat(),
+            "spent_usd": round(self.spent_usd, 4), "left_usd": round(self.left_usd, 4),
+            "used_pct": round(self.used_pct, 2),
+        }  # fmt: skip
+
+
+def statuses(led: Ledger, tags: dict[str, str] | None = None,
+             at: datetime | None = None) -> list[Status]:  # fmt: skip
+    """Each budget (those whose scope `tags` fall in, when given) with its spend so far."""
+    at = at or now()
+    out = []
+    with led.session() as s:
+        for b in s.scalars(select(Budget).order_by(Budget.name)):
+            if tags is not None and not in_scope(b.scope, tags):
+                continue
+            start = period_start(b.period, at)
+            out.append(Status(b, start, spend(s, b.scope, start)))
+    return out
+
+
+# -- alerts ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    budget: str
+    scope: dict[str, str]
+    period_start: datetime
+    threshold_pct: float
+    spent_usd: float
+    amount_usd: float
+    action: str
+
+    @property
+    def message(self) -> str:
+        scope = ", ".join(f"{k}={v}" for k, v in self.scope.items()) or "all spend"
+        return (
+            f"budget {self.budget} ({scope}): {self.threshold_pct:g}% reached, "
+            f"${self.spent_usd:,.2f} of ${self.amount_usd:,.2f} this "
+            f"{'period' if self.period_start == EPOCH else _period_word(self.period_start)}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"budget": self.budget, "scope": self.scope, "threshold_pct": self.threshold_pct,
+                "spent_usd": round(self.spent_usd, 4), "amount_usd": self.amount_usd,
+                "action": self.action, "period_start": self.period_start.isoformat(),
+                "message": self.message}  # fmt: skip
+
+
+def _period_word(start: datetime) -> str:
+    return "month" if start.day == 1 and start.weekday() != 0 else "period"
+
+
+def check_alerts(led: Ledger, tags: dict[str, str] | None = None,
+                 at: datetime | None = None) -> list[AlertEvent]:  # fmt: skip
+    """Fire the thresholds crossed and not yet fired (of the budgets whose scope `tags` fall
+    in, or all): each once per period, lowest first. Returns the ones this call fired."""
+    fired = []
+    for st in statuses(led, tags, at):
+        b = st.budget
+        for pct in sorted(b.thresholds):
+            if st.used_pct < pct:
+                break
+            if _claim(led, b.id, st.period_start, pct, st.spent_usd):
+                fired.append(AlertEvent(b.name, b.scope, st.period_start, pct, st.spent_usd,
+                                        b.amount_usd, b.action))  # fmt: skip
+    return fired
+
+
+def _claim(led: Ledger, budget_id: int, start: datetime, pct: float, spent: float) -> bool:
+    """Insert the alert's row; False when another process already did."""
+    try:
+        with led.session() as s:
+            s.add(Alert(budget_id=budget_id, period_start=start, threshold=pct,
+                        fired_at=now(), spend_usd=spent))  # fmt: skip
+        return True
+    except IntegrityError:
+        return False
+
+
+def alerts(led: Ledger) -> list[tuple[str, Alert]]:
+    with led.session() as s:
+        rows = s.execute(
+            select(Budget.name, Alert).join(Alert, Alert.budget_id == Budget.id).order_by(Alert.id)
+        )
+        return [(name, a) for name, a in rows]
+
+
+# -- what budgets allow a run -------------------------------------------------------------------
+
+
+def guardrail(led: Ledger, tags: dict[str, str], estimate_usd: float | None) -> list[str]:
+    """Why a run estimated at `estimate_usd` (None: not estimated) should not start: it
+    would cross a budget in its scope, or a stop budget there is spent (empty: fine)."""
+    why = []
+    for st in statuses(led, tags):
+        b = st.budget
+        if estimate_usd is not None and estimate_usd > st.left_usd:
+            why.append(f"budget {b.name} has ${max(st.left_usd, 0):,.2f} left this {b.period} "
+                       f"and the plan's estimate is ${estimate_usd:,.2f}")  # fmt: skip
+        elif b.action == "stop" and st.left_usd <= 0:
+            why.append(f"stop budget {b.name} is spent this {b.period} "
+                       f"(${st.spent_usd:,.2f} of ${b.amount_usd:,.2f})")  # fmt: skip
+    return why
+
+
+@dataclass(frozen=True)
+class Allowance:
+    usd: float  # what the run may still spend before its next check
+    budget: str
+
+
+def allowance(led: Ledger, run_id: str, tags: dict[str, str], interval_s: float,
+              at: datetime | None = None) -> Allowance | None:  # fmt: skip
+    """The least any stop budget in the run's scope leaves it (None: no stop budget)."""
+    at = at or now()
+    best: Allowance | None = None
+    with led.session() as s:
+        me = s.get(RunRecord, run_id)
+        if me is None:
+            return None
+        mine = (aware(me.started_at), me.id)
+        for b in s.scalars(select(Budget).where(Budget.action == "stop")):
+            if not in_scope(b.scope, tags):
+                continue
+            start = period_start(b.period, at)
+            left = b.amount_usd - spend(s, b.scope, start)
+            running = s.scalars(
+                select(RunRecord).where(
+                    RunRecord.ended_at.is_(None),
+                    RunRecord.started_at >= start,
+                    RunRecord.id != run_id,
+                    *_tagged("run", RunRecord.id, b.scope),
+                )
+            )
+            for r in running:
+                if (aware(r.started_at), r.id) > mine:
+                    continue  # a later run gives way to this one
+                since = max(0.0, (at - aware(r.heartbeat_at)).total_seconds())
+                if since > max(STALE_HEARTBEATS * interval_s, STALE_MIN_S):
+                    continue  # no heartbeat for long: a run that died without an end
+                left -= (r.price_per_hour_usd or 0.0) / 3600 * (since + interval_s)
+            if best is None or left < best.usd:
+                best = Allowance(left, b.name)
+    return best

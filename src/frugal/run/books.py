@@ -1,0 +1,246 @@
+"""A run on the books: checked before any work, started, a heartbeat every minute or so, ended;
+the budgets in its scope; and the idle watchdog.
+
+- `preflight` (before the model is loaded): the run's tags (a required one missing is
+  refused, naming the flag), and the guardrail: a plan estimate that would cross a budget's
+  remainder is refused, or only warned about under `--force`.
+- `RunBooks` records the run's start (its config, tags, offer, the hourly price at launch,
+  the plan it came from, the prediction), a heartbeat every `training.heartbeat_min` (step,
+  tokens, dollars so far) and its end (outcome, hours, tokens, dollars, peak memory,
+  tokens/s, best evaluation, beside the prediction). Records go through a `Recorder`: when
+  the ledger is down they wait in a spool file in the run's directory and follow later.
+  At each heartbeat the budgets' thresholds are checked (alerts to the console, a webhook,
+  e-mail) and a stop budget sets the most the run may spend until the next one.
+- `Watchdog`: no step, evaluation or checkpoint for `training.idle_stop_min` asks the loop
+  to stop (it checkpoints and reports); a loop that does not come back within as long again
+  is hung: the run is ended as idle-stopped on the books and the process exits resumable
+  from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from frugal.config import RunConfig
+from frugal.errors import RESUMABLE_EXIT, FrugalError
+from frugal.files import write_text_atomic
+from frugal.hardware.gpus import lookup_gpu
+from frugal.ledger.budgets import AlertEvent, allowance, check_alerts, guardrail
+from frugal.ledger.notify import deliver
+from frugal.ledger.schema import RunRecord
+from frugal.ledger.spool import SPOOL_NAME, Recorder, attempt
+from frugal.ledger.tags import resolve
+from frugal.run.predict import Prediction
+from frugal.run.summary import RunSummary
+
+ID_FILE = "ledger.json"  # the run's id on the books, kept beside its checkpoints
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@dataclass
+class Preflight:
+    tags: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+
+def preflight(cfg: RunConfig, tag_flags: list[str], force: bool = False) -> Preflight:
+    """Before any work: the run's tags and the budgets its estimate must fit."""
+    tags = resolve(tag_flags, config=cfg.tags, model=cfg.model)
+    estimate = cfg.plan.est_cost_usd if cfg.plan else None
+    over, down = attempt(lambda led: guardrail(led, tags, estimate))
+    if down:
+        return Preflight(tags, [f"budgets not checked (ledger unreachable: {down})"])
+    if over and not force:
+        raise FrugalError(
+            f"{'; '.join(over)}: raise the budget (frugal budget set), plan a cheaper run, "
+            "or start anyway with --force"
+        )
+    return Preflight(tags, [f"over budget, started under --force: {w}" for w in over or []])
+
+
+@dataclass
+class Cap:
+    """What a stop budget lets the run spend, counted on the run's own meter."""
+
+    usd: float  # the run's dollars at which it must have stopped
+    budget: str
+
+
+class RunBooks:
+    def __init__(
+        self, cfg: RunConfig, tags: dict[str, str], out: Path, dry_run: bool,
+        say: Callable[[str], None], url: str | None = None,
+    ) -> None:  # fmt: skip
+        self.cfg, self.tags, self.out, self.dry_run, self.say = cfg, tags, out, dry_run, say
+        self.recorder = Recorder(out / SPOOL_NAME, url)
+        self.interval_s = 60 * (cfg.training.heartbeat_min or 1.0)
+        self.run_id = ""
+        self.last_beat = -float("inf")
+        self.cap: Cap | None = None
+        self.warned_down = False
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, prediction: Prediction, device: str | None) -> tuple[float, float]:
+        """Put the run on the books; a run whose directory was on the books before (resumed,
+        or restarted before its first checkpoint) carries on its record. Returns the dollars
+        and hours the books already hold for it: its earlier sessions, work lost after the
+        last checkpoint included."""
+        id_file = self.out / ID_FILE
+        known = json.loads(id_file.read_text())["run_id"] if id_file.exists() else None
+        self.run_id = known or str(uuid.uuid4())
+        write_text_atomic(id_file, json.dumps({"run_id": self.run_id}))
+        cfg, plan = self.cfg, self.cfg.plan
+        gpu = plan.gpu if plan else _catalog_name(device)
+        self.recorder.send(
+            "start_run",
+            run_id=self.run_id, model=cfg.model, method=cfg.job.method,
+            config=cfg.model_dump(mode="json"), price_per_hour_usd=cfg.hourly_usd,
+            provider=plan.provider if plan else "local", instance=plan.instance if plan else "",
+            region=plan.region if plan else "", gpu=gpu, gpus=cfg.job.gpus,
+            spot=plan.spot if plan else False, plan_id=plan.ledger_id if plan else None,
+            dry_run=self.dry_run, predicted=prediction.model_dump(), tags=self.tags,
+            resource_id=os.environ.get("FRUGAL_RESOURCE_ID") or socket.gethostname(),
+            output_dir=str(self.out.resolve()),
+        )  # fmt: skip
+        before = (0.0, 0.0)
+        if known:
+            self.recorder.send("resume_run", run_id=self.run_id)
+            rec, _ = attempt(lambda led: led.run(self.run_id))
+            if isinstance(rec, RunRecord):
+                before = (rec.cost_usd, _hours(rec))
+        self._note_down()
+        return before
+
+    # -- heartbeats ----------------------------------------------------------------------------
+
+    def due(self, now: float) -> bool:
+        return now - self.last_beat >= self.interval_s
+
+    def beat(self, now: float, step: int, tokens: float, spent_usd: float) -> None:
+        """Record progress; check the budgets' alerts and what a stop budget still allows."""
+        self.last_beat = now
+        on_books = self.recorder.send(
+            "heartbeat", run_id=self.run_id, step=step, tokens=tokens, cost_usd=spent_usd
+        )
+        if not on_books:
+            self._note_down()
+            return  # the budgets cannot be read: the run's own budget guard still holds
+        self._alerts()
+        allowed, _ = attempt(lambda led: allowance(led, self.run_id, self.tags, self.interval_s))
+        self.cap = None if allowed is None else Cap(spent_usd + allowed.usd, allowed.budget)
+
+    def _alerts(self) -> None:
+        fired, _ = attempt(lambda led: check_alerts(led, self.tags))
+        announce(fired or [], self.say)
+
+    # -- end -----------------------------------------------------------------------------------
+
+    def end(self, s: RunSummary) -> None:
+        a = s.actual
+        extra = {"best_eval_loss": s.best_eval_loss, "best_step": s.best_step, "steps": s.steps,
+                 "total_steps": s.total_steps, "micro_batch": s.micro_batch,
+                 "grad_accum": s.grad_accum, "reason": s.reason}  # fmt: skip
+        self.recorder.send(
+            "end_run", run_id=self.run_id, outcome=s.outcome, actual=a.model_dump() | extra,
+            step=s.steps, tokens=float(a.tokens), cost_usd=a.cost_usd, hours=a.hours,
+        )  # fmt: skip
+        self._finish_note()
+
+    def end_failed(self, outcome: str, reason: str, spent_usd: float, hours: float, step: int,
+                   tokens: float) -> None:  # fmt: skip
+        """A run that stopped on an error (or hung) is ended on the books as such."""
+        if not self.run_id:
+            return
+        self.recorder.send(
+            "end_run", run_id=self.run_id, outcome=outcome,
+            actual={"hours": hours, "cost_usd": spent_usd, "reason": reason},
+            step=step, tokens=tokens, cost_usd=spent_usd, hours=hours,
+        )  # fmt: skip
+        self._finish_note()
+
+    def _finish_note(self) -> None:
+        if self.recorder.down is None:
+            self._alerts()
+            return
+        self.say(
+            f"[yellow]ledger unreachable[/] ({self.recorder.down}): "
+            f"{self.recorder.pending()} records wait in {self.recorder.spool}; they are sent "
+            f"by the next run in {self.out} or by `frugal costs sync {self.out}`"
+        )
+
+    def _note_down(self) -> None:
+        if self.recorder.down and not self.warned_down:
+            self.warned_down = True
+            self.say(
+                f"[yellow]ledger unreachable[/] ({self.recorder.down}): training goes on; "
+                f"its records wait in {self.recorder.spool}"
+            )
+
+
+def announce(events: list[AlertEvent], say: Callable[[str], None]) -> None:
+    """Alerts to the console, then to the webhook and e-mail where configured."""
+    for e in events:
+        say(f"[bold yellow]budget alert:[/] {e.message}")
+    for problem in deliver(events):
+        say(f"[yellow]{problem}[/]")
+
+
+def _hours(rec: RunRecord) -> float:
+    """A run's hours on the books: its end's, or up to its last heartbeat."""
+    if rec.hours:
+        return rec.hours
+    return max(0.0, (rec.heartbeat_at - rec.started_at).total_seconds() / 3600)
+
+
+def _catalog_name(device: str | None) -> str:
+    if device is None:
+        return "cpu"
+    gpu = lookup_gpu(device)
+    return gpu.name if gpu else device
+
+
+class Watchdog:
+    """Asks the loop to stop when nothing has progressed for `idle_s`; ends a hung run."""
+
+    def __init__(self, idle_s: float, on_hung: Callable[[], None]) -> None:
+        self.idle_s, self.on_hung = idle_s, on_hung
+        self.last = time.monotonic()
+        self.idle = False  # read by the loop's `decide`
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="frugal-idle", daemon=True)
+
+    def __enter__(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+    def _watch(self) -> None:
+        poll = min(5.0, self.idle_s / 4)
+        while not self._done.wait(poll):
+            quiet = time.monotonic() - self.last
+            if quiet >= 2 * self.idle_s:
+                self.on_hung()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(RESUMABLE_EXIT)
+            if quiet >= self.idle_s:
+                self.idle = True
