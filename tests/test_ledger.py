@@ -107,7 +107,7 @@ def test_a_file_that_is_not_a_ledger_is_refused_and_left_alone(tmp_path: Path) -
 def test_a_damaged_sqlite_file_is_refused_and_left_alone(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     Ledger(f"sqlite:///{path}").add_cost(1.0, "other")
-    db.engine.cache_clear()
+    db.open_engine.cache_clear()
     with create_engine(f"sqlite:///{path}").connect() as c:  # fold the WAL into the file
         c.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
     raw = bytearray(path.read_bytes())

@@ -12,10 +12,13 @@ the other costs (`frugal costs add`, imports) dated in it. Periods are calendar 
 - **Guardrail**: a run is refused before it starts when its estimate would cross the
   remainder of any budget in its scope (`--force` turns that into a warning).
 - **Stop budgets** (`action="stop"`): at each heartbeat a run asks what it may still
-  spend, `allowance()`. Earlier-started runs of the scope come first: a run reserves, for
-  each running run started before it, that run's price for the time since its last
-  heartbeat plus one heartbeat interval; what is left of the amount is its own. So two
-  runs sharing a budget stop the later one before the scope's money is crossed.
+  spend, `allowance()`: the amount less the scope's spend on the books, less what each
+  other running run of the scope may spend before it is next seen: its hourly price for the
+  time since its last heartbeat (a run is on the books before it loads its model) plus one
+  heartbeat interval, three for a run that started earlier (`YIELD`). The run's own guard
+  then stops it before a step, checkpoint and export would cross that. A later run so
+  reserves more for an earlier one than the other way round: of two runs sharing a budget,
+  the later one stops first, and the earlier one goes on with what is left.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ ACTIONS = ("warn", "stop")
 DEFAULT_THRESHOLDS = (50.0, 75.0, 90.0, 100.0)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # the start of a "total" budget's one period
 STALE_HEARTBEATS, STALE_MIN_S = 10, 600.0  # a running run silent this long has died
+YIELD = 3  # heartbeat intervals a later run reserves for an earlier one (itself gets one)
 
 
 def period_start(period: str, at: datetime) -> datetime:
@@ -292,12 +296,11 @@ def allowance(led: Ledger, run_id: str, tags: dict[str, str], interval_s: float,
                 )
             )
             for r in running:
-                if (aware(r.started_at), r.id) > mine:
-                    continue  # a later run gives way to this one
                 since = max(0.0, (at - aware(r.heartbeat_at)).total_seconds())
                 if since > max(STALE_HEARTBEATS * interval_s, STALE_MIN_S):
                     continue  # no heartbeat for long: a run that died without an end
-                left -= (r.price_per_hour_usd or 0.0) / 3600 * (since + interval_s)
+                window = interval_s * (YIELD if (aware(r.started_at), r.id) < mine else 1)
+                left -= (r.price_per_hour_usd or 0.0) / 3600 * (since + window)
             if best is None or left < best.usd:
                 best = Allowance(left, b.name)
     return best

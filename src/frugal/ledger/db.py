@@ -57,11 +57,15 @@ def _check_sqlite(path: Path) -> None:
         )
 
 
-@cache
 def engine(url: str | None = None) -> Engine:
-    """The ledger's engine at `url` (default: `ledger_url()`), migrated to the newest
-    schema; one per process and URL."""
-    url = url or ledger_url()
+    """The ledger's engine at `url` (default: `ledger_url()`, read each time), migrated to
+    the newest schema; one per process and URL."""
+    return open_engine(url or ledger_url())
+
+
+@cache
+def open_engine(url: str) -> Engine:
+    """The engine at `url`, opened and migrated once per process."""
     try:
         parsed = make_url(url)
     except ArgumentError:

@@ -110,12 +110,18 @@ class Ledger:
 
     def end_run(self, run_id: str, outcome: str, actual: dict[str, Any],
                 step: int, tokens: float, cost_usd: float, hours: float,
-                at: datetime | None = None) -> None:  # fmt: skip
+                at: datetime | None = None,
+                predicted: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """A run's end; `predicted` replaces the start's prediction (refined once the run
+        knew its micro-batch and device)."""
         with self.session() as s:
             run = s.get(RunRecord, run_id, with_for_update=True)
             if run is None:
                 raise KeyError(run_id)
             run.ended_at, run.outcome, run.actual = at or now(), outcome, actual
+            if predicted is not None:
+                run.predicted = predicted
+                run.est_hours, run.est_cost_usd = predicted.get("hours"), predicted.get("cost_usd")
             run.heartbeat_at = run.ended_at
             run.step, run.tokens, run.cost_usd, run.hours = step, tokens, cost_usd, hours
 

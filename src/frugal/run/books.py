@@ -99,6 +99,7 @@ class RunBooks:
         or restarted before its first checkpoint) carries on its record. Returns the dollars
         and hours the books already hold for it: its earlier sessions, work lost after the
         last checkpoint included."""
+        self.out.mkdir(parents=True, exist_ok=True)
         id_file = self.out / ID_FILE
         known = json.loads(id_file.read_text())["run_id"] if id_file.exists() else None
         self.run_id = known or str(uuid.uuid4())
@@ -156,7 +157,8 @@ class RunBooks:
                  "grad_accum": s.grad_accum, "reason": s.reason}  # fmt: skip
         self.recorder.send(
             "end_run", run_id=self.run_id, outcome=s.outcome, actual=a.model_dump() | extra,
-            step=s.steps, tokens=float(a.tokens), cost_usd=a.cost_usd, hours=a.hours,
+            predicted=s.predicted.model_dump(), step=s.steps, tokens=float(a.tokens),
+            cost_usd=a.cost_usd, hours=a.hours,
         )  # fmt: skip
         self._finish_note()
 
@@ -214,11 +216,14 @@ def _catalog_name(device: str | None) -> str:
 
 
 class Watchdog:
-    """Asks the loop to stop when nothing has progressed for `idle_s`; ends a hung run."""
+    """Asks the loop to stop when nothing has progressed for `idle_s`; ends a hung run
+    after twice that. A session's first step warms up (kernels, allocator, compilation): it
+    has twice as long."""
 
     def __init__(self, idle_s: float, on_hung: Callable[[], None]) -> None:
         self.idle_s, self.on_hung = idle_s, on_hung
         self.last = time.monotonic()
+        self.warm = False  # the first step is done
         self.idle = False  # read by the loop's `decide`
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="frugal-idle", daemon=True)
@@ -231,12 +236,12 @@ class Watchdog:
         self._done.set()
 
     def touch(self) -> None:
-        self.last = time.monotonic()
+        self.last, self.warm = time.monotonic(), True
 
     def _watch(self) -> None:
         poll = min(5.0, self.idle_s / 4)
         while not self._done.wait(poll):
-            quiet = time.monotonic() - self.last
+            quiet = (time.monotonic() - self.last) / (1 if self.warm else 2)
             if quiet >= 2 * self.idle_s:
                 self.on_hung()
                 sys.stdout.flush()

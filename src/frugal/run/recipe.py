@@ -385,33 +385,42 @@ def train(
     `clock` times steps, checkpoints and dollars (a test passes its own).
     tags: `key=value` ledger tags added to the config's; force: start even when the plan's
     estimate would cross a budget (see frugal.run.books)."""
-    pre = preflight(cfg, tags or [], force) if is_main_process() else None  # before any work
+    out = Path(cfg.output_dir) / ("dry-run" if dry_run else "")
+    main = is_main_process()
+    pre = preflight(cfg, tags or [], force) if main else None  # before any work
+    if dry_run and main:
+        shutil.rmtree(out, ignore_errors=True)  # measurements only: the run's files stay
+    source, notes = find_source(cfg, out, resume, dry_run)  # refuses a dir holding a run
     meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=clock)  # bills setup too
-    with _Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
-        run = setup(cfg)
-        if dry_run:
-            run.out = run.out / "dry-run"  # measurements only: the run's own files stay as they are
-            if run.main:
-                shutil.rmtree(run.out, ignore_errors=True)
-        state = start(run, resume, meter, dry_run)
-        loop = Loop(run, state, meter, stop, clock, dry_run, on_step, quiet)
-        if pre is not None and run.main:
-            loop.books = RunBooks(cfg, pre.tags, run.out, bool(dry_run), loop.progress.alert)
-            for w in pre.warnings:
-                loop.progress.alert(f"[yellow]{w}[/]")
-            usd, hours = loop.books.start(loop.prediction, _cuda_device())
-            meter.before_usd = max(meter.before_usd, usd)
-            meter.before_s = max(meter.before_s, 3600 * hours)
-        idle_s = 60 * (cfg.training.idle_stop_min or float("inf"))
-        with Watchdog(idle_s, loop.hung) as loop.dog:
-            try:
+    books = None
+    if pre is not None:  # on the books before setup, so a budget's other runs see it
+        books = RunBooks(cfg, pre.tags, out, bool(dry_run), Progress(0, False).alert)
+        for w in pre.warnings:
+            books.say(f"[yellow]{w}[/]")
+        usd, hours = books.start(predict(cfg, 0, 0, None), _cuda_device())
+    loop: Loop | None = None
+    try:
+        with _Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
+            run = setup(cfg)
+            run.out = out
+            run.notes += notes
+            state = start(run, source, meter)
+            if books is not None:  # a resumed run's money, lost work included, is on the books
+                meter.before_usd = max(meter.before_usd, usd)
+                meter.before_s = max(meter.before_s, 3600 * hours)
+            loop = Loop(run, state, meter, stop, clock, dry_run, on_step, quiet, books)
+            idle_s = 60 * (cfg.training.idle_stop_min or float("inf"))
+            with Watchdog(idle_s, loop.hung) as loop.dog:
                 summary = loop.train()
-            except BaseException as e:
-                loop.failed(f"{type(e).__name__}: {e}")
-                raise
-        if loop.books:
-            loop.books.end(summary)
-        return summary
+    except BaseException as e:
+        if books is not None:
+            step, tokens = (loop.state.step, loop.state.tokens) if loop else (0, 0.0)
+            books.end_failed("failed", f"{type(e).__name__}: {e}", round(meter.spent_usd(), 4),
+                             round(meter.elapsed_s() / 3600, 5), step, tokens)  # fmt: skip
+        raise
+    if books is not None:
+        books.end(summary)
+    return summary
 
 
 def _parts(run: Run) -> ckpt.Parts:
@@ -429,25 +438,33 @@ def _run_key(run: Run) -> dict[str, Any]:
             "training.seed": c.training.seed, "total steps": run.total_steps}  # fmt: skip
 
 
-def start(run: Run, resume: str, meter: CostMeter, dry_run: int | None) -> TrainState:
-    """Resume from a checkpoint, or start fresh where nothing would be overwritten."""
-    out, cfg = run.out, run.cfg
+def find_source(
+    cfg: RunConfig, out: Path, resume: str, dry_run: int | None
+) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from (None: start fresh), with notes on the ones skipped;
+    refuses to start fresh where a run would be overwritten."""
     store = ckpt.Checkpoints(out / "checkpoints", cfg.training.keep_checkpoints)
-    source = None
+    source, notes = None, []
     if resume not in ("auto", "never"):
         source = Path(resume)
         if not ckpt.is_complete(source):
             raise FrugalError(f"--resume {resume}: not a complete checkpoint")
     elif resume == "auto" and not dry_run:
         source = store.latest()
-        for why in store.skipped(source):
-            run.notes.append(f"skipped checkpoint {why}")
+        notes = [f"skipped checkpoint {why}" for why in store.skipped(source)]
     finished = [f for f in ("final", "run_summary.json") if (out / f).exists()]
     if source is None and (store.any() or finished):
         raise FrugalError(
             f"{out} already holds a run: continue it with --resume auto, or set output_dir "
             "to a new directory (nothing there was changed)"
         )
+    return source, notes
+
+
+def start(run: Run, source: Path | None, meter: CostMeter) -> TrainState:
+    """Resume from `source`, a checkpoint, or start fresh."""
+    out, cfg = run.out, run.cfg
+    store = ckpt.Checkpoints(out / "checkpoints", cfg.training.keep_checkpoints)
     state = TrainState.fresh(run.micro, run.world, _run_key(run))
     if source is not None:
         state = _restore(run, store, source, meter)
@@ -498,7 +515,7 @@ class Loop:
     def __init__(
         self, run: Run, state: TrainState, meter: CostMeter, stop: _Stop, clock: Clock,
         dry_run: int | None, on_step: Callable[[int, dict[str, float]], None] | None,
-        quiet: bool,
+        quiet: bool, books: RunBooks | None = None,
     ) -> None:  # fmt: skip
         self.run, self.state, self.meter, self.stop, self.clock = run, state, meter, stop, clock
         self.dry_run, self.on_step = dry_run, on_step
@@ -534,7 +551,9 @@ class Loop:
         self.peak_alloc = self.peak_res = 0.0
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        self.books: RunBooks | None = None  # the main process keeps the books
+        self.books = books  # the main process keeps the books
+        if books is not None:
+            books.say = self.progress.alert
         self.dog: Watchdog | None = None
 
     def train(self) -> RunSummary:
@@ -600,7 +619,7 @@ class Loop:
             )  # fmt: skip
         if over_hours and work_left:
             return self._stop(
-                "budget-stopped", f"the next step would cross max_hours={t.max_hours:g}"
+                "budget-stopped", f"the next step would cross max_hours={t.max_hours:.4g} h"
             )
         if over_time and step < self.total:
             return self._stop("completed", f"max_time_min={limit} reached in this session")
@@ -624,15 +643,13 @@ class Loop:
     def hung(self) -> None:
         """The watchdog's last word: no progress for twice idle_stop_min (a hang)."""
         minutes = 2 * (self.run.cfg.training.idle_stop_min or 0)
-        self.failed(f"no progress for {minutes:g} min: hung; resume from the last checkpoint",
-                    outcome="idle-stopped")  # fmt: skip
-
-    def failed(self, reason: str, outcome: Outcome = "failed") -> None:
-        """End the run on the books when it cannot end through `finish`."""
         if self.books is not None:
             m, st = self.meter, self.state
-            self.books.end_failed(outcome, reason, round(m.spent_usd(), 4),
-                                  round(m.elapsed_s() / 3600, 5), st.step, st.tokens)  # fmt: skip
+            self.books.end_failed(
+                "idle-stopped", f"no progress for {minutes:g} min: hung; resume from the "
+                "last checkpoint", round(m.spent_usd(), 4), round(m.elapsed_s() / 3600, 5),
+                st.step, st.tokens,
+            )  # fmt: skip
 
     def _stop(self, outcome: Outcome, reason: str) -> Action:
         self.outcome, self.reason, self.stopped = outcome, reason, True

@@ -1,0 +1,461 @@
+"""Keeping the books: tags, what plan and train record, the spool while the ledger is down,
+budgets with their alerts, the guardrail, stop budgets, max hours and the idle watchdog."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+from conftest import make_cfg, run_error, run_json
+
+from frugal.errors import FrugalError
+from frugal.ledger import budgets as B
+from frugal.ledger.notify import deliver
+from frugal.ledger.spool import SPOOL_NAME, Recorder
+from frugal.ledger.store import Ledger
+from frugal.ledger.tags import Settings, resolve
+from frugal.run import recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = {"provider": "runpod", "instance": "1x RTX 4090", "gpu": "RTX 4090", "gpus": 1,
+        "spot": False, "price_per_hour_usd": 0.69, "est_hours": 2.0, "est_cost_usd": 10.0,
+        "tokens_per_s": 3000.0, "peak_reserved_gib": 12.0}  # fmt: skip
+
+
+@pytest.fixture
+def books(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Ledger:
+    """A fresh SQLite ledger that the command line and the recipe use."""
+    url = f"sqlite:///{tmp_path / 'books.sqlite'}"
+    monkeypatch.setenv("FRUGAL_DB_URL", url)
+    return Ledger(url)
+
+
+def _clock_of_one_second_steps(monkeypatch: pytest.MonkeyPatch) -> recipe.Clock:
+    now = [0.0]
+    real = recipe.train_step
+
+    def step(run: Any, i: int) -> dict[str, float]:
+        now[0] += 1.0
+        return real(run, i)
+
+    monkeypatch.setattr(recipe, "train_step", step)
+    return lambda: now[0]
+
+
+# -- tags ---------------------------------------------------------------------------------------
+
+
+def test_tags_come_from_settings_env_config_and_flags_later_ones_winning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = tmp_path / "settings.toml"
+    settings.write_text('[tags]\nteam = "nlp"\nproject = "from-file"\nenv = "dev"\n')
+    monkeypatch.setenv("FRUGAL_SETTINGS", str(settings))
+    monkeypatch.setenv("FRUGAL_TAGS", "project=from-env, cost_center=42")
+    monkeypatch.setenv("FRUGAL_TAG_ENV", "staging")
+    tags = resolve(["project=flag"], config={"env": "prod"}, model="m")
+    assert tags == {"user": tags["user"], "model": "m", "team": "nlp", "project": "flag",
+                    "env": "prod", "cost_center": "42"}  # fmt: skip
+    assert tags["user"]
+
+
+def test_a_missing_required_tag_names_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(FrugalError, match=r"--tag project=NAME --tag team=NAME"):
+        resolve([], settings=Settings(required=("project", "team"), source="X"))
+    assert resolve([], settings=Settings(required=("project",)), required=False)
+    with pytest.raises(FrugalError, match="write key=value"):
+        resolve(["project"])
+    with pytest.raises(FrugalError, match="tag name"):
+        resolve(["bad key=1"])
+
+
+def test_a_broken_settings_file_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bad = tmp_path / "settings.toml"
+    bad.write_text("required_tags = [project\n")
+    monkeypatch.setenv("FRUGAL_SETTINGS", str(bad))
+    with pytest.raises(FrugalError, match="cannot read settings file"):
+        resolve([])
+    bad.write_text('required_tags = "project"\n')
+    with pytest.raises(FrugalError, match="required_tags"):
+        resolve([])
+
+
+def test_train_without_a_required_tag_is_refused_before_any_work(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    books: Ledger,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("FRUGAL_REQUIRED_TAGS", "project,team")
+    cfg = tmp_path / "c.yaml"
+    make_cfg(tmp_path / "run").write(cfg)
+    err = run_error(capsys, "train", str(cfg), "--tag", "project=a")
+    assert "missing required tag team" in err and "--tag team=NAME" in err
+    assert not (tmp_path / "run").exists() and books.runs() == []
+
+
+# -- what plan and train record --------------------------------------------------------------
+
+
+def test_plan_records_its_choice_and_hands_the_id_to_the_run_config(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, books: Ledger
+) -> None:
+    cfg = tmp_path / "f.yaml"
+    out = run_json(capsys, "plan", "meta-llama/Llama-3.2-1B", "--tokens", "5M", "--json",
+                   "--tag", "project=chat", "--write", str(cfg))  # fmt: skip
+    assert out["plan_id"] and out["tags"]["project"] == "chat"
+    with books.session() as s:
+        from frugal.ledger.schema import PlanRecord
+
+        (p,) = s.query(PlanRecord).all()
+        assert p.id == out["plan_id"] and p.est_cost_usd == out["recommendation"]["est_cost_usd"]
+    assert books.tags("plan", str(p.id))["model"] == "meta-llama/Llama-3.2-1B"
+    written = yaml.safe_load(cfg.read_text())
+    assert written["plan"]["ledger_id"] == p.id and written["tags"] == {"project": "chat"}
+
+
+def test_a_run_is_on_the_books_from_start_to_end(tmp_path: Path, books: Ledger) -> None:
+    cfg = make_cfg(tmp_path / "run", "training.max_steps=3", "price_per_hour_usd=3.6",
+                   "training.heartbeat_min=0.0001", "tags={project: chat}")  # fmt: skip
+    s = recipe.train(cfg, quiet=True, tags=["team=nlp"])
+    (run,) = books.runs()
+    assert (run.outcome, run.step, run.dry_run, run.provider) == ("completed", 3, False, "local")
+    assert run.price_per_hour_usd == 3.6 and run.gpu == "cpu"
+    assert run.cost_usd == pytest.approx(s.actual.cost_usd) and run.tokens == s.actual.tokens
+    assert run.actual["steps"] == 3 and run.actual["best_eval_loss"] == s.best_eval_loss
+    assert run.config["training"]["max_steps"] == 3 and run.output_dir.endswith("run")
+    tags = books.tags("run", run.id)
+    assert tags["project"] == "chat" and tags["team"] == "nlp" and tags["user"]
+    with books.session() as ses:
+        from frugal.ledger.schema import Heartbeat
+
+        beats = ses.query(Heartbeat).filter_by(run_id=run.id).order_by(Heartbeat.id).all()
+    steps = [b.step for b in beats]  # a beat at each decision, at this cadence
+    assert steps == sorted(steps) and set(steps) == {0, 1, 2, 3}
+    # a dry run is recorded as one
+    recipe.train(make_cfg(tmp_path / "run2"), quiet=True, dry_run=2)
+    dry = [r for r in books.runs() if r.dry_run]
+    assert len(dry) == 1 and dry[0].step == 2 and dry[0].outcome == "completed"
+
+
+def test_a_resumed_run_carries_on_its_record(
+    tmp_path: Path, books: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    over = ("training.max_steps=4", "price_per_hour_usd=3600", "training.save_every_min=1000")
+    clock = _clock_of_one_second_steps(monkeypatch)
+
+    def stop_at_2(step: int, m: dict[str, float]) -> None:
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    a = recipe.train(make_cfg(tmp_path / "r", *over), quiet=True, on_step=stop_at_2, clock=clock)
+    assert a.outcome == "preempted"
+    (run,) = books.runs()
+    assert run.outcome == "preempted" and run.cost_usd == pytest.approx(2.0)
+    b = recipe.train(make_cfg(tmp_path / "r", *over), quiet=True, clock=clock)
+    (again,) = books.runs()
+    assert again.id == run.id and again.outcome == "completed" and again.step == 4
+    assert again.cost_usd == pytest.approx(b.actual.cost_usd) and b.actual.cost_usd >= 4.0
+
+
+def test_a_run_that_fails_is_ended_as_failed(tmp_path: Path, books: Ledger) -> None:
+    def boom(step: int, m: dict[str, float]) -> None:
+        raise RuntimeError("the data loader broke")
+
+    with pytest.raises(RuntimeError):
+        recipe.train(make_cfg(tmp_path / "r", "training.max_steps=3"), quiet=True, on_step=boom)
+    (run,) = books.runs()
+    assert run.outcome == "failed" and "data loader broke" in run.actual["reason"]
+
+
+# -- the ledger down ---------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_run_whose_ledger_is_down_finishes_and_its_records_arrive_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    down = f"postgresql+psycopg://frugal@127.0.0.1:{_closed_port()}/nothing"
+    monkeypatch.setenv("FRUGAL_DB_URL", down)
+    out = tmp_path / "run"
+    s = recipe.train(make_cfg(out, "training.max_steps=3", "training.heartbeat_min=0.0001"),
+                     quiet=True)  # fmt: skip
+    assert s.outcome == "completed" and (out / "final").exists()
+    assert "ledger unreachable" in capsys.readouterr().err
+    spooled = [json.loads(ln) for ln in (out / SPOOL_NAME).read_text().splitlines()]
+    assert [r["op"] for r in spooled][:2] == ["start_run", "heartbeat"]
+    assert spooled[-1]["op"] == "end_run" and spooled[-1]["outcome"] == "completed"
+    up = f"sqlite:///{tmp_path / 'up.sqlite'}"
+    rec = Recorder(out / SPOOL_NAME, up)
+    assert rec.flush() and not (out / SPOOL_NAME).exists()
+    (run,) = Ledger(up).runs()
+    assert run.outcome == "completed" and run.step == 3
+    assert run.started_at.isoformat()[:19] == spooled[0]["at"][:19]  # its own time, not now's
+    # sent twice (a crash between sending and clearing the spool): kept once
+    (out / SPOOL_NAME).write_text("".join(json.dumps(r) + "\n" for r in spooled))
+    assert Recorder(out / SPOOL_NAME, up).flush()
+    with Ledger(up).session() as ses:
+        from frugal.ledger.schema import Heartbeat
+
+        n = ses.query(Heartbeat).count()
+    assert n == sum(r["op"] == "heartbeat" for r in spooled) and len(Ledger(up).runs()) == 1
+
+
+# -- budgets and alerts ------------------------------------------------------------------------
+
+
+def test_alerts_fire_once_each_and_in_order(ledger_url: str) -> None:
+    led = Ledger(ledger_url)
+    B.set_budget(led, "nlp", 100.0, "month", {"team": "nlp"}, (50, 75, 90, 100))
+    B.set_budget(led, "other", 1.0, "week", {"team": "vision"})
+    fired: list[float] = []
+
+    def spend(usd: float) -> list[float]:
+        led.add_cost(usd, "notebook", tags={"team": "nlp"})
+        got = [e.threshold_pct for e in B.check_alerts(led, {"team": "nlp"})]
+        fired.extend(got)
+        return got
+
+    assert spend(40) == []
+    assert spend(20) == [50.0]
+    assert B.check_alerts(led) == []  # seen again: not again
+    assert spend(35) == [75.0, 90.0]  # crossed together: in order
+    assert spend(10) == [100.0]
+    assert fired == [50, 75, 90, 100]
+    assert [a.threshold for _, a in B.alerts(led)] == [50, 75, 90, 100]
+    (st,) = [s for s in B.statuses(led) if s.budget.name == "nlp"]
+    assert st.spent_usd == pytest.approx(105) and st.left_usd == pytest.approx(-5)
+
+
+def test_an_alert_seen_by_many_processes_at_once_fires_once(ledger_url: str) -> None:
+    led = Ledger(ledger_url)
+    B.set_budget(led, "all", 10.0, "total", {})
+    led.add_cost(11.0, "storage")
+    results: list[list[B.AlertEvent]] = []
+    threads = [threading.Thread(target=lambda: results.append(B.check_alerts(Ledger(ledger_url))))
+               for _ in range(6)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fired = sorted(e.threshold_pct for r in results for e in r)
+    assert fired == [50, 75, 90, 100]
+
+
+def test_budget_commands(capsys: pytest.CaptureFixture[str], books: Ledger) -> None:
+    from conftest import main
+
+    assert main(["budget", "set", "nlp", "--amount", "500", "--scope", "team=nlp",
+                 "--action", "stop", "--thresholds", "80,100"]) == 0  # fmt: skip
+    books.add_cost(100.0, "notebook", tags={"team": "nlp"})
+    capsys.readouterr()
+    (b,) = run_json(capsys, "budget", "list", "--json")["budgets"]
+    assert (b["name"], b["action"], b["thresholds_pct"], b["spent_usd"], b["left_usd"]) == (
+        "nlp", "stop", [80.0, 100.0], 100.0, 400.0)  # fmt: skip
+    assert "--period" in run_error(capsys, "budget", "set", "x", "--amount", "5", "--period", "y")
+    assert "--thresholds" in run_error(capsys, "budget", "set", "x", "--amount", "5",
+                                       "--thresholds", "half")  # fmt: skip
+    assert "no budget named 'x'" in run_error(capsys, "budget", "rm", "x")
+    assert main(["budget", "rm", "nlp"]) == 0
+    capsys.readouterr()
+    assert run_json(capsys, "budget", "list", "--json") == {"budgets": []}
+
+
+class _Hook(BaseHTTPRequestHandler):
+    got: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Hook.got.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def webhook() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", 0), _Hook)
+    _Hook.got = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/hooks/SECRET-TOKEN"
+    server.shutdown()
+
+
+def test_alerts_reach_a_webhook_and_a_mailbox(
+    monkeypatch: pytest.MonkeyPatch, books: Ledger, webhook: str
+) -> None:
+    from aiosmtpd.controller import Controller
+
+    mails: list[Any] = []
+
+    class Box:
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+            mails.append(envelope)
+            return "250 OK"
+
+    smtp = Controller(Box(), hostname="127.0.0.1", port=_closed_port())
+    smtp.start()
+    try:
+        monkeypatch.setenv("FRUGAL_ALERT_WEBHOOK", webhook)
+        monkeypatch.setenv("FRUGAL_SMTP_HOST", "127.0.0.1")
+        monkeypatch.setenv("FRUGAL_SMTP_PORT", str(smtp.port))
+        monkeypatch.setenv("FRUGAL_SMTP_STARTTLS", "0")
+        monkeypatch.setenv("FRUGAL_ALERT_EMAIL_TO", "lead@example.com")
+        B.set_budget(books, "nlp", 10.0, "month", {}, (50, 100))
+        books.add_cost(12.0, "notebook")
+        events = B.check_alerts(books)
+        assert deliver(events) == []
+    finally:
+        smtp.stop()
+    assert [h["alert"]["threshold_pct"] for h in _Hook.got] == [50, 100]
+    assert "budget nlp" in _Hook.got[0]["text"]
+    (mail,) = mails
+    text = mail.content.decode()
+    assert "budget alert: nlp at 50% (+1 more)" in text and "100% reached" in text
+    assert mail.rcpt_tos == ["lead@example.com"]
+
+
+def test_a_failed_delivery_is_reported_without_its_secret(
+    monkeypatch: pytest.MonkeyPatch, books: Ledger
+) -> None:
+    monkeypatch.setenv("FRUGAL_ALERT_WEBHOOK", f"http://127.0.0.1:{_closed_port()}/SECRET")
+    B.set_budget(books, "b", 1.0, "total", {})
+    books.add_cost(2.0, "x")
+    (problem,) = deliver(B.check_alerts(books))
+    assert "alert webhook http://127.0.0.1 failed" in problem and "SECRET" not in problem
+
+
+# -- what budgets allow a run --------------------------------------------------------------------
+
+
+def test_the_guardrail_refuses_a_plan_that_would_overspend(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, books: Ledger
+) -> None:
+    B.set_budget(books, "chat", 25.0, "month", {"project": "chat"})
+    books.add_cost(20.0, "notebook", tags={"project": "chat"})
+    cfg = tmp_path / "c.yaml"
+    make_cfg(tmp_path / "run", "training.max_steps=2", f"plan={json.dumps(PLAN)}",
+             "tags={project: chat}").write(cfg)  # fmt: skip
+    err = run_error(capsys, "train", str(cfg))
+    assert "budget chat has $5.00 left" in err and "$10.00" in err and "--force" in err
+    assert not (tmp_path / "run").exists() and books.runs() == []
+    # another project's run is not in the budget's scope
+    assert main_ok(["train", str(cfg), "--quiet", "--tag", "project=other",
+                    "--output-dir", str(tmp_path / "other")])  # fmt: skip
+    rc = main_ok(["train", str(cfg), "--quiet", "--force"])
+    assert rc and "started under --force" in capsys.readouterr().err
+
+
+def main_ok(argv: list[str]) -> bool:
+    from conftest import main
+
+    return main(argv) == 0
+
+
+def test_a_stop_budget_stops_the_run_before_it_is_crossed(
+    tmp_path: Path, books: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = _clock_of_one_second_steps(monkeypatch)
+    B.set_budget(books, "cap", 5.5, "total", {"project": "p"}, action="stop")
+    # $1 a second, a heartbeat at every decision: the run may spend what is left
+    cfg = make_cfg(tmp_path / "r", "data.epochs=50", "price_per_hour_usd=3600",
+                   "training.heartbeat_min=0.001", "tags={project: p}")  # fmt: skip
+    s = recipe.train(cfg, quiet=True, clock=clock)
+    assert s.outcome == "budget-stopped" and "stop budget cap" in s.reason
+    assert s.steps == 5 and s.actual.cost_usd == pytest.approx(5.0)
+    (st,) = B.statuses(books)
+    assert st.spent_usd <= 5.5 and (tmp_path / "r" / "final").exists()
+
+
+def test_max_hours_stops_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _clock_of_one_second_steps(monkeypatch)
+    cfg = make_cfg(tmp_path / "r", "data.epochs=50", f"training.max_hours={2.5 / 3600}")
+    s = recipe.train(cfg, quiet=True, clock=clock)
+    assert s.outcome == "budget-stopped" and "max_hours" in s.reason and s.steps == 2
+
+
+def test_an_idle_run_stops_with_a_checkpoint(tmp_path: Path, books: Ledger) -> None:
+    def stall(step: int, m: dict[str, float]) -> None:
+        if step == 2:
+            time.sleep(4.5)  # idle at 3 s (polled every 0.75 s), hung only at 6 s
+
+    cfg = make_cfg(tmp_path / "r", "data.epochs=20", "training.idle_stop_min=3s")
+    s = recipe.train(cfg, quiet=True, on_step=stall)
+    assert s.outcome == "idle-stopped" and s.resumable and s.steps == 2
+    assert (tmp_path / "r" / "checkpoints").exists()
+    (run,) = books.runs()
+    assert run.outcome == "idle-stopped"
+
+
+HUNG = """
+import sys, time
+from conftest import make_cfg
+from pathlib import Path
+from frugal.run import recipe
+cfg = make_cfg(Path(sys.argv[1]), "data.epochs=20", "training.idle_stop_min=3s")
+recipe.train(cfg, quiet=True, on_step=lambda step, m: step == 2 and time.sleep(3600))
+"""
+
+
+@pytest.mark.slow
+def test_a_hung_run_is_ended_on_the_books_and_exits_resumable(
+    tmp_path: Path, books: Ledger
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    done = subprocess.run([sys.executable, "-c", HUNG, str(tmp_path / "r")], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 75, done.stderr[-2000:]
+    (run,) = books.runs()
+    assert run.outcome == "idle-stopped" and "hung" in run.actual["reason"]
+
+
+@pytest.mark.slow
+def test_a_stop_budget_shared_by_two_concurrent_runs_stops_the_second_in_time(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    led = Ledger(ledger_url)
+    B.set_budget(led, "shared", 24.0, "total", {"project": "shared"}, action="stop")
+    env = {**os.environ, "FRUGAL_DB_URL": ledger_url, "OMP_NUM_THREADS": "1"}  # a core each
+    procs = []
+    for name in ("first", "second"):
+        cfg = tmp_path / f"{name}.yaml"
+        # $0.50 a second each, a heartbeat every 2 s, a checkpoint every 3 s (its time is
+        # measured: the guard keeps the cost of the last one and the export in hand)
+        make_cfg(tmp_path / name, "data.epochs=200", "price_per_hour_usd=1800",
+                 "training.heartbeat_min=2s", "training.save_every_min=3s",
+                 "tags={project: shared}").write(cfg)  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "-m", "frugal.cli.main", "train",
+                                       str(cfg), "--quiet", "--json"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not led.runs() or (name == "second" and len(led.runs()) < 2):
+            assert time.monotonic() < deadline, "the run never reached the books"
+            time.sleep(0.2)
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    first, second = sorted(led.runs(), key=lambda r: r.started_at)
+    assert second.outcome == "budget-stopped" and second.ended_at < first.ended_at
+    assert first.outcome == "budget-stopped"
+    assert first.cost_usd + second.cost_usd <= 24.0
+    assert first.cost_usd + second.cost_usd > 20.0  # and most of the money was used
