@@ -4,10 +4,20 @@ The file is `FRUGAL_CALIBRATION` or `calibration.json` in the user config dir. I
 section per model: `{"memory": {...}, "speed": {...}}` (a flat object is the memory
 section, as written by earlier versions). Each section overrides fields of one frozen
 dataclass of defaults; unknown keys are an error naming the known ones.
+
+Two more keys, written by `frugal calibrate`:
+
+- `groups`: sections for one GPU and method, `{"A100 80GB/lora": {"speed": {...}}}`, or for
+  all of one side with `*`: `"*/qlora"`, `"H100 SXM/*"`. A job takes the top-level
+  sections, then `*/method`, then `GPU/*`, then `GPU/method`, each overriding the fields
+  it names. The estimator asks with the GPU's catalog name and the job's method (memory
+  is asked per method: the estimate of a step's memory does not depend on the GPU).
+- `calibrated`: where the constants came from (runs, errors before and after); not read.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import fields
@@ -15,47 +25,152 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from frugal.errors import FrugalError
+from frugal.files import write_text_atomic
 from frugal.paths import user_path
 
 T = TypeVar("T")
 SECTIONS = ("memory", "speed")
+GROUPS = "groups"
+ABOUT = "calibrated"  # provenance, written by `frugal calibrate`; the estimator ignores it
+ANY = "*"
+
+
+def path() -> Path:
+    """Where the calibration file is, or would be written."""
+    return user_path("FRUGAL_CALIBRATION", "config", "calibration.json")
 
 
 def _path() -> Path | None:
-    path = user_path("FRUGAL_CALIBRATION", "config", "calibration.json")
-    return path if os.environ.get("FRUGAL_CALIBRATION") or path.exists() else None
+    p = path()
+    return p if os.environ.get("FRUGAL_CALIBRATION") or p.exists() else None
 
 
-def load(section: str, defaults: type[T]) -> T:
-    """`defaults()` with the fields the calibration file's `section` overrides."""
-    path = _path()
-    if path is None:
-        return defaults()
+def _read() -> tuple[str, str]:
+    """(the file's text, its path); ("", "") without a file."""
+    p = _path()
+    if p is None:
+        return "", ""
     try:
-        data: Any = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise FrugalError(f"cannot read calibration file {path}: {e}; fix or remove it") from e
+        return p.read_text(), str(p)
+    except OSError as e:
+        raise FrugalError(f"cannot read calibration file {p}: {e}; fix or remove it") from e
+
+
+def parse(text: str, where: str) -> dict[str, Any]:
+    """The file's object with a flat (old) memory object moved into its section; checks
+    the layout, not the field names (`resolve` checks those against the defaults)."""
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FrugalError(f"cannot read calibration file {where}: {e}; fix or remove it") from e
     if not isinstance(data, dict):
-        raise FrugalError(f"calibration file {path} must hold a JSON object")
-    if not any(k in SECTIONS for k in data):
+        raise FrugalError(f"calibration file {where} must hold a JSON object")
+    known = (*SECTIONS, GROUPS, ABOUT)
+    if data and not any(k in known for k in data):
         data = {"memory": data}
-    extra = set(data) - set(SECTIONS)
+    extra = set(data) - set(known)
     if extra:
         raise FrugalError(
-            f"calibration file {path} has unknown sections {sorted(extra)}; known: {SECTIONS}"
+            f"calibration file {where} has unknown sections {sorted(extra)}; known: {known}"
         )
-    values = data.get(section) or {}
+    for name in SECTIONS:
+        _check_object(data.get(name), f"{where}: {name}")
+    _check_object(data.get(GROUPS), f"{where}: {GROUPS}")
+    groups = data.get(GROUPS) or {}
+    for key, group in groups.items():
+        if key.count("/") != 1:
+            raise FrugalError(
+                f"calibration file {where}: group {key!r} must be GPU/method "
+                "(e.g. 'A100 80GB/lora', '*/qlora')"
+            )
+        _check_object(group, f"{where}: group {key!r}")
+        bad = set(group) - set(SECTIONS)
+        if bad:
+            raise FrugalError(
+                f"calibration file {where}: group {key!r} has unknown sections "
+                f"{sorted(bad)}; known: {SECTIONS}"
+            )
+        for name in SECTIONS:
+            _check_object(group.get(name), f"{where}: group {key!r} {name}")
+    return data
+
+
+def _check_object(value: Any, where: str) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise FrugalError(f"calibration file {where} must be a JSON object")
+
+
+def group_key(gpu: str | None, method: str | None) -> str:
+    return f"{gpu or ANY}/{method or ANY}"
+
+
+def overrides(data: dict[str, Any], section: str, gpu: str | None = None,
+              method: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The fields `data` sets for `section` of a job of `method` on `gpu`, most specific
+    last: top level, `*/method`, `GPU/*`, `GPU/method`."""
+    out = dict(data.get(section) or {})
+    groups = {k.casefold(): v for k, v in (data.get(GROUPS) or {}).items()}
+    keys = []
+    if method:
+        keys.append(group_key(None, method))
+    if gpu:
+        keys.append(group_key(gpu, None))
+    if gpu and method:
+        keys.append(group_key(gpu, method))
+    for k in keys:
+        out.update((groups.get(k.casefold()) or {}).get(section) or {})
+    return out
+
+
+def resolve(data: dict[str, Any], section: str, defaults: type[T], gpu: str | None = None,
+            method: str | None = None, where: str = "calibration") -> T:  # fmt: skip
+    """`defaults()` with the fields `data` (a parsed calibration) sets for this job."""
+    values = overrides(data, section, gpu, method)
     known = {f.name for f in fields(defaults)}  # type: ignore[arg-type]
     unknown = set(values) - known
     if unknown:
         raise FrugalError(
-            f"calibration file {path}: unknown {section} keys {sorted(unknown)}; "
+            f"calibration file {where}: unknown {section} keys {sorted(unknown)}; "
             f"known: {sorted(known)}"
         )
     try:
         return defaults(**{k: float(v) for k, v in values.items()})
     except (TypeError, ValueError) as e:
-        raise FrugalError(f"calibration file {path}: {section} values must be numbers") from e
+        raise FrugalError(f"calibration file {where}: {section} values must be numbers") from e
+
+
+_made: dict[tuple[str, str, type, str | None, str | None], Any] = {}  # parsed once per text
+
+
+def load(section: str, defaults: type[T], gpu: str | None = None,
+         method: str | None = None) -> T:  # fmt: skip
+    """`defaults()` with the fields the calibration file's `section` overrides, for a job of
+    `method` on `gpu` (its groups) when they are given. The file is read each time (a plan
+    asks per GPU and method) and parsed once per content."""
+    text, where = _read()
+    key = (text, section, defaults, gpu, method)
+    if key not in _made:
+        data = parse(text, where) if text else {}
+        _made[key] = resolve(data, section, defaults, gpu, method, where)
+    made: T = _made[key]
+    return made
+
+
+def read_data() -> dict[str, Any]:
+    """The calibration file's content (parsed, a flat object moved into `memory`); {} when
+    there is none (yet: `FRUGAL_CALIBRATION` may name the file to create)."""
+    if not path().exists():
+        return {}
+    text, where = _read()
+    return copy.deepcopy(parse(text, where)) if text else {}
+
+
+def write_data(data: dict[str, Any]) -> Path:
+    """Write a calibration (atomically) where `load` reads it."""
+    p = path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(p, json.dumps(data, indent=1, sort_keys=False) + "\n")
+    return p
 
 
 def measurements_path() -> Path:
@@ -66,8 +181,8 @@ def measurements_path() -> Path:
 
 def record_measurement(row: dict[str, Any]) -> Path:
     """Append one measured run (e.g. a `frugal train --dry-run`) for later calibration."""
-    path = measurements_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
+    p = measurements_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row, default=str) + "\n")
-    return path
+    return p

@@ -17,6 +17,7 @@ import typer
 from frugal import cli
 from frugal.cli import (
     budget_cmd,
+    calibrate_cmd,
     catalog_cmd,
     data_cmd,
     estimate_cmd,
@@ -38,6 +39,8 @@ app.command("plan")(plan_cmd.plan)
 app.command("gpus")(catalog_cmd.gpus)
 app.command("offers")(catalog_cmd.offers)
 app.command("train")(train_cmd.train)
+app.command("calibrate")(calibrate_cmd.calibrate)
+app.command("advise")(calibrate_cmd.advise)
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(budget_cmd.app, name="budget")
 

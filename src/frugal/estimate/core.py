@@ -176,7 +176,7 @@ def _shard(seg: np.ndarray, job: TrainJob, prof: Profile) -> np.ndarray:
 def memory_at(
     prof: Profile, job: TrainJob, batch: int, seq: int, ov: Overheads | None = None
 ) -> Memory:
-    ov = ov or load_overheads()
+    ov = ov or load_overheads(job.method)
     seg = _shard(prof.segment_peaks(batch, seq), job, prof)
     opt_i = CATEGORIES.index("optimizer_state")
     paged = 0.0
@@ -252,7 +252,7 @@ def estimate(
 ) -> Estimate:
     """Per-GPU peak memory, FLOPs and (with a GPU) fit of one training step of `job`."""
     warnings, notes = _checks(spec, job, gpu)
-    ov = load_overheads()
+    ov = load_overheads(job.method)
     prof = get_profile(spec, job, job.seq)
     mem = memory_at(prof, job, job.batch, job.seq, ov)
     micro = prof.flops(job.batch, job.seq)
@@ -332,7 +332,7 @@ def largest_micro_batch(
     accumulation, needs no gradients kept through the next forward. Without a share, any
     micro-batch up to MAX_BATCH at the job's accumulation. `profile_of(job)` gives the
     profile of a trial job. Returns the fit, or None, and the memory at micro-batch 1."""
-    ov = ov or load_overheads()
+    ov = ov or load_overheads(job.method)
 
     def at(b: int) -> Fit:
         update: dict[str, int] = {"batch": b}

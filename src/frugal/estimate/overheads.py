@@ -39,6 +39,6 @@ class Overheads:
         return asdict(self)
 
 
-def load_overheads() -> Overheads:
-
-    return calibration.load("memory", Overheads)
+def load_overheads(method: str | None = None) -> Overheads:
+    """The calibration file's constants (its groups for `method` when given)."""
+    return calibration.load("memory", Overheads, None, method)

@@ -55,9 +55,9 @@ class SpeedConstants:
     step_fixed_s: float = 0.28  # per optimizer step: zero_grad, clipping, scheduler, logging
 
 
-def load_speed_constants() -> SpeedConstants:
-
-    return calibration.load("speed", SpeedConstants)
+def load_speed_constants(gpu: str | None = None, method: str | None = None) -> SpeedConstants:
+    """The calibration file's constants (its groups for `gpu` and `method` when given)."""
+    return calibration.load("speed", SpeedConstants, gpu, method)
 
 
 @dataclass
@@ -79,7 +79,7 @@ def step_time(
     c: SpeedConstants | None = None,
 ) -> Speed | None:
     """Seconds per optimizer step of `job` on `job.gpus` GPUs; None if the GPU lacks the dtype."""
-    c = c or load_speed_constants()
+    c = c or load_speed_constants(gpu.name, job.method)
     peak_tf = gpu.peak_tflops(job.compute_dtype)
     if not peak_tf:
         return None

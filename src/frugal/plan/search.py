@@ -254,8 +254,6 @@ def search(
     k: Constraints,
     speed_constants: SpeedConstants | None = None,
 ) -> Result:
-    sc = speed_constants or load_speed_constants()
-    ov = load_overheads()  # read the calibration once, not per candidate
     profiles = _Profiles(spec)
     plans: list[Plan] = []
     rejected: list[Rejected] = []
@@ -283,6 +281,9 @@ def search(
                     )
                 continue
             for method in k.methods:
+                # the calibration's constants for this GPU and method (its groups)
+                sc = speed_constants or load_speed_constants(offer.gpu.name, method)
+                ov = load_overheads(method)
                 found = _best_config(
                     spec,
                     base,

@@ -1,0 +1,97 @@
+"""`frugal calibrate`: the estimator's constants fitted to the runs on the books
+(frugal.ledger.calibrate); `frugal advise`: what the books say to change, in dollars
+(frugal.ledger.advise)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from frugal.cli.options import JSON_HELP
+
+NAMES = {"tokens_per_s": "tokens/s", "peak_reserved_gib": "peak reserved"}
+
+
+def _console() -> Console:
+    con = Console()
+    return con if con.is_terminal else Console(width=120)
+
+
+def calibrate(
+    holdout: float = typer.Option(
+        0.25, help="Share of runs held back to check the fit (0 to 0.5; 0: no check)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Show the fitted constants; do not write the file."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Fit the estimator's speed and memory constants to the runs on the books and write
+    them to the calibration file that estimate, plan and train read."""
+    from frugal.ledger.calibrate import calibrate_ledger
+    from frugal.ledger.store import Ledger
+
+    cal = calibrate_ledger(Ledger(), holdout, write=not dry_run)
+    if json_out:
+        print(json.dumps(cal.to_json()))
+        return
+    con = _console()
+    con.print(
+        f"[bold]calibrated on {cal.fit_runs} runs[/], {cal.held_back_runs} held back "
+        f"(of {cal.runs} with measured figures)"
+    )
+    for name, e in cal.held_back.items():
+        if e.before_pct is not None and e.after_pct is not None:
+            con.print(
+                f"  held-back {NAMES[name]} error (median abs): {e.before_pct:.1f}% -> "
+                f"[bold]{e.after_pct:.1f}%[/] on {e.runs} runs"
+            )
+    if cal.changes:
+        t = Table(title="constants")
+        for col in ("where", "constant", "old", "new", "runs"):
+            t.add_column(col, justify="right" if col in ("old", "new", "runs") else "left")
+        for c in cal.changes:
+            t.add_row(escape(c.where), c.key, f"{c.old:g}", f"{c.new:g}", str(c.runs))
+        con.print(t)
+    for what, n in cal.skipped.items():
+        con.print(f"[dim]skipped {n} runs: {escape(what)}[/]")
+    for note in cal.notes:
+        con.print(f"[dim]note: {escape(note)}[/]")
+    if cal.wrote:
+        con.print(f"wrote {escape(cal.path)} (estimate, plan and train read it)")
+    elif dry_run and cal.changes:
+        con.print(f"--dry-run: {escape(cal.path)} not written")
+
+
+def advise(
+    period: str = typer.Option(
+        "all", help="all, week or month (calendar, as budgets), or a span such as 30d."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """What to change, from the books: each piece of advice with the dollars at stake."""
+    from frugal.ledger.advise import advise_ledger
+    from frugal.ledger.store import Ledger
+
+    rep = advise_ledger(Ledger(), period)
+    if json_out:
+        print(json.dumps(rep.to_json()))
+        return
+    con = _console()
+    con.print(f"[bold]{rep.runs} runs[/], ${rep.spend_usd:,.2f} spent · period: {rep.period}")
+    if not rep.advice:
+        con.print("no advice: nothing on the books to change")
+        return
+    t = Table(title="advice, largest first")
+    for col in ("$ at stake", "rule", "runs", "change", "why"):
+        t.add_column(col, justify="right" if col == "$ at stake" else "left")
+    for a in rep.advice:
+        ids = ", ".join(r[:8] for r in a.runs[:3]) + (" ..." if len(a.runs) > 3 else "")
+        if a.plans:
+            ids = ", ".join([*(f"plan {p}" for p in a.plans), *([ids] if ids else [])])
+        t.add_row(f"${a.usd_at_stake:,.2f}", a.rule, ids, escape(a.change), escape(a.why))
+    con.print(t)

@@ -1,0 +1,591 @@
+"""`frugal calibrate`: the estimator's constants fitted to the runs on the books.
+
+Each run that measured tokens/s or peak memory (ended runs and dry runs) is predicted again
+by the estimator itself (`step_time`, `memory_at`, the calls `frugal train` made for its
+prediction: the run config's job at the micro-batch and accumulation that ran, on the
+catalog GPU it ran on) with candidate constants, and the constants that bring the
+predictions closest to the measurements are kept:
+
+- **speed**: two factors of the throughput model, pooled over all runs, then per GPU and
+  method with enough runs (a `groups` section, `"A100 80GB/lora"`): one on the matmul
+  efficiency `eff_max` of the runs' GPU tier (the GPU side: kernels, clocks, power caps),
+  one dividing the host's time per layer and per step (`launch_s_per_layer`,
+  `step_fixed_s`: Python and launches in eager mode, data loading, logging). Large steps
+  are ruled by the first, small ones by the second; where the runs' compute shares differ
+  (by 10 points or more) both are fitted, else the runs cannot tell them apart and one
+  factor scales both (a uniformly faster or slower stack, keeping the published balance).
+  Found by bounded searches on the squared log ratio of predicted to measured tokens/s
+  (relative errors). Why these and not a flat tokens/s factor per GPU: the roofline keeps
+  its shape, so what is learnt transfers to the micro-batches, lengths, models and GPU
+  counts a plan tries (the memory floor and NCCL time do not scale with a host's speed,
+  nor launch overhead with a GPU's); and why not the tier's efficiency alone: a small
+  step is mostly fixed costs, which no matmul efficiency can move.
+- **memory**: `kernel_slack` from measured peak allocated, then `reserve_transient_frac`
+  and `reserve_fixed_mib` from measured peak reserved: the estimate is linear in each, so
+  its derivatives (taken from `memory_at` itself) give a closed-form least squares on
+  relative errors, bounded to physical ranges. Pooled, then per method with enough runs
+  (`"*/qlora"`): the memory estimate has no GPU in it (the caching allocator rounds the
+  same way on every GPU; what churns depends on the method).
+
+A share of the runs is held back (the first by a hash of the run id: the same runs every
+time) and the median absolute percentage error on them is reported before and after; a
+section whose held-back error would rise is not changed. The file keeps everything it held
+that was not refitted.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from statistics import median
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from frugal import calibration
+from frugal.errors import FrugalError
+from frugal.estimate.core import get_profile, memory_at
+from frugal.estimate.overheads import Overheads
+from frugal.estimate.profile import Profile
+from frugal.estimate.throughput import SpeedConstants, step_time
+from frugal.hardware.gpus import GIB, GPU, lookup_gpu
+from frugal.ledger.schema import RunRecord
+from frugal.ledger.store import Ledger
+from frugal.models.specs import load_spec
+from frugal.step.job import TrainJob
+
+MIN_RUNS = 5  # runs with a measured figure before anything is fitted
+MIN_POOLED = 3  # fitting runs behind one pooled constant (a tier's efficiency, memory)
+MIN_GROUP = 5  # fitting runs of one GPU and method (speed) or one method (memory)
+MAX_HOLDOUT = 0.5
+SAME = 0.02  # a group's constant within 2% of the pooled one is not written
+EFF = (0.05, 1.0)  # eff_max: share of the GPU's peak
+HOST = ("launch_s_per_layer", "step_fixed_s")  # the host's time per layer and per step
+HOST_KNOB = "host"
+BOUNDS = {
+    "kernel_slack": (-0.2, 1.0),  # of the simulated peak
+    "reserve_transient_frac": (0.0, 2.0),  # of the transient bytes at the peak
+    "reserve_fixed_mib": (0.0, 65536.0),
+}
+STEP = {"kernel_slack": 0.1, "reserve_transient_frac": 0.1, "reserve_fixed_mib": 1024.0}
+DIGITS = {"reserve_fixed_mib": 1}  # rounding of written values (others: 4 decimals)
+METRICS = ("tokens_per_s", "peak_reserved_gib")
+
+
+def _pos(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def tier_field(gpu: GPU) -> str:
+    """The `SpeedConstants` field of `gpu`'s efficiency (as `step_time` picks it)."""
+    name = f"eff_max_{gpu.tier}"
+    return name if name in {f.name for f in fields(SpeedConstants)} else "eff_max_datacenter"
+
+
+def run_job(r: RunRecord) -> TrainJob | None:
+    """The job a run ran: its config's, at the micro-batch and accumulation it used."""
+    raw = (r.config or {}).get("job")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        job = TrainJob.model_validate(raw)
+    except ValidationError:
+        return None
+    a = r.actual or {}
+    micro, accum = _pos(a.get("micro_batch")), _pos(a.get("grad_accum"))
+    update = {"batch": int(micro or job.batch), "grad_accum": int(accum or job.grad_accum)}
+    return job.model_copy(update=update)
+
+
+class Profiles:
+    """Model specs and estimator profiles of recorded runs, each loaded once."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, Any] = {}
+        self._profiles: dict[tuple[str, str], Profile] = {}
+
+    def get(self, model: str, job: TrainJob) -> tuple[Profile, int] | str:
+        """(profile, hidden size), or why there is none."""
+        try:
+            if model not in self._specs:
+                self._specs[model] = load_spec(model)
+            spec = self._specs[model]
+            key = (model, job.model_dump_json())
+            if key not in self._profiles:
+                self._profiles[key] = get_profile(spec, job, job.seq)
+        except FrugalError as e:
+            return str(e)
+        return self._profiles[key], spec.hidden_size
+
+
+@dataclass
+class Sample:
+    """One run as the calibration sees it: the estimator's inputs and what was measured."""
+
+    run_id: str
+    method: str
+    gpu: GPU | None
+    job: TrainJob
+    prof: Profile
+    hidden: int
+    tps: float | None  # measured tokens/s (all GPUs), None without a catalog GPU
+    reserved: float | None  # measured peak reserved, GiB per GPU
+    allocated: float | None
+    held_back: bool = False
+
+    def speed(self, data: dict[str, Any]) -> float | None:
+        """Predicted tokens/s with the calibration `data`."""
+        if self.gpu is None:
+            return None
+        c = calibration.resolve(data, "speed", SpeedConstants, self.gpu.name, self.method)
+        s = step_time(self.prof, self.job, self.gpu, self.hidden, c=c)
+        return s.tokens_per_s if s else None
+
+    def memory(self, data: dict[str, Any]) -> tuple[float, float]:
+        """Predicted (peak allocated, peak reserved) in GiB with the calibration `data`."""
+        ov = calibration.resolve(data, "memory", Overheads, None, self.method)
+        m = memory_at(self.prof, self.job, self.job.batch, self.job.seq, ov)
+        return m.peak_allocated / GIB, m.peak_reserved / GIB
+
+
+def samples(runs: Iterable[RunRecord], profiles: Profiles | None = None,
+            ) -> tuple[list[Sample], Counter[str]]:  # fmt: skip
+    """The runs with a measured figure the estimator can be checked against, and why the
+    others that measured something were left out."""
+    profiles = profiles or Profiles()
+    out, skipped = [], Counter[str]()
+    for r in runs:
+        a = r.actual or {}
+        tps, res, alloc = (_pos(a.get(k)) for k in (*METRICS, "peak_allocated_gib"))
+        if tps is None and res is None:
+            continue
+        gpu = lookup_gpu(r.gpu) if r.gpu else None
+        if gpu is None:
+            tps = None  # no step time without a catalog GPU
+            if res is None:
+                skipped["not on a catalog GPU"] += 1
+                continue
+        job = run_job(r)
+        if job is None:
+            skipped["no valid job in its config"] += 1
+            continue
+        got = profiles.get(r.model, job)
+        if isinstance(got, str):
+            skipped[f"model not loadable ({got})"] += 1
+            continue
+        prof, hidden = got
+        s = Sample(r.id, job.method, gpu, job, prof, hidden, tps, res, alloc)
+        if tps is not None and s.speed({}) is None:
+            s.tps = None  # the GPU cannot run the job's dtype
+        if s.tps is None and s.reserved is None:
+            skipped["no step time on its GPU"] += 1
+            continue
+        out.append(s)
+    return out, skipped
+
+
+def hold_back(items: list[Sample], share: float) -> None:
+    """Mark round(share x n) runs (at least one when share > 0), the first by a hash of
+    their ids: the same runs every time, whatever order the ledger returns."""
+    n = max(1, round(share * len(items))) if share > 0 else 0
+    ranked = sorted(items, key=lambda s: hashlib.sha256(s.run_id.encode()).hexdigest())
+    for i, s in enumerate(ranked):
+        s.held_back = i < n
+
+
+# -- candidate calibrations --------------------------------------------------------------
+
+
+def _with(data: dict[str, Any], where: str | None, section: str,
+          values: dict[str, float]) -> dict[str, Any]:  # fmt: skip
+    """`data` with `values` set in `section` at the top level (`where` None) or a group."""
+    out = copy.deepcopy(data)
+    if where is None:
+        out.setdefault(section, {}).update(values)
+    else:
+        groups = out.setdefault(calibration.GROUPS, {})
+        groups.setdefault(where, {}).setdefault(section, {}).update(values)
+    return out
+
+
+def _applies(data: dict[str, Any], where: str | None, section: str, defaults: type,
+             name: str) -> float:  # fmt: skip
+    """The value of `name` that applies at `where` now."""
+    gpu, method = (None, None)
+    if where is not None:
+        g, _, m = where.rpartition("/")
+        gpu, method = (None if g == calibration.ANY else g), (None if m == calibration.ANY else m)
+    return float(getattr(calibration.resolve(data, section, defaults, gpu, method), name))
+
+
+def _minimize(f: Callable[[float], float], lo: float, hi: float) -> float:
+    """The x in [lo, hi] that minimizes f: a log-spaced grid, then golden sections."""
+    xs = np.geomspace(lo, hi, 25)
+    ys = [f(float(x)) for x in xs]
+    i = int(np.argmin(ys))
+    a, b = math.log(xs[max(i - 1, 0)]), math.log(xs[min(i + 1, len(xs) - 1)])
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(math.exp(c)), f(math.exp(d))
+    for _ in range(40):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(math.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(math.exp(d))
+    best = math.exp((a + b) / 2)
+    return best if f(best) <= ys[i] else float(xs[i])
+
+
+def _sig(v: float) -> float:
+    return float(f"{v:.4g}")
+
+
+def fit_speed(items: list[Sample], data: dict[str, Any],
+              where: str | None) -> dict[str, float] | None:  # fmt: skip
+    """The speed constants at `where` that best predict `items`' tokens/s (least squares on
+    log(predicted / measured)): a factor on the matmul efficiency of each GPU tier among
+    them (with `MIN_POOLED` runs), and one on the host's overheads (`HOST`, divided by it).
+    Both are fitted when the runs' compute shares differ by 10 points or more (std);
+    otherwise the runs cannot tell them apart and one factor scales both. None when neither
+    moves the runs (bound by memory traffic or communication)."""
+    per_tier = Counter(tier_field(s.gpu) for s in items if s.gpu)
+    tiers = sorted(t for t, n in per_tier.items() if n >= MIN_POOLED)  # the others stay
+    base = {n: _applies(data, where, "speed", SpeedConstants, n) for n in (*tiers, *HOST)}
+
+    def values(k: dict[str, float]) -> dict[str, float]:
+        out = {t: base[t] * k[t] for t in tiers}
+        return out | {h: base[h] / k[HOST_KNOB] for h in HOST}
+
+    def log_ratios(k: dict[str, float]) -> np.ndarray:
+        d = _with(data, where, "speed", values(k))
+        return np.array([math.log((s.speed(d) or math.nan) / (s.tps or math.nan)) for s in items])
+
+    knobs = [*tiers, HOST_KNOB]
+    one = dict.fromkeys(knobs, 1.0)
+    at_one = log_ratios(one)
+    gpu_side = (log_ratios(one | dict.fromkeys(tiers, 1.2)) - at_one) / math.log(1.2)
+    host_side = (log_ratios(one | {HOST_KNOB: 1.2}) - at_one) / math.log(1.2)
+    moved = gpu_side + host_side
+    if not np.all(np.isfinite(moved)) or median(moved) < 0.25:
+        return None
+    bounds = {t: (EFF[0] / base[t], EFF[1] / base[t]) for t in tiers} | {HOST_KNOB: (0.1, 10.0)}
+
+    def loss(k: dict[str, float]) -> float:
+        return float(np.sum(log_ratios(k) ** 2))
+
+    k = dict(one)
+    if np.std(gpu_side / moved) >= 0.1:  # separable: each knob on its own, a few rounds
+        for _ in range(3):
+            for knob in knobs:
+
+                def along(x: float, knob: str = knob) -> float:
+                    return loss(k | {knob: x})
+
+                k[knob] = _minimize(along, *bounds[knob])
+    else:
+        lo, hi = max(b[0] for b in bounds.values()), min(b[1] for b in bounds.values())
+        common = _minimize(lambda x: loss(dict.fromkeys(knobs, x)), lo, hi)
+        k = dict.fromkeys(knobs, common)
+    return {n: _sig(v) for n, v in values(k).items()}
+
+
+def _ls(cols: list[np.ndarray], r: np.ndarray) -> list[float]:
+    x = np.column_stack(cols)
+    sol, *_ = np.linalg.lstsq(x, r, rcond=None)
+    return [float(v) for v in sol]
+
+
+def fit_memory(items: list[Sample], data: dict[str, Any], where: str | None,
+               min_runs: int) -> dict[str, float]:  # fmt: skip
+    """The memory constants at `where` that best predict `items`' peaks (relative least
+    squares): `kernel_slack` from peak allocated, then the allocator reserve's two terms
+    from peak reserved. Only constants with at least `min_runs` measurements are fitted."""
+    out: dict[str, float] = {}
+
+    def now(name: str, d: dict[str, Any]) -> float:
+        return _applies(d, where, "memory", Overheads, name)
+
+    def slope(s: Sample, d: dict[str, Any], name: str, which: int) -> float:
+        """d(peak)/d(constant), from memory_at itself (it is linear in each)."""
+        h = STEP[name]
+        hi = _with(d, where, "memory", {name: now(name, d) + h})
+        return (s.memory(hi)[which] - s.memory(d)[which]) / h
+
+    def clamp(name: str, v: float) -> float:
+        lo, hi = BOUNDS[name]
+        return round(min(max(v, lo), hi), DIGITS.get(name, 4))
+
+    alloc = [s for s in items if s.allocated]
+    if len(alloc) >= min_runs:
+        a = np.array([s.allocated for s in alloc], dtype=float)
+        r = (a - np.array([s.memory(data)[0] for s in alloc])) / a
+        col = np.array([slope(s, data, "kernel_slack", 0) for s in alloc]) / a
+        if np.any(col):
+            (dk,) = _ls([col], r)
+            out["kernel_slack"] = clamp("kernel_slack", now("kernel_slack", data) + dk)
+    d1 = _with(data, where, "memory", out)
+    res = [s for s in items if s.reserved]
+    if len(res) >= min_runs:
+        a = np.array([s.reserved for s in res], dtype=float)
+        r = (a - np.array([s.memory(d1)[1] for s in res])) / a
+        names = ("reserve_transient_frac", "reserve_fixed_mib")
+        cols = [np.array([slope(s, d1, n, 1) for s in res]) / a for n in names]
+        both = np.std(cols[0]) > 0 and abs(np.corrcoef(cols[0], cols[1])[0, 1]) < 0.95
+        start = {n: now(n, d1) for n in names}
+        if both:
+            delta = dict(zip(names, _ls(cols, r), strict=True))
+            new = {n: clamp(n, start[n] + delta[n]) for n in names}
+            for i, n in enumerate(names):  # one at its bound: fit the other alone
+                if new[n] != round(start[n] + delta[n], DIGITS.get(n, 4)):
+                    other = names[1 - i]
+                    rest = r - cols[i] * (new[n] - start[n])
+                    (dv,) = _ls([cols[1 - i]], rest)
+                    new[other] = clamp(other, start[other] + dv)
+                    break
+        else:  # the runs cannot tell the two apart: a fixed slab, which does not extrapolate
+            (dv,) = _ls([cols[1]], r)
+            new = {"reserve_fixed_mib": clamp("reserve_fixed_mib", start[names[1]] + dv)}
+        out.update(new)
+    return out
+
+
+# -- the calibration ------------------------------------------------------------------------
+
+
+@dataclass
+class Error:
+    """Median absolute percentage error of one figure on a set of runs."""
+
+    runs: int
+    before_pct: float | None
+    after_pct: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": self.runs, "before_pct": self.before_pct, "after_pct": self.after_pct}
+
+
+@dataclass
+class Change:
+    where: str  # "speed", "memory", or "groups.GPU/method.speed"
+    key: str
+    old: float
+    new: float
+    runs: int  # fitting runs behind it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"where": self.where, "key": self.key, "old": self.old, "new": self.new,
+                "runs": self.runs}  # fmt: skip
+
+
+@dataclass
+class Calibration:
+    data: dict[str, Any]  # the file to write
+    changes: list[Change]
+    held_back: dict[str, Error]
+    fitted: dict[str, Error]
+    runs: int
+    fit_runs: int
+    held_back_runs: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    path: str = ""
+    wrote: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "fit_runs": self.fit_runs,
+            "held_back_runs": self.held_back_runs,
+            "held_back_error": {k: v.to_json() for k, v in self.held_back.items()},
+            "fit_error": {k: v.to_json() for k, v in self.fitted.items()},
+            "changes": [c.to_json() for c in self.changes],
+            "skipped": self.skipped,
+            "notes": self.notes,
+            "path": self.path,
+            "wrote": self.wrote,
+            "calibration": self.data,
+        }
+
+
+def _mape(items: list[Sample], data: dict[str, Any], metric: str) -> float | None:
+    errs = []
+    for s in items:
+        if metric == "tokens_per_s" and s.tps:
+            p = s.speed(data)
+            if p:
+                errs.append(abs(p - s.tps) / s.tps)
+        elif metric == "peak_reserved_gib" and s.reserved:
+            errs.append(abs(s.memory(data)[1] - s.reserved) / s.reserved)
+    return round(100 * median(errs), 2) if errs else None
+
+
+def _count(items: list[Sample], metric: str) -> int:
+    return sum(1 for s in items if (s.tps if metric == "tokens_per_s" else s.reserved))
+
+
+def _errors(items: list[Sample], old: dict[str, Any], new: dict[str, Any]) -> dict[str, Error]:
+    return {m: Error(_count(items, m), _mape(items, old, m), _mape(items, new, m)) for m in METRICS}
+
+
+def _fit_speed_all(fit: list[Sample], data: dict[str, Any], notes: list[str],
+                   changes: list[Change]) -> dict[str, Any]:  # fmt: skip
+    timed = [s for s in fit if s.tps and s.gpu]
+    if len(timed) < MIN_POOLED:
+        notes.append(
+            f"speed: {len(timed)} fitting runs with measured tokens/s on a catalog GPU, "
+            f"{MIN_POOLED} needed: speed constants left as they are"
+        )
+        return data
+
+    def apply(where: str | None, label: str, group: list[Sample]) -> None:
+        nonlocal data
+        new = fit_speed(group, data, where)
+        if new is None:
+            notes.append(
+                f"{label}: its runs are bound by memory traffic or communication, which "
+                "calibration does not fit: left as is"
+            )
+            return
+        old = {n: _applies(data, where, "speed", SpeedConstants, n) for n in new}
+        new = {n: v for n, v in new.items() if abs(v - old[n]) > SAME * abs(old[n])}
+        if new:
+            data = _with(data, where, "speed", new)
+            changes.extend(Change(label, n, old[n], v, len(group)) for n, v in new.items())
+
+    apply(None, "speed", timed)
+    by_group: dict[str, list[Sample]] = {}
+    for s in timed:
+        assert s.gpu is not None
+        by_group.setdefault(calibration.group_key(s.gpu.name, s.method), []).append(s)
+    for key, group in sorted(by_group.items()):
+        if MIN_GROUP <= len(group) < len(timed):  # else too few, or the pooled runs again
+            apply(key, f"groups.{key}.speed", group)
+    return data
+
+
+def _fit_memory_all(fit: list[Sample], data: dict[str, Any], notes: list[str],
+                    changes: list[Change]) -> dict[str, Any]:  # fmt: skip
+    measured = [s for s in fit if s.reserved or s.allocated]
+    if len(measured) < MIN_POOLED:
+        notes.append(
+            f"memory: {len(measured)} fitting runs with measured peak memory, "
+            f"{MIN_POOLED} needed: memory constants left as they are"
+        )
+        return data
+
+    def apply(where: str | None, label: str, group: list[Sample], min_runs: int) -> None:
+        nonlocal data
+        old = {n: _applies(data, where, "memory", Overheads, n) for n in BOUNDS}
+        new = fit_memory(group, data, where, min_runs)
+        new = {n: v for n, v in new.items() if abs(v - old[n]) > SAME * max(abs(old[n]), 1.0)}
+        if new:
+            data = _with(data, where, "memory", new)
+            changes.extend(Change(label, n, old[n], v, len(group)) for n, v in new.items())
+
+    apply(None, "memory", measured, MIN_POOLED)
+    methods = Counter(s.method for s in measured)
+    for method, n in sorted(methods.items()):
+        if MIN_GROUP <= n < len(measured):
+            key = calibration.group_key(None, method)
+            group = [s for s in measured if s.method == method]
+            apply(key, f"groups.{key}.memory", group, MIN_GROUP)
+    return data
+
+
+def _revert(data: dict[str, Any], old: dict[str, Any], section: str) -> dict[str, Any]:
+    """`data` with `section` (top level and every group) as it was in `old`."""
+    out = copy.deepcopy(data)
+    out.pop(section, None)
+    if section in old:
+        out[section] = copy.deepcopy(old[section])
+    groups = out.get(calibration.GROUPS) or {}
+    for key in list(groups):
+        groups[key].pop(section, None)
+        before = (old.get(calibration.GROUPS) or {}).get(key, {})
+        if section in before:
+            groups[key][section] = copy.deepcopy(before[section])
+        if not groups[key]:
+            del groups[key]
+    if calibration.GROUPS in out and not out[calibration.GROUPS]:
+        del out[calibration.GROUPS]
+    return out
+
+
+def calibrate(runs: Iterable[RunRecord], current: dict[str, Any], holdout: float = 0.25,
+              profiles: Profiles | None = None) -> Calibration:  # fmt: skip
+    """Fit the constants to `runs`, starting from the calibration `current` (the file's
+    parsed content); nothing is written."""
+    if not 0 <= holdout <= MAX_HOLDOUT:
+        raise FrugalError(
+            f"--holdout {holdout:g}: give a share from 0 to {MAX_HOLDOUT:g} "
+            "(0 fits on every run and checks nothing)"
+        )
+    items, skipped = samples(runs, profiles)
+    if len(items) < MIN_RUNS:
+        why = f" ({sum(skipped.values())} more could not be used)" if skipped else ""
+        raise FrugalError(
+            f"calibration needs at least {MIN_RUNS} runs with measured tokens/s or peak "
+            f"memory on the books; there are {len(items)}{why}: record {MIN_RUNS - len(items)} "
+            "more with frugal train (or frugal train --dry-run 20 on the GPU)"
+        )
+    hold_back(items, holdout)
+    fit = [s for s in items if not s.held_back]
+    held = [s for s in items if s.held_back]
+    notes: list[str] = []
+    changes: list[Change] = []
+    data = copy.deepcopy(current)
+    data = _fit_speed_all(fit, data, notes, changes)
+    data = _fit_memory_all(fit, data, notes, changes)
+    held_err = _errors(held, current, data)
+    for metric, section in zip(METRICS, ("speed", "memory"), strict=True):
+        e = held_err[metric]
+        if e.before_pct is not None and e.after_pct is not None and e.after_pct > e.before_pct:
+            notes.append(
+                f"{section}: the held-back error would rise ({e.before_pct:g}% to "
+                f"{e.after_pct:g}%): {section} constants left as they are"
+            )
+            data = _revert(data, current, section)
+            changes = [c for c in changes if not c.where.endswith(section)]
+    held_err = _errors(held, current, data)
+    fit_err = _errors(fit, current, data)
+    if holdout == 0:
+        notes.append("--holdout 0: no run was held back, the fit is unchecked")
+    data[calibration.ABOUT] = {
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "runs": len(items),
+        "held_back_runs": len(held),
+        "held_back_error_pct": {
+            m: {"before": e.before_pct, "after": e.after_pct} for m, e in held_err.items()
+        },
+    }
+    return Calibration(
+        data=data, changes=changes, held_back=held_err, fitted=fit_err, runs=len(items),
+        fit_runs=len(fit), held_back_runs=len(held), skipped=dict(skipped), notes=notes,
+        path=str(calibration.path()),
+    )  # fmt: skip
+
+
+def calibrate_ledger(led: Ledger, holdout: float = 0.25, write: bool = True) -> Calibration:
+    """Fit the constants to the ledger's runs and (with `write`) update the calibration
+    file, keeping what it held that was not refitted."""
+    cal = calibrate(led.runs(), calibration.read_data(), holdout)
+    if write and cal.changes:
+        calibration.write_data(cal.data)
+        cal.wrote = True
+    elif write:
+        cal.notes.append("no constant changed: the calibration file was not written")
+    return cal
