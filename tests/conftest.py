@@ -10,7 +10,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +129,23 @@ def make_cfg(out: Path, *overrides: str) -> RunConfig:
         "output_dir": str(out),
     }
     return validate_run_config(apply_overrides(base, list(overrides)), "test")
+
+
+@pytest.fixture
+def one_second_steps(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
+    """A clock on which every training step takes exactly one second (and nothing else
+    takes any time); pass it to `recipe.train`."""
+    from frugal.run import recipe
+
+    now = [0.0]
+    real_step = recipe.train_step
+
+    def one_second_step(run: Any, step: int) -> dict[str, float]:
+        now[0] += 1.0
+        return real_step(run, step)
+
+    monkeypatch.setattr(recipe, "train_step", one_second_step)
+    return lambda: now[0]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

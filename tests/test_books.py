@@ -42,18 +42,6 @@ def books(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Ledger:
     return Ledger(url)
 
 
-def _clock_of_one_second_steps(monkeypatch: pytest.MonkeyPatch) -> recipe.Clock:
-    now = [0.0]
-    real = recipe.train_step
-
-    def step(run: Any, i: int) -> dict[str, float]:
-        now[0] += 1.0
-        return real(run, i)
-
-    monkeypatch.setattr(recipe, "train_step", step)
-    return lambda: now[0]
-
-
 # -- tags ---------------------------------------------------------------------------------------
 
 
@@ -151,10 +139,10 @@ def test_a_run_is_on_the_books_from_start_to_end(tmp_path: Path, books: Ledger) 
 
 
 def test_a_resumed_run_carries_on_its_record(
-    tmp_path: Path, books: Ledger, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, books: Ledger, one_second_steps: recipe.Clock
 ) -> None:
     over = ("training.max_steps=4", "price_per_hour_usd=3600", "training.save_every_min=1000")
-    clock = _clock_of_one_second_steps(monkeypatch)
+    clock = one_second_steps
 
     def stop_at_2(step: int, m: dict[str, float]) -> None:
         if step == 2:
@@ -372,9 +360,9 @@ def main_ok(argv: list[str]) -> bool:
 
 
 def test_a_stop_budget_stops_the_run_before_it_is_crossed(
-    tmp_path: Path, books: Ledger, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, books: Ledger, one_second_steps: recipe.Clock
 ) -> None:
-    clock = _clock_of_one_second_steps(monkeypatch)
+    clock = one_second_steps
     B.set_budget(books, "cap", 5.5, "total", {"project": "p"}, action="stop")
     # $1 a second, a heartbeat at every decision: the run may spend what is left
     cfg = make_cfg(tmp_path / "r", "data.epochs=50", "price_per_hour_usd=3600",
@@ -386,8 +374,8 @@ def test_a_stop_budget_stops_the_run_before_it_is_crossed(
     assert st.spent_usd <= 5.5 and (tmp_path / "r" / "final").exists()
 
 
-def test_max_hours_stops_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _clock_of_one_second_steps(monkeypatch)
+def test_max_hours_stops_cleanly(tmp_path: Path, one_second_steps: recipe.Clock) -> None:
+    clock = one_second_steps
     cfg = make_cfg(tmp_path / "r", "data.epochs=50", f"training.max_hours={2.5 / 3600}")
     s = recipe.train(cfg, quiet=True, clock=clock)
     assert s.outcome == "budget-stopped" and "max_hours" in s.reason and s.steps == 2

@@ -142,21 +142,6 @@ def test_kill_9_during_checkpoint_write_resumes_from_previous(tmp_path: Path) ->
     assert_same_weights(a, b)
 
 
-@pytest.fixture
-def one_second_steps(monkeypatch: pytest.MonkeyPatch) -> recipe.Clock:
-    """A clock on which every training step takes exactly one second (and nothing else
-    takes any time); pass it to `recipe.train`."""
-    now = [0.0]
-    real_step = recipe.train_step
-
-    def one_second_step(run: Any, step: int) -> dict[str, float]:
-        now[0] += 1.0
-        return real_step(run, step)
-
-    monkeypatch.setattr(recipe, "train_step", one_second_step)
-    return lambda: now[0]
-
-
 def test_budget_guard_stops_within_a_step_with_a_usable_adapter(
     tmp_path: Path, one_second_steps: recipe.Clock
 ) -> None:
