@@ -1,4 +1,4 @@
-"""`frugal advise`: each rule fires on a synthetic ledger made for it, and stays quiet on one
+"""`frugal costs advise`: each rule fires on a synthetic ledger made for it, and stays quiet on one
 where its condition does not hold; advice is sorted by the dollars at stake."""
 
 from __future__ import annotations
@@ -223,25 +223,25 @@ def test_advice_is_sorted_by_dollars_and_printed(
         led, tiny_llama.id, training={"eval_every": 10}, actual={"best_step": 100, "steps": 1000}
     )  # early stopping, $36
     monkeypatch.setenv("FRUGAL_DB_URL", url)
-    out = run_json(capsys, "advise", "--json")
+    out = run_json(capsys, "costs", "advise", "--json")
     usd = [a["usd_at_stake"] for a in out["advice"]]
     assert usd == sorted(usd, reverse=True) and len(usd) == 3
     assert [a["rule"] for a in out["advice"]] == ["failures", "early-stopping", "spot"]
     assert out["advice"][0]["usd_at_stake"] == 55.0
     assert set(out["advice"][0]) == {"rule", "usd_at_stake", "change", "why", "runs", "plans"}
-    recent = run_json(capsys, "advise", "--period", "30d", "--json")
+    recent = run_json(capsys, "costs", "advise", "--period", "30d", "--json")
     assert recent["runs"] == 3 and recent["since"] is not None
     assert next(a for a in recent["advice"] if a["rule"] == "failures")["usd_at_stake"] == 30.0
-    assert main(["advise"]) == 0
+    assert main(["costs", "advise"]) == 0
     text = capsys.readouterr().out
     assert "largest first" in text and "$55.00" in text
-    assert "--period 'fortnight'" in run_error(capsys, "advise", "--period", "fortnight")
+    assert "--period 'fortnight'" in run_error(capsys, "costs", "advise", "--period", "fortnight")
 
 
 def test_an_empty_ledger_has_no_advice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
     monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    assert run_json(capsys, "advise", "--json")["advice"] == []
-    assert main(["advise", "--period", "month"]) == 0
+    assert run_json(capsys, "costs", "advise", "--json")["advice"] == []
+    assert main(["costs", "advise", "--period", "month"]) == 0
     assert "no advice" in capsys.readouterr().out

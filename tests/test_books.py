@@ -447,3 +447,21 @@ def test_a_stop_budget_shared_by_two_concurrent_runs_stops_the_second_in_time(
     assert first.outcome == "budget-stopped"
     assert first.cost_usd + second.cost_usd <= 24.0
     assert first.cost_usd + second.cost_usd > 20.0  # and most of the money was used
+
+
+def test_a_budget_counts_the_spend_a_report_shows(ledger_url: str) -> None:
+    """Budgets and reports add the same money: runs by their start, costs not matched to
+    a run by their date (a matched cost is in its run's dollars)."""
+    from frugal.ledger.report import report
+
+    led = Ledger(ledger_url)
+    for project, usd in (("a", 3.0), ("a", 4.5), ("b", 100.0)):
+        rid = led.start_run(model="m", method="lora", config={}, price_per_hour_usd=1.0,
+                            tags={"project": project})  # fmt: skip
+        led.end_run(rid, "completed", {}, step=1, tokens=1e6, cost_usd=usd, hours=usd)
+    led.add_cost(2.0, "storage", tags={"project": "a"})
+    led.add_cost(50.0, "compute", tags={"project": "a"}, run_id=rid)  # matched: not again
+    B.set_budget(led, "a", 1000.0, "month", {"project": "a"})
+    (st,) = B.statuses(led)
+    (group,) = [g for g in report(led, by="project", period="this-month").groups if g.name == "a"]
+    assert st.spent_usd == pytest.approx(group.spend_usd) == pytest.approx(9.5)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from frugal.cli import console
 from frugal.cli.options import JSON_HELP
 from frugal.ledger.tags import parse_tags
 
@@ -38,7 +38,7 @@ def set_(
     b = set_budget(led, name, amount, period, parse_tags(scope or [], "--scope"),
                    parse_thresholds(thresholds), action)  # fmt: skip
     st = next(s for s in statuses(led) if s.budget.name == b.name)
-    Console().print(
+    console().print(
         f"budget {b.name}: ${b.amount_usd:,.2f} per {b.period} · {_scope(b.scope)} · "
         f"{b.action} · ${st.spent_usd:,.2f} spent so far ({st.used_pct:.0f}%)"
     )
@@ -55,7 +55,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> Non
         print(json.dumps({"budgets": [s.to_json() for s in rows]}))
         return
     if not rows:
-        Console().print("no budgets: add one with frugal budget set NAME --amount USD")
+        console().print("no budgets: add one with frugal budget set NAME --amount USD")
         return
     t = Table(title="budgets")
     for col in ("name", "scope", "period", "action", "amount", "spent", "left", "used"):
@@ -64,7 +64,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> Non
         b = s.budget
         t.add_row(b.name, _scope(b.scope), b.period, b.action, f"${b.amount_usd:,.2f}",
                   f"${s.spent_usd:,.2f}", f"${s.left_usd:,.2f}", f"{s.used_pct:.0f}%")  # fmt: skip
-    Console().print(t)
+    console().print(t)
 
 
 @app.command("rm")
@@ -74,7 +74,7 @@ def rm(name: str = typer.Argument(..., help="The budget's name.")) -> None:
     from frugal.ledger.store import Ledger
 
     remove_budget(Ledger(), name)
-    Console().print(f"removed budget {name}")
+    console().print(f"removed budget {name}")
 
 
 def _scope(scope: dict[str, str]) -> str:

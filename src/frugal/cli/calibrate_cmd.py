@@ -1,24 +1,18 @@
 """`frugal calibrate`: the estimator's constants fitted to the runs on the books
-(frugal.ledger.calibrate); `frugal advise`: what the books say to change, in dollars
-(frugal.ledger.advise)."""
+(frugal.ledger.calibrate)."""
 
 from __future__ import annotations
 
 import json
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from frugal.cli import console
 from frugal.cli.options import JSON_HELP
 
 NAMES = {"tokens_per_s": "tokens/s", "peak_reserved_gib": "peak reserved"}
-
-
-def _console() -> Console:
-    con = Console()
-    return con if con.is_terminal else Console(width=120)
 
 
 def calibrate(
@@ -39,7 +33,7 @@ def calibrate(
     if json_out:
         print(json.dumps(cal.to_json()))
         return
-    con = _console()
+    con = console()
     con.print(
         f"[bold]calibrated on {cal.fit_runs} runs[/], {cal.held_back_runs} held back "
         f"(of {cal.runs} with measured figures)"
@@ -65,33 +59,3 @@ def calibrate(
         con.print(f"wrote {escape(cal.path)} (estimate, plan and train read it)")
     elif dry_run and cal.changes:
         con.print(f"--dry-run: {escape(cal.path)} not written")
-
-
-def advise(
-    period: str = typer.Option(
-        "all", help="all, week or month (calendar, as budgets), or a span such as 30d."
-    ),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
-    """What to change, from the books: each piece of advice with the dollars at stake."""
-    from frugal.ledger.advise import advise_ledger
-    from frugal.ledger.store import Ledger
-
-    rep = advise_ledger(Ledger(), period)
-    if json_out:
-        print(json.dumps(rep.to_json()))
-        return
-    con = _console()
-    con.print(f"[bold]{rep.runs} runs[/], ${rep.spend_usd:,.2f} spent · period: {rep.period}")
-    if not rep.advice:
-        con.print("no advice: nothing on the books to change")
-        return
-    t = Table(title="advice, largest first")
-    for col in ("$ at stake", "rule", "runs", "change", "why"):
-        t.add_column(col, justify="right" if col == "$ at stake" else "left")
-    for a in rep.advice:
-        ids = ", ".join(r[:8] for r in a.runs[:3]) + (" ..." if len(a.runs) > 3 else "")
-        if a.plans:
-            ids = ", ".join([*(f"plan {p}" for p in a.plans), *([ids] if ids else [])])
-        t.add_row(f"${a.usd_at_stake:,.2f}", a.rule, ids, escape(a.change), escape(a.why))
-    con.print(t)

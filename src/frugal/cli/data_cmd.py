@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from frugal.cli import console
 from frugal.cli.options import JSON_HELP, option
 from frugal.errors import FrugalError
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
@@ -151,9 +151,7 @@ def write_plot(out: dict[str, Any], path: str) -> None:
 
 def render(file: str, out: dict[str, Any]) -> None:
 
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=100)
+    con = console()
     n = out["rows"]
     con.print(f"[bold]{file}[/] · {n:,} rows · {out['format']} · seq {out['seq']}")
     t = Table(show_header=False, box=None, padding=(0, 2))

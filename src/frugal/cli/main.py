@@ -19,6 +19,7 @@ from frugal.cli import (
     budget_cmd,
     calibrate_cmd,
     catalog_cmd,
+    costs_cmd,
     data_cmd,
     estimate_cmd,
     models_cmd,
@@ -40,9 +41,9 @@ app.command("gpus")(catalog_cmd.gpus)
 app.command("offers")(catalog_cmd.offers)
 app.command("train")(train_cmd.train)
 app.command("calibrate")(calibrate_cmd.calibrate)
-app.command("advise")(calibrate_cmd.advise)
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(budget_cmd.app, name="budget")
+app.add_typer(costs_cmd.app, name="costs")
 
 _DEBUG = False
 

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from frugal.cli import console
 from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, option
 from frugal.config import DataConfig
 from frugal.data.count import count_tokens
@@ -199,9 +199,7 @@ def to_json(model: str, k: Constraints, result: Result, wrote: dict[str, str]) -
 
 
 def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) -> None:
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=120)
+    con = console()
     r, o, j = result.recommendation, result.recommendation.offer, result.recommendation.job
     fallback = r.fallback if r.fallback and r.fallback.spot_share < 1 else None
     spot = ""

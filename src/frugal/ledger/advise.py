@@ -1,4 +1,4 @@
-"""`frugal advise`: rules over the books, each naming the dollars at stake and the change to
+"""`frugal costs advise`: rules over the books, each naming the dollars at stake and the change to
 make, largest first (docs/ledger.md, "Advice"):
 
 - `gpu-oversized`: a cheaper GPU with less memory in today's catalog holds the run's

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,6 +110,30 @@ class Recorder:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+
+
+@dataclass(frozen=True)
+class Synced:
+    spool: Path
+    sent: int  # records now on the books
+    left: int  # records still waiting (the ledger is down: `why`)
+    why: str | None
+
+
+def sync(dirs: list[Path], url: str | None = None) -> list[Synced]:
+    """Send the spools waiting in `dirs` (run dirs, or dirs that hold them) to the ledger."""
+    out = []
+    for d in dirs:
+        if not d.exists():
+            raise FrugalError(f"{d} does not exist: give the run's output_dir (or a dir above it)")
+        spools = [d] if d.is_file() else sorted(d.rglob(SPOOL_NAME))
+        for path in spools:
+            rec = Recorder(path, url)
+            before = rec.pending()
+            rec.flush()
+            left = rec.pending()
+            out.append(Synced(path, before - left, left, rec.down))
+    return out
 
 
 def _encode(v: Any) -> Any:

@@ -179,7 +179,7 @@ class Progress:
 
 def usd(x: float) -> str:
     """Dollars with cents, or four decimals below a dollar (a CPU demo costs fractions)."""
-    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4f}"
+    return f"${x:,.2f}" if abs(x) >= 1 or x == 0 else f"${x:.4f}"
 
 
 def _hms(s: float) -> str:

@@ -1,0 +1,254 @@
+"""`frugal costs add|import|report|showback|advise|export|sync`: other spend on the books,
+billing exports in, reports, advice and chargebacks out (frugal.ledger.report, .advise,
+.focus)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from frugal.cli import console
+from frugal.cli.options import JSON_HELP
+from frugal.errors import FrugalError
+from frugal.ledger.tags import resolve
+from frugal.run.meter import usd
+
+app = typer.Typer(
+    help="Other spend, billing imports (FOCUS), reports, showback and exports.",
+    no_args_is_help=True,
+)
+
+
+@app.command("add")
+def add(
+    amount: float = typer.Argument(..., help="USD spent, e.g. 12.50."),
+    kind: str = typer.Option("other", help="What it was: storage, notebook, inference, ..."),
+    description: str = typer.Option("", help="A few words on it."),
+    resource_id: str = typer.Option("", help="The machine or resource it paid for."),
+    provider: str = typer.Option("", help="Who billed it, e.g. aws or runpod."),
+    at: str | None = typer.Option(None, help="When: ISO date or time, UTC \\[default: now]."),
+    gpu_hours: float = typer.Option(0.0, help="GPU-hours it bought, if any."),
+    tag: list[str] | None = typer.Option(
+        None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Put a cost that is not a `frugal train` run on the books."""
+    from frugal.ledger.report import parse_instant
+    from frugal.ledger.store import Ledger
+
+    if not math.isfinite(amount) or amount <= 0:
+        raise FrugalError(f"AMOUNT {amount}: give the positive USD spent, e.g. 12.50")
+    if not math.isfinite(gpu_hours) or gpu_hours < 0:
+        raise FrugalError(f"--gpu-hours {gpu_hours}: give the GPU-hours bought (0 or more)")
+    if not kind.strip() or len(kind) > 50:
+        raise FrugalError(f"--kind {kind!r}: name it in 1 to 50 characters, e.g. storage")
+    when = parse_instant(at, "--at") if at else None
+    tags = resolve(list(tag or []))
+    led = Ledger()
+    cid = led.add_cost(amount, kind.strip(), description[:500], resource_id[:300], at=when,
+                       tags=tags, provider=provider[:50], gpu_hours=gpu_hours)  # fmt: skip
+    if json_out:
+        print(json.dumps({"cost_id": cid, "amount_usd": amount, "kind": kind, "tags": tags}))
+        return
+    scope = ", ".join(f"{k}={v}" for k, v in tags.items())
+    console().print(escape(f"cost {cid}: ${amount:,.2f} {kind} on the books · {scope}"))
+
+
+@app.command("import")
+def import_(
+    file: str = typer.Argument(..., help="A FOCUS CSV billing export, or a frugal export."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Import a FOCUS billing export (matched to runs) or a frugal export; twice adds nothing."""
+    from frugal.ledger.focus import import_file
+    from frugal.ledger.store import Ledger
+
+    r = import_file(Ledger(), file)
+    if json_out:
+        print(json.dumps(r.to_json()))
+        return
+    added = ", ".join(f"{n} {t}" for t, n in r.added.items() if n) or "nothing"
+    skipped = sum(r.skipped.values())
+    what = "rows" if r.format == "billing" else "records"
+    line = f"{r.file} ({r.format}): {r.rows} {what} · added {added} · {skipped} already there"
+    if r.format == "billing":
+        line += f" · ${r.added_usd:,.2f} added"
+        matched = ", ".join(f"{n} by {rule.replace('_', ' ')}" for rule, n in r.matched.items())
+        line += f" · matched to runs: {matched or 'none'}, {r.unmatched} not"
+    con = console()
+    con.print(escape(line))
+    if r.matched:
+        con.print(f"matched rows billed ${r.matched_billed_usd:,.2f}; those runs metered "
+                  f"${r.matched_runs_usd:,.2f} (reports count the runs')")  # fmt: skip
+
+
+@app.command("report")
+def report(
+    by: str = typer.Option(
+        "project", help="project, team, model, gpu, provider, method, outcome or tag:NAME."
+    ),
+    period: str = typer.Option(
+        "this-month",
+        help="this-month, last-month, this-week, last-week, 7d, 30d, YYYY-MM, all, FROM..TO.",
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    csv_out: bool = typer.Option(False, "--csv", help="Print the groups as CSV."),
+) -> None:
+    """Spend by group, with the month-end projection and spend anomalies."""
+    from frugal.ledger import report as rep
+    from frugal.ledger.store import Ledger
+
+    if json_out and csv_out:
+        raise FrugalError("--json and --csv: choose one")
+    r = rep.report(Ledger(), by=by, period=period, extras=not csv_out)
+    if json_out:
+        print(json.dumps(r.to_json()))
+    elif csv_out:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(rep.CSV_COLUMNS)
+        w.writerows(rep.csv_row(g) for g in [*r.groups, r.totals])
+    else:
+        _render(r)
+
+
+def _render(r: Any) -> None:
+    con = console()
+    p = r.period
+    span = "all time" if p.start is None and p.end is None else f"{_day(p.start)} to {_day(p.end)}"
+    t = Table(title=f"spend by {r.by}, {p.name} ({span}; runs by their start)")
+    cols = ("group", "spend", "GPU-h", "tokens", "$/M tok", "runs", "done", "failed",
+            "preempted", "lost", "est. err")  # fmt: skip
+    for c in cols:
+        t.add_column(c, justify="left" if c == "group" else "right")
+    for i, g in enumerate([*r.groups, r.totals]):
+        o = g.outcomes
+        err = g.est_error_median_abs_pct
+        t.add_row(
+            escape(g.name), usd(g.spend_usd), f"{g.gpu_hours:,.1f}", f"{g.tokens:,.0f}",
+            "-" if g.usd_per_million_tokens is None else usd(g.usd_per_million_tokens),
+            str(g.runs), str(o["completed"]), str(o["failed"]), str(o["preempted"]),
+            usd(g.lost_usd), "-" if err is None else f"{err:.0f}%",
+            end_section=i == len(r.groups) - 1,
+        )  # fmt: skip
+    con.print(t)
+    con.print("[dim]est. err: median |actual/estimate - 1| of completed runs[/]")
+    if r.projection:
+        pr = r.projection
+        con.print(f"[bold]month end ({pr.month}):[/] {usd(pr.projected_usd)} projected = {pr.how}")
+    if r.anomalies:
+        con.print("[bold]spend anomalies[/] (days above their trailing 14-day baseline):")
+        for a in r.anomalies:
+            con.print(f"  {a.day}: ${a.spend_usd:,.2f} vs a median of ${a.baseline_usd:,.2f} "
+                      f"(threshold ${a.threshold_usd:,.2f})")  # fmt: skip
+    else:
+        con.print("no spend anomalies in the period")
+
+
+def _day(t: Any) -> str:
+    return "..." if t is None else f"{t:%Y-%m-%d %H:%M}"
+
+
+@app.command("showback")
+def showback(
+    week: str = typer.Option("last", help="last, this, an ISO week (2026-W19) or a date in it."),
+) -> None:
+    """The weekly showback for team leads, in Markdown: spend by team, top runs, failures."""
+    from frugal.ledger.report import showback as make
+    from frugal.ledger.store import Ledger
+
+    sys.stdout.write(make(Ledger(), week).to_markdown())
+
+
+@app.command("export")
+def export(
+    format_: str = typer.Option(
+        "jsonl", "--format", help="jsonl (the whole ledger) or focus (a FOCUS chargeback CSV)."
+    ),
+    output: str | None = typer.Option(None, help="Write to this file \\[default: stdout]."),
+) -> None:
+    """Export the books (`frugal costs import` reads both formats back, losslessly)."""
+    from frugal.ledger.focus import FORMATS, write_export
+    from frugal.ledger.store import Ledger
+
+    if format_ not in FORMATS:
+        raise FrugalError(f"--format {format_!r}: use jsonl (the whole ledger) or focus (CSV)")
+    led = Ledger()
+    if output is None:
+        write_export(led, format_, sys.stdout)
+        return
+    path = Path(output)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            n = write_export(led, format_, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise FrugalError(
+            f"--output {output}: cannot write it ({e.strerror}): check the path"
+        ) from None
+    console().print(f"wrote {n:,} rows to {output} ({format_})")
+
+
+@app.command("sync")
+def sync(
+    dirs: list[str] = typer.Argument(
+        ..., help="Run output dirs, or dirs above them, holding ledger-spool.jsonl."
+    ),
+) -> None:
+    """Send the records runs spooled while the ledger was down."""
+    from frugal.ledger.spool import sync as send
+
+    results = send([Path(d) for d in dirs])
+    con = console()
+    if not results:
+        con.print(f"nothing waits in {', '.join(dirs)}")
+    for r in results:
+        con.print(f"{r.spool}: sent {r.sent} records" + (f", {r.left} wait" if r.left else ""))
+    left = [r for r in results if r.left]
+    if left:
+        raise FrugalError(
+            f"the ledger is still down ({left[0].why}): {sum(r.left for r in left)} records "
+            "wait; run frugal costs sync again once it is up"
+        )
+
+
+@app.command("advise")
+def advise(
+    period: str = typer.Option(
+        "all", help="all, week or month (calendar, as budgets), or a span such as 30d."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """What to change, from the books: each piece of advice with the dollars at stake."""
+    from frugal.ledger.advise import advise_ledger
+    from frugal.ledger.store import Ledger
+
+    rep = advise_ledger(Ledger(), period)
+    if json_out:
+        print(json.dumps(rep.to_json()))
+        return
+    con = console()
+    con.print(f"[bold]{rep.runs} runs[/], ${rep.spend_usd:,.2f} spent · period: {rep.period}")
+    if not rep.advice:
+        con.print("no advice: nothing on the books to change")
+        return
+    t = Table(title="advice, largest first")
+    for col in ("$ at stake", "rule", "runs", "change", "why"):
+        t.add_column(col, justify="right" if col == "$ at stake" else "left")
+    for a in rep.advice:
+        ids = ", ".join(r[:8] for r in a.runs[:3]) + (" ..." if len(a.runs) > 3 else "")
+        if a.plans:
+            ids = ", ".join([*(f"plan {p}" for p in a.plans), *([ids] if ids else [])])
+        t.add_row(f"${a.usd_at_stake:,.2f}", a.rule, ids, escape(a.change), escape(a.why))
+    con.print(t)

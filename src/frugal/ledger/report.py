@@ -1,0 +1,683 @@
+"""Reports over the books: spend grouped by project, team, model, GPU, provider, method,
+outcome or any tag; a month-end projection; spend anomalies; a weekly showback.
+
+**Attribution.** A run counts, with all its dollars, in the period its start (`started_at`)
+falls in, however long it ran; another cost counts by its date (`at`, the start of its
+charge period). A cost matched to a run (a billing row of the run's machine) is in the
+run's dollars already and is not added again. Dry runs count: they were paid for. This is
+how budgets count spend (`budgets.spend`), which the projection uses.
+
+**Per group**: spend (runs + other costs), GPU-hours (runs' hours x GPUs + the GPU-hours
+of other costs), tokens, dollars per million tokens (runs' dollars / runs' tokens: what the
+compute that made the tokens cost), runs by outcome, dollars lost to failed and preempted
+runs, and the estimate error: over *completed* runs with an estimate (`est_cost_usd`), the
+median of |actual / estimate - 1| and the median of actual / estimate - 1, in percent (a
+stopped run's dollars say nothing about its estimate).
+
+**Projection**: this calendar month's spend so far + the daily rate of the last 7 days
+(fewer when the books are younger, at least one) x the days left in the month.
+
+**Anomalies**: a day's spend is anomalous when it exceeds the median of the 14 days
+before it by more than 3.5 x max(1.4826 x MAD, 10% of the median) and by at least $10
+(MAD: the median absolute deviation of those 14 days; days without spend count as $0;
+a day needs 7 days of books before it). 1.4826 x MAD estimates the standard deviation
+of normal data, and 3.5 is Iglewicz and Hoaglin's cut on the modified z-score: the
+median and MAD ignore earlier spikes, which a mean and a standard deviation would absorb.
+The floors keep flat or sparse spend (MAD = 0) from flagging every small rise.
+
+Everything is aggregated in SQL (GROUP BY, a join on tags for tag groupings, made once);
+the estimate ratios of a group come back as one comma-separated text, for the medians. No
+run is loaded as an object. Weeks start on Monday 00:00 UTC.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, String, and_, case, cast, func, literal_column, select
+from sqlalchemy.orm import Session, aliased
+
+from frugal.durations import parse_duration
+from frugal.errors import FrugalError
+from frugal.ledger.budgets import period_end, period_start, spend
+from frugal.ledger.schema import CostEntry, RunRecord, Tag
+from frugal.ledger.store import Ledger, aware, now
+from frugal.ledger.tags import STANDARD, check_key
+
+OUTCOMES = ("completed", "preempted", "budget-stopped", "idle-stopped", "failed")
+RUNNING = "running"  # a run without an outcome yet
+LOST = ("failed", "preempted")
+NONE = "(none)"  # the group of spend without the tag (or a cost, by a run-only column)
+TOTAL = "(total)"
+RUN_COLUMNS = ("gpu", "provider", "method", "outcome")
+BY_FORMS = "project, team, model, gpu, provider, method, outcome or tag:NAME"
+
+PROJECTION_DAYS = 7
+ANOMALY_WINDOW_DAYS = 14
+ANOMALY_MIN_HISTORY_DAYS = 7
+ANOMALY_K = 3.5  # Iglewicz-Hoaglin modified z-score cut
+MAD_TO_SIGMA = 1.4826  # 1 / the normal's 0.75 quantile
+ANOMALY_FLOOR_FRAC = 0.10  # the scale is at least this share of the median
+ANOMALY_MIN_EXCESS_USD = 10.0
+SHOWBACK_TOP_RUNS = 3
+
+
+# -- periods ---------------------------------------------------------------------------------
+
+
+def parse_instant(text: str, where: str) -> datetime:
+    """An ISO 8601 date or time as an aware UTC datetime (a time without a zone is UTC)."""
+    try:
+        t = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise FrugalError(
+            f"{where} {text!r} is not a date or time: write ISO 8601, e.g. 2026-05-01 or "
+            "2026-05-01T13:00:00Z"
+        ) from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _is_date(text: str) -> bool:
+    return re.fullmatch(r"\d{4}-\d{2}-\d{2}", text.strip()) is not None
+
+
+@dataclass(frozen=True)
+class Period:
+    name: str
+    start: datetime | None  # inclusive; None: from the beginning
+    end: datetime | None  # exclusive; None: up to now and on
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "start": _iso(self.start), "end": _iso(self.end)}
+
+
+PERIOD_FORMS = (
+    "this-month, last-month, this-week, last-week, all, YYYY-MM, a span back from now "
+    "such as 7d or 30d, or FROM..TO dates such as 2026-05-01..2026-05-31"
+)
+
+
+def parse_period(text: str, at: datetime | None = None) -> Period:
+    """The period `text` names, as of `at` (default now). A span such as `7d` counts back
+    from `at`; a TO date is inclusive (a TO time exclusive); either side may be left open."""
+    t = text.strip().lower()
+    at = aware(at or now()).astimezone(UTC)
+    bad = FrugalError(f"--period {text!r}: use {PERIOD_FORMS}")
+    if t == "all":
+        return Period(t, None, None)
+    if t in ("this-month", "last-month", "this-week", "last-week"):
+        unit = t.split("-")[1]
+        start = period_start(unit, at)
+        if t.startswith("last"):
+            start = period_start(unit, start - timedelta(days=1))
+        return Period(t, start, period_end(unit, start))
+    if re.fullmatch(r"\d{4}-\d{2}", t):
+        try:
+            start = datetime(int(t[:4]), int(t[5:]), 1, tzinfo=UTC)
+        except ValueError:
+            raise bad from None
+        return Period(t, start, period_end("month", start))
+    if ".." in t:
+        lo, hi = (x.strip() for x in t.split("..", 1))
+        if not lo and not hi:
+            raise bad
+        lo_t = parse_instant(lo, "--period") if lo else None
+        hi_t = parse_instant(hi, "--period") if hi else None
+        if hi_t is not None and _is_date(hi):
+            hi_t += timedelta(days=1)  # a date TO includes its day
+        if lo_t is not None and hi_t is not None and hi_t <= lo_t:
+            raise FrugalError(f"--period {text!r}: TO comes before FROM; swap them")
+        return Period(t, lo_t, hi_t)
+    if t and t[-1].isalpha():
+        try:
+            hours = parse_duration(t, "h")
+        except ValueError:
+            raise bad from None
+        return Period(t, at - timedelta(hours=hours), at)
+    raise bad
+
+
+def parse_week(text: str, at: datetime | None = None) -> datetime:
+    """Monday 00:00 UTC of the week `text` names: last (the last whole week), this, an ISO
+    week (2026-W19) or a date in it."""
+    t = text.strip().lower()
+    at = aware(at or now()).astimezone(UTC)
+    if t in ("last", "this"):
+        start = period_start("week", at)
+        return start - timedelta(days=7) if t == "last" else start
+    m = re.fullmatch(r"(\d{4})-w(\d{1,2})", t)
+    try:
+        if m:
+            d = date.fromisocalendar(int(m[1]), int(m[2]), 1)
+            return datetime(d.year, d.month, d.day, tzinfo=UTC)
+        if _is_date(t):
+            return period_start("week", parse_instant(t, "--week"))
+    except ValueError:
+        pass
+    raise FrugalError(f"--week {text!r}: use last, this, an ISO week such as 2026-W19, or a date")
+
+
+# -- grouping --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grouping:
+    name: str  # as asked: project, gpu, tag:env, ...
+    column: str | None = None  # a run column (costs have provider only)
+    key: str | None = None  # a tag key; for model, runs without the tag take their column
+
+
+def parse_by(text: str) -> Grouping:
+    t = text.strip()
+    if t in RUN_COLUMNS:
+        return Grouping(t, column=t)
+    if t.startswith("tag:"):
+        return Grouping(t, key=check_key(t[4:].strip(), "--by tag:"))
+    if t in STANDARD:
+        return Grouping(t, key=t)
+    raise FrugalError(f"--by {text!r}: use {BY_FORMS}")
+
+
+def _label(value: Any, column: str | None = None) -> str:
+    if value is None and column == "outcome":
+        return RUNNING
+    return NONE if value is None or value == "" else str(value)
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    name: str
+    run_usd: float = 0.0
+    other_usd: float = 0.0
+    gpu_hours: float = 0.0
+    tokens: float = 0.0
+    runs: int = 0
+    other_costs: int = 0
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*OUTCOMES, RUNNING), 0))
+    lost_usd: float = 0.0
+    errors_pct: list[float] = field(default_factory=list)  # actual / estimate - 1, in %
+
+    @property
+    def spend_usd(self) -> float:
+        return self.run_usd + self.other_usd
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        return self.run_usd / self.tokens * 1e6 if self.tokens > 0 else None
+
+    @property
+    def est_error_median_abs_pct(self) -> float | None:
+        return statistics.median(abs(e) for e in self.errors_pct) if self.errors_pct else None
+
+    @property
+    def est_error_median_pct(self) -> float | None:
+        return statistics.median(self.errors_pct) if self.errors_pct else None
+
+    def add(self, other: Group) -> None:
+        self.run_usd += other.run_usd
+        self.other_usd += other.other_usd
+        self.gpu_hours += other.gpu_hours
+        self.tokens += other.tokens
+        self.runs += other.runs
+        self.other_costs += other.other_costs
+        for k, v in other.outcomes.items():
+            self.outcomes[k] = self.outcomes.get(k, 0) + v
+        self.lost_usd += other.lost_usd
+        self.errors_pct += other.errors_pct
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": self.name,
+            "spend_usd": _r(self.spend_usd),
+            "run_spend_usd": _r(self.run_usd),
+            "other_spend_usd": _r(self.other_usd),
+            "gpu_hours": _r(self.gpu_hours),
+            "tokens": self.tokens,
+            "usd_per_million_tokens": _r(self.usd_per_million_tokens),
+            "runs": self.runs,
+            "runs_by_outcome": dict(self.outcomes),
+            "other_costs": self.other_costs,
+            "lost_usd": _r(self.lost_usd),
+            "est_error_median_abs_pct": _r(self.est_error_median_abs_pct, 2),
+            "est_error_median_pct": _r(self.est_error_median_pct, 2),
+            "est_error_runs": len(self.errors_pct),
+        }
+
+
+CSV_COLUMNS = (
+    "group", "spend_usd", "run_spend_usd", "other_spend_usd", "gpu_hours", "tokens",
+    "usd_per_million_tokens", "runs", *(o.replace("-", "_") for o in OUTCOMES), RUNNING,
+    "other_costs", "lost_usd", "est_error_median_abs_pct", "est_error_median_pct",
+    "est_error_runs",
+)  # fmt: skip
+
+
+def csv_row(g: Group) -> list[Any]:
+    j = g.to_json()
+    out = j | {o.replace("-", "_"): n for o, n in g.outcomes.items()}
+    return ["" if out[c] is None else out[c] for c in CSV_COLUMNS]
+
+
+@dataclass
+class Projection:
+    month: str
+    spent_usd: float
+    rate_days: float
+    rate_usd_per_day: float
+    days_left: float
+    projected_usd: float
+
+    @property
+    def how(self) -> str:
+        return (
+            f"${self.spent_usd:,.2f} so far in {self.month} + ${self.rate_usd_per_day:,.2f} a day "
+            f"(the last {self.rate_days:g} days' mean) x {self.days_left:.1f} days left"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "month": self.month,
+            "spent_usd": _r(self.spent_usd),
+            "usd_per_day": _r(self.rate_usd_per_day),
+            "rate_days": self.rate_days,
+            "days_left": round(self.days_left, 3),
+            "projected_usd": _r(self.projected_usd),
+            "how": self.how,
+        }
+
+
+@dataclass
+class Anomaly:
+    day: date
+    spend_usd: float
+    baseline_usd: float  # the median of the days before
+    threshold_usd: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "day": self.day.isoformat(),
+            "spend_usd": _r(self.spend_usd),
+            "baseline_usd": _r(self.baseline_usd),
+            "threshold_usd": _r(self.threshold_usd),
+        }
+
+
+@dataclass
+class Report:
+    period: Period
+    by: str
+    groups: list[Group]
+    totals: Group
+    projection: Projection | None = None
+    anomalies: list[Anomaly] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "period": self.period.to_json(),
+            "by": self.by,
+            "attribution": "runs by their start, other costs by their date",
+            "groups": [g.to_json() for g in self.groups],
+            "totals": self.totals.to_json(),
+            "projection": self.projection.to_json() if self.projection else None,
+            "anomalies": [a.to_json() for a in self.anomalies],
+            "anomaly_rule": ANOMALY_RULE,
+        }
+
+
+ANOMALY_RULE = (
+    f"spend above the median of the {ANOMALY_WINDOW_DAYS} days before by more than "
+    f"{ANOMALY_K:g} x max({MAD_TO_SIGMA} x MAD, {ANOMALY_FLOOR_FRAC:.0%} of the median) "
+    f"and ${ANOMALY_MIN_EXCESS_USD:g}"
+)
+
+
+def report(led: Ledger, by: str = "project", period: str = "this-month",
+           at: datetime | None = None, extras: bool = True) -> Report:  # fmt: skip
+    """The report of `period` grouped `by`; `extras` adds the month-end projection and the
+    anomalies of the period's days."""
+    at = aware(at or now()).astimezone(UTC)
+    g, p = parse_by(by), parse_period(period, at)
+    with led.session() as s:
+        groups = group_spend(s, g, p.start, p.end)
+        out = Report(p, g.name, sorted(groups.values(), key=lambda x: (-x.spend_usd, x.name)),
+                     totals(groups.values()))  # fmt: skip
+        if extras:
+            out.projection = projection(s, at)
+            out.anomalies = anomalies(s, p.start, p.end, at)
+    return out
+
+
+def totals(groups: Iterable[Group]) -> Group:
+    t = Group(TOTAL)
+    for g in groups:
+        t.add(g)
+    return t
+
+
+def _in(col: Any, start: datetime | None, end: datetime | None) -> list[ColumnElement[bool]]:
+    return [
+        *([col >= start] if start is not None else []),
+        *([col < end] if end is not None else []),
+    ]
+
+
+def group_spend(s: Session, g: Grouping, start: datetime | None,
+                end: datetime | None) -> dict[str, Group]:  # fmt: skip
+    """Spend in [start, end) by group: runs by start, unmatched costs by date."""
+    groups: dict[str, Group] = {}
+
+    def group(name: str) -> Group:
+        return groups.setdefault(name, Group(name))
+
+    t = aliased(Tag)
+    if g.column:
+        run_key: Any = getattr(RunRecord, g.column)
+    elif g.key == "model":
+        run_key = func.coalesce(t.value, RunRecord.model)
+    else:
+        run_key = t.value
+    lost = case((RunRecord.outcome.in_(LOST), RunRecord.cost_usd), else_=0.0)
+    # the estimate's ratios ride along as text, so the join on tags is made once
+    ratio = case(
+        (and_(RunRecord.outcome == "completed", RunRecord.est_cost_usd > 0),
+         RunRecord.cost_usd / RunRecord.est_cost_usd),
+    )  # fmt: skip
+    q = select(
+        run_key, func.count(), func.sum(RunRecord.cost_usd),
+        func.sum(RunRecord.hours * RunRecord.gpus), func.sum(RunRecord.tokens),
+        func.sum(lost), _concat(ratio, s.get_bind().dialect.name), RunRecord.outcome,
+    ).where(*_in(RunRecord.started_at, start, end))  # fmt: skip
+    if g.key:
+        q = q.outerjoin(t, and_(t.kind == "run", t.ref == RunRecord.id, t.key == g.key))
+    for key, n, usd, gpu_h, tokens, lost_usd, ratios, outcome in s.execute(
+        q.group_by(run_key, RunRecord.outcome)
+    ):
+        x = group(_label(key, g.column))
+        x.runs += n
+        x.run_usd += usd or 0.0
+        x.gpu_hours += gpu_h or 0.0
+        x.tokens += tokens or 0.0
+        x.lost_usd += lost_usd or 0.0
+        x.outcomes[outcome or RUNNING] = x.outcomes.get(outcome or RUNNING, 0) + n
+        if ratios:
+            x.errors_pct += [(float(r) - 1.0) * 100.0 for r in ratios.split(",")]
+
+    c = aliased(Tag)
+    cost_key: Any = None
+    if g.column == "provider":
+        cost_key = CostEntry.provider
+    elif g.key:
+        cost_key = c.value
+    cq = select(
+        *([cost_key] if cost_key is not None else []), func.count(),
+        func.sum(CostEntry.amount_usd), func.sum(CostEntry.gpu_hours),
+    ).where(CostEntry.run_id.is_(None), *_in(CostEntry.at, start, end))  # fmt: skip
+    if g.key:
+        ref = cast(CostEntry.id, String)
+        cq = cq.outerjoin(c, and_(c.kind == "cost", c.ref == ref, c.key == g.key))
+    if cost_key is not None:
+        cq = cq.group_by(cost_key)
+    for row in s.execute(cq):
+        key = row[0] if cost_key is not None else None
+        n, usd, gpu_h = row[-3:]
+        if not n:
+            continue
+        x = group(_label(key))
+        x.other_costs += n
+        x.other_usd += usd or 0.0
+        x.gpu_hours += gpu_h or 0.0
+    return groups
+
+
+# -- projection and anomalies ----------------------------------------------------------------
+
+
+def first_spend(s: Session) -> datetime | None:
+    """When the first dollar on the books was spent (a run's start or a cost's date)."""
+    firsts = [s.scalar(select(func.min(RunRecord.started_at))),
+              s.scalar(select(func.min(CostEntry.at)))]  # fmt: skip
+    found = [aware(t).astimezone(UTC) for t in firsts if t is not None]
+    return min(found) if found else None
+
+
+def projection(s: Session, at: datetime) -> Projection:
+    """This month's spend at month end, if the last days' daily rate goes on."""
+    m0 = period_start("month", at)
+    m1 = period_end("month", m0)
+    assert m1 is not None
+    spent = spend(s, {}, m0, m1)
+    first = first_spend(s)
+    days = float(PROJECTION_DAYS)
+    if first is not None and at - first < timedelta(days=PROJECTION_DAYS):
+        days = float(max(1, (at - first).days + 1))  # young books: the days they cover
+    rate = spend(s, {}, at - timedelta(days=days), at) / days
+    left = (m1 - at).total_seconds() / 86400
+    return Projection(m0.strftime("%Y-%m"), spent, days, rate, left, spent + rate * left)
+
+
+def _concat(expr: Any, dialect: str) -> Any:
+    """The group's non-null values of `expr` as comma-separated text (SQLite writes a REAL
+    with 15 significant digits, PostgreSQL exactly)."""
+    if dialect == "postgresql":
+        return func.string_agg(cast(expr, String), literal_column("','"))
+    return func.group_concat(expr, literal_column("','"))
+
+
+def _day(col: Any, dialect: str) -> Any:
+    """The UTC calendar day of a time column, as YYYY-MM-DD text."""
+    if dialect == "postgresql":
+        utc = func.timezone(literal_column("'UTC'"), col)
+        return func.to_char(utc, literal_column("'YYYY-MM-DD'"))
+    return func.date(col)  # SQLite keeps UTC times as ISO text
+
+
+def daily_spend(s: Session, start: datetime | None, end: datetime | None) -> dict[date, float]:
+    """Dollars per UTC day in [start, end): runs on the day they started, unmatched costs on
+    their date."""
+    dialect = s.get_bind().dialect.name
+    out: dict[date, float] = {}
+    rd = _day(RunRecord.started_at, dialect)
+    cd = _day(CostEntry.at, dialect)
+    queries = [
+        select(rd, func.sum(RunRecord.cost_usd))
+        .where(*_in(RunRecord.started_at, start, end))
+        .group_by(rd),
+        select(cd, func.sum(CostEntry.amount_usd))
+        .where(CostEntry.run_id.is_(None), *_in(CostEntry.at, start, end))
+        .group_by(cd),
+    ]
+    for q in queries:
+        for day, usd in s.execute(q):
+            d = date.fromisoformat(str(day)[:10])
+            out[d] = out.get(d, 0.0) + float(usd or 0.0)
+    return out
+
+
+def detect_anomalies(daily: dict[date, float], first: date, last: date,
+                     history_from: date) -> list[Anomaly]:  # fmt: skip
+    """Days in [first, last] whose spend is above the trailing baseline (module docstring);
+    the books begin on `history_from` (earlier days are not zeros, they are unknown)."""
+    out = []
+    d = first
+    while d <= last:
+        window = [d - timedelta(days=k) for k in range(1, ANOMALY_WINDOW_DAYS + 1)]
+        hist = [daily.get(x, 0.0) for x in window if x >= history_from]
+        if len(hist) >= ANOMALY_MIN_HISTORY_DAYS:
+            med = statistics.median(hist)
+            mad = statistics.median(abs(x - med) for x in hist)
+            scale = max(MAD_TO_SIGMA * mad, ANOMALY_FLOOR_FRAC * med)
+            threshold = med + max(ANOMALY_K * scale, ANOMALY_MIN_EXCESS_USD)
+            usd = daily.get(d, 0.0)
+            if usd > threshold:
+                out.append(Anomaly(d, usd, med, threshold))
+        d += timedelta(days=1)
+    return out
+
+
+def anomalies(s: Session, start: datetime | None, end: datetime | None,
+              at: datetime) -> list[Anomaly]:  # fmt: skip
+    """The anomalous days of [start, end), up to today."""
+    first_at = first_spend(s)
+    if first_at is None:
+        return []
+    history_from = first_at.date()
+    first = max(start.date(), history_from) if start is not None else history_from
+    stop = min(end, at) if end is not None else at
+    last = (stop - timedelta(microseconds=1)).date()  # the last day with any of [start, stop)
+    if last < first:
+        return []
+    since: datetime | None = datetime.combine(
+        first - timedelta(days=ANOMALY_WINDOW_DAYS), datetime.min.time(), UTC
+    )
+    until: datetime | None = datetime.combine(last + timedelta(days=1), datetime.min.time(), UTC)
+    # bounds that cut nothing are left out: a scan beats an index walk over most of the rows
+    since = since if since is not None and since > first_at else None
+    until = until if until is not None and until <= at else None
+    return detect_anomalies(daily_spend(s, since, until), first, last, history_from)
+
+
+# -- the weekly showback ---------------------------------------------------------------------
+
+
+@dataclass
+class TopRun:
+    id: str
+    model: str
+    gpu: str
+    gpus: int
+    outcome: str
+    hours: float
+    cost_usd: float
+
+
+@dataclass
+class Showback:
+    week_start: datetime
+    teams: list[tuple[Group, Group]]  # (this week, the week before), by spend this week
+    top: dict[str, list[TopRun]]
+    total: Group
+    total_before: Group
+
+    def to_markdown(self) -> str:
+        iso = self.week_start.isocalendar()
+        lines = [
+            f"# GPU spend by team: week of {self.week_start:%Y-%m-%d} ({iso.year}-W{iso.week:02d})",
+            "",
+            f"Total **{_usd(self.total.spend_usd)}**, "
+            f"{_change(self.total.spend_usd, self.total_before.spend_usd)} vs the week before "
+            f"({_usd(self.total_before.spend_usd)}) · {self.total.runs} runs · "
+            f"{_failures(self.total)}.",
+            "",
+            "| team | spend | vs the week before | runs | failed | preempted | lost |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for g, before in self.teams:
+            lines.append(
+                f"| {g.name} | {_usd(g.spend_usd)} | {_change(g.spend_usd, before.spend_usd)} | "
+                f"{g.runs} | {g.outcomes['failed']} | {g.outcomes['preempted']} | "
+                f"{_usd(g.lost_usd)} |"
+            )
+        if not self.teams:
+            lines.append("| (no spend) | $0.00 | | 0 | 0 | 0 | $0.00 |")
+        for g, _ in self.teams:
+            lines += ["", f"## {g.name}", ""]
+            runs = self.top.get(g.name, [])
+            if runs:
+                lines += [
+                    "| top run | model | GPUs | outcome | hours | cost |",
+                    "|---|---|---|---|---:|---:|",
+                ]
+                lines += [
+                    f"| {r.id[:8]} | {r.model} | {r.gpus}x {r.gpu or '?'} | {r.outcome} | "
+                    f"{r.hours:.2f} | {_usd(r.cost_usd)} |"
+                    for r in runs
+                ]
+            else:
+                lines.append("No runs; other costs only." if g.other_costs else "No spend.")
+            lines += ["", f"Failures: {_failures(g)}."]
+            if g.other_costs:
+                lines[-1] += f" Other costs: {g.other_costs}, {_usd(g.other_usd)}."
+        return "\n".join(lines) + "\n"
+
+
+def showback(led: Ledger, week: str = "last", at: datetime | None = None) -> Showback:
+    """Each team's spend in `week` against the week before, its top runs and failures."""
+    w0 = parse_week(week, at)
+    w1, before = w0 + timedelta(days=7), w0 - timedelta(days=7)
+    team = Grouping("team", key="team")
+    with led.session() as s:
+        this = group_spend(s, team, w0, w1)
+        prev = group_spend(s, team, before, w0)
+        top = top_runs(s, "team", w0, w1, SHOWBACK_TOP_RUNS)
+    names = sorted(this.keys() | prev.keys(),
+                   key=lambda n: (-this.get(n, Group(n)).spend_usd, n))  # fmt: skip
+    teams = [(this.get(n, Group(n)), prev.get(n, Group(n))) for n in names]
+    return Showback(w0, teams, top, totals(this.values()), totals(prev.values()))
+
+
+def top_runs(s: Session, key: str, start: datetime, end: datetime,
+             n: int) -> dict[str, list[TopRun]]:  # fmt: skip
+    """The `n` costliest runs started in [start, end) of each value of tag `key`."""
+    t = aliased(Tag)
+    rank = func.row_number().over(
+        partition_by=t.value, order_by=(RunRecord.cost_usd.desc(), RunRecord.id)
+    )
+    inner = (
+        select(t.value.label("g"), RunRecord.id, RunRecord.model, RunRecord.gpu, RunRecord.gpus,
+               RunRecord.outcome, RunRecord.hours, RunRecord.cost_usd, rank.label("rank"))
+        .outerjoin(t, and_(t.kind == "run", t.ref == RunRecord.id, t.key == key))
+        .where(*_in(RunRecord.started_at, start, end))
+        .subquery()
+    )  # fmt: skip
+    q = select(inner).where(inner.c.rank <= n).order_by(inner.c.g, inner.c.rank)
+    out: dict[str, list[TopRun]] = {}
+    for row in s.execute(q):
+        out.setdefault(_label(row.g), []).append(
+            TopRun(
+                row.id,
+                row.model,
+                row.gpu,
+                row.gpus,
+                row.outcome or RUNNING,
+                row.hours,
+                row.cost_usd,
+            )
+        )
+    return out
+
+
+# -- formatting helpers ----------------------------------------------------------------------
+
+
+def _r(v: float | None, digits: int = 4) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def _usd(v: float) -> str:
+    return f"-${-v:,.2f}" if v < 0 else f"${v:,.2f}"
+
+
+def _change(now_usd: float, before_usd: float) -> str:
+    diff = now_usd - before_usd
+    sign = "+" if diff >= 0 else "-"
+    pct = f" ({sign}{abs(diff) / before_usd:.0%})" if before_usd > 0 else " (new)"
+    return f"{sign}${abs(diff):,.2f}{pct if diff or before_usd else ''}"
+
+
+def _failures(g: Group) -> str:
+    failed, preempted = g.outcomes["failed"], g.outcomes["preempted"]
+    if not failed and not preempted:
+        return "no failed or preempted runs"
+    return f"{failed} failed, {preempted} preempted ({_usd(g.lost_usd)} lost)"

@@ -1,0 +1,310 @@
+"""FOCUS billing imports, chargeback exports and the lossless export and import of the
+ledger (frugal.ledger.focus, `frugal costs import|export`), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_error, run_json
+from sqlalchemy import func, select
+
+from frugal.cli.main import main
+from frugal.errors import FrugalError
+from frugal.ledger import focus
+from frugal.ledger.budgets import set_budget
+from frugal.ledger.report import report
+from frugal.ledger.schema import Alert, CostEntry, Heartbeat, PlanRecord, RunRecord, Tag
+from frugal.ledger.store import Ledger, aware
+
+PLAN = {"method": "qlora", "provider": "runpod", "instance": "1x RTX 4090", "region": "",
+        "gpu": "RTX 4090", "gpus": 1, "spot": True, "price_per_hour_usd": 0.34,
+        "est_hours": 2.5, "est_cost_usd": 0.85}  # fmt: skip
+BILL_COLUMNS = ["BilledCost", "EffectiveCost", "BillingCurrency", "ChargePeriodStart",
+                "ChargePeriodEnd", "ProviderName", "ResourceId", "ServiceName",
+                "ServiceCategory", "ChargeCategory", "ChargeDescription", "ConsumedQuantity",
+                "ConsumedUnit", "Tags"]  # fmt: skip
+
+
+def T(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def add_run(led: Ledger, start: datetime, hours: float, tags: dict[str, str], cost: float,
+            gpus: int = 1, resource_id: str = "") -> str:  # fmt: skip
+    rid = led.start_run(model="llama-8b", method="lora", config={}, price_per_hour_usd=1.0,
+                        gpu="H100", gpus=gpus, tags=tags, at=start,
+                        resource_id=resource_id)  # fmt: skip
+    led.end_run(rid, "completed", {}, step=10, tokens=1e6, cost_usd=cost, hours=hours,
+                at=start + timedelta(hours=hours))  # fmt: skip
+    return rid
+
+
+def bill_row(cost: float, start: str, end: str = "", resource: str = "",
+             tags: dict[str, Any] | None = None, **cols: str) -> dict[str, str]:  # fmt: skip
+    return {"BilledCost": str(cost), "EffectiveCost": str(cost), "BillingCurrency": "USD",
+            "ChargePeriodStart": start, "ChargePeriodEnd": end, "ProviderName": "AWS",
+            "ResourceId": resource, "ServiceName": "Amazon EC2", "ServiceCategory": "Compute",
+            "ChargeCategory": "Usage", "Tags": json.dumps(tags) if tags else ""} | cols  # fmt: skip
+
+
+def write_bill(path: Path, rows: list[dict[str, str]], columns: list[str] = BILL_COLUMNS) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def runs(ledger_url: str) -> tuple[Ledger, dict[str, str]]:
+    """A machine used by two runs in turn, and two overlapping runs known by their tags."""
+    led = Ledger(ledger_url)
+    ids = {
+        "a": add_run(led, T("2026-05-03T10:00"), 4, {"team": "nlp", "project": "chat"}, 40,
+                     gpus=2, resource_id="i-0abc"),
+        "b": add_run(led, T("2026-05-05T10:00"), 2, {"team": "nlp"}, 10, resource_id="i-0abc"),
+        "c": add_run(led, T("2026-05-04T08:00"), 2,
+                     {"team": "cv", "project": "vision", "env": "prod"}, 20, gpus=4),
+        "d": add_run(led, T("2026-05-04T09:00"), 2, {"team": "cv", "project": "vision"}, 5),
+    }  # fmt: skip
+    return led, ids
+
+
+def bill(ids: dict[str, str]) -> list[dict[str, str]]:
+    return [
+        bill_row(45.5, "2026-05-03T00:00:00Z", "2026-05-04T00:00:00Z", "i-0abc",
+                 ConsumedQuantity="4", ConsumedUnit="Hours"),  # a: 4 machine-hours x 2 GPUs
+        bill_row(11, "2026-05-05T00:00:00Z", "2026-05-06T00:00:00Z", "i-0abc",
+                 ConsumedQuantity="2", ConsumedUnit="GPU-Hours"),  # b, not a (same machine)
+        bill_row(1, "2026-05-10T00:00:00Z", "2026-05-11T00:00:00Z",
+                 tags={"frugal_run_id": ids["d"]}),  # named, though not overlapping
+        bill_row(3, "2026-05-04T00:00:00Z", "2026-05-05T00:00:00Z", "vol-1",
+                 tags={"team": "cv", "project": "vision", "env": "prod", "billing/on": True},
+                 ServiceCategory="Storage", ConsumedQuantity="100", ConsumedUnit="GB-Hours"),
+        bill_row(2, "2026-05-04T00:00:00Z", "2026-05-05T00:00:00Z",
+                 tags={"team": "cv"}),  # c and d share one tag each: a tie
+        bill_row(4, "2026-06-01T00:00:00Z", "2026-06-02T00:00:00Z",
+                 tags={"team": "nlp"}),  # no run then
+        bill_row(0.5, "2026-05-31T00:00:00Z", "2026-06-01T00:00:00Z", ServiceCategory="",
+                 ChargeCategory="Tax", ServiceName="Tax"),
+    ]  # fmt: skip
+
+
+def costs(led: Ledger) -> list[CostEntry]:
+    with led.session() as s:
+        return list(s.scalars(select(CostEntry).order_by(CostEntry.id)))
+
+
+def test_billing_rows_match_runs_by_resource_id_and_by_tags(
+    runs: tuple[Ledger, dict[str, str]], tmp_path: Path
+) -> None:
+    led, ids = runs
+    path = write_bill(tmp_path / "aws-2026-05.csv", bill(ids))
+    r = focus.import_file(led, path)
+    assert (r.format, r.rows, r.added, r.skipped) == ("billing", 7, {"costs": 7}, {"costs": 0})
+    assert r.matched == {"resource_id": 2, "run_id_tag": 1, "tags": 1} and r.unmatched == 3
+    assert r.added_usd == pytest.approx(67)
+    assert (r.matched_billed_usd, r.matched_runs_usd) == pytest.approx((60.5, 40 + 10 + 20 + 5))
+    got = costs(led)
+    assert [c.run_id for c in got] == [ids["a"], ids["b"], ids["d"], ids["c"], None, None, None]
+    assert [c.gpu_hours for c in got] == [8, 2, 0, 0, 0, 0, 0]
+    assert [c.kind for c in got] == ["compute"] * 3 + ["storage"] + ["compute"] * 2 + ["tax"]
+    assert {c.source for c in got} == {"aws-2026-05.csv"}
+    first = (got[0].resource_id, got[0].provider, got[0].description)
+    assert first == ("i-0abc", "AWS", "Amazon EC2")
+    assert aware(got[0].at) == T("2026-05-03") and aware(got[0].period_end) == T("2026-05-04")
+    assert led.tags("cost", str(got[3].id)) == {"team": "cv", "project": "vision",
+                                                 "env": "prod", "billing/on": "true"}  # fmt: skip
+    # matched rows are in their runs' dollars; the others add to the spend
+    total = report(led, "team", "all", extras=False).totals
+    assert total.spend_usd == pytest.approx(75 + 2 + 4 + 0.5)
+
+
+def test_importing_twice_counts_once(runs: tuple[Ledger, dict[str, str]], tmp_path: Path) -> None:
+    led, ids = runs
+    rows = bill(ids)
+    path = write_bill(tmp_path / "bill.csv", rows)
+    focus.import_file(led, path)
+    before = report(led, "team", "all", extras=False).totals.spend_usd
+    again = focus.import_file(led, path)
+    assert (again.added, again.skipped) == ({"costs": 0}, {"costs": 7})
+    assert len(costs(led)) == 7
+    assert report(led, "team", "all", extras=False).totals.spend_usd == pytest.approx(before)
+    write_bill(path, [*rows, rows[-1], bill_row(9, "2026-05-20T00:00:00Z")])  # the bill grew
+    grown = focus.import_file(led, path)
+    assert (grown.added, grown.skipped) == ({"costs": 2}, {"costs": 7})  # a repeated row counts
+    assert len(costs(led)) == 9
+    other = focus.import_file(led, write_bill(tmp_path / "other.csv", rows[:1]))
+    assert other.added == {"costs": 1}  # another file's rows are its own
+
+
+def test_a_bill_not_in_usd_is_refused_whole(ledger_url: str, tmp_path: Path) -> None:
+    led = Ledger(ledger_url)
+    rows = [bill_row(5, "2026-05-01T00:00:00Z"), bill_row(6, "2026-05-01T00:00:00Z")]
+    rows[1]["BillingCurrency"] = "EUR"
+    path = write_bill(tmp_path / "eur.csv", rows)
+    with pytest.raises(FrugalError, match=r"eur\.csv line 3: BillingCurrency is EUR.*in USD"):
+        focus.import_file(led, path)
+    assert costs(led) == []
+
+
+def test_bad_files_are_one_line_naming_the_line_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ok = bill_row(5, "2026-05-01T00:00:00Z")
+    cases = {
+        "line 1: no BilledCost column": ([ok], [c for c in BILL_COLUMNS if "Cost" not in c]),
+        "line 3: BilledCost 'abc' is not a number": ([ok, ok | {"BilledCost": "abc"}], None),
+        "line 2: ChargePeriodStart 'May 1st' is not a date/time": (
+            [ok | {"ChargePeriodStart": "May 1st"}], None),
+        "line 2: Tags is not a JSON object": ([ok | {"Tags": "team=nlp"}], None),
+    }  # fmt: skip
+    for i, (want, (rows, columns)) in enumerate(cases.items()):
+        path = write_bill(tmp_path / f"bad{i}.csv", rows, columns or BILL_COLUMNS)
+        assert f"bad{i}.csv {want}" in run_error(capsys, "costs", "import", str(path))
+    (tmp_path / "empty.csv").write_text("")
+    assert "empty" in run_error(capsys, "costs", "import", str(tmp_path / "empty.csv"))
+    assert "no such file" in run_error(capsys, "costs", "import", str(tmp_path / "nope.csv"))
+    (tmp_path / "x.jsonl").write_text('{"format":"frugal-ledger","version":1}\nnot json\n')
+    assert "x.jsonl line 2: not a JSON object" in run_error(
+        capsys, "costs", "import", str(tmp_path / "x.jsonl")
+    )
+    (tmp_path / "y.jsonl").write_text('{"table":"invoices","row":{}}\n')
+    assert "y.jsonl line 1: no table 'invoices'" in run_error(
+        capsys, "costs", "import", str(tmp_path / "y.jsonl")
+    )
+    assert costs(Ledger()) == []
+
+
+# -- the lossless export and import -------------------------------------------------------
+
+
+def full_books(led: Ledger) -> None:
+    """Plans (one never run), runs with heartbeats and tags (one running), costs (one
+    matched), a budget and an alert: every table."""
+    pid = led.record_plan(PLAN, "llama-8b", 2e7, {"project": "demo"})
+    led.record_plan(PLAN | {"est_cost_usd": 1.5}, "qwen-7b", 1e7, {"project": "later"})
+    t0 = datetime(2026, 5, 4, 10, 0, 0, 123456, tzinfo=UTC)
+    rid = led.start_run(model="llama-8b", method="qlora", config={"job": {"seq": 2048}, "x": 0.1},
+                        price_per_hour_usd=0.34, gpu="RTX 4090", spot=True, plan_id=pid,
+                        predicted={"hours": 2.5, "cost_usd": 0.85}, resource_id="host-1",
+                        tags={"team": "nlp", "note": "a, \"quoted\"\nvalue"}, at=t0)  # fmt: skip
+    for i in range(1, 4):
+        led.heartbeat(rid, step=i, tokens=i * 1e4, cost_usd=i / 30, at=t0 + timedelta(minutes=i))
+    led.end_run(rid, "completed", {"hours": 2.4, "tokens_per_s": 1234.5}, step=20, tokens=2e5,
+                cost_usd=0.82, hours=2.4, at=t0 + timedelta(hours=2.4))  # fmt: skip
+    running = led.start_run(model="qwen-7b", method="lora", config={}, price_per_hour_usd=None,
+                            dry_run=True, at=t0 + timedelta(days=1))  # fmt: skip
+    led.heartbeat(running, step=1, tokens=10.0, cost_usd=0.01, at=t0 + timedelta(days=1, seconds=9))
+    led.add_cost(3.5, "storage", "bucket", tags={"project": "demo"}, at=t0)
+    led.add_cost(1.25, "compute", "the bill", "host-1", "bill.csv", at=t0, run_id=rid,
+                 provider="aws", gpu_hours=2.0, period_end=t0 + timedelta(hours=3))  # fmt: skip
+    budget = set_budget(led, "nlp-monthly", 100, "month", {"team": "nlp"}, (50, 100), "stop")
+    with led.session() as s:
+        s.add(Alert(budget_id=budget.id, period_start=T("2026-05-01"), threshold=50.0,
+                    fired_at=t0, spend_usd=51.0))  # fmt: skip
+
+
+def export(led: Ledger, fmt: str) -> str:
+    out = io.StringIO()
+    focus.write_export(led, fmt, out)
+    return out.getvalue()
+
+
+def counts(led: Ledger) -> dict[str, int]:
+    with led.session() as s:
+        return {t.__tablename__: s.scalar(select(func.count()).select_from(t)) or 0
+                for t in (PlanRecord, RunRecord, Heartbeat, CostEntry, Tag, Alert)}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "focus"])
+def test_export_import_export_is_byte_identical(fmt: str, ledger_url: str, tmp_path: Path) -> None:
+    source = Ledger(f"sqlite:///{tmp_path / 'source.sqlite'}")
+    full_books(source)
+    first = export(source, fmt)
+    path = tmp_path / f"books.{'csv' if fmt == 'focus' else 'jsonl'}"
+    path.write_text(first, encoding="utf-8")
+    target = Ledger(ledger_url)  # empty, on either backend
+    r = focus.import_file(target, path)
+    assert r.format == fmt and sum(r.skipped.values()) == 0
+    assert export(target, fmt) == first
+    if fmt == "jsonl":  # the whole ledger, budgets and alerts too
+        assert counts(target) == counts(source)
+        assert export(target, "focus") == export(source, "focus")
+    else:  # the spend: runs with their plans and heartbeats, costs, their tags
+        assert counts(target) == counts(source) | {"plans": 1, "alerts": 0, "tags": 4}
+    again = focus.import_file(target, path)
+    assert sum(again.added.values()) == 0 and export(target, fmt) == first
+    new = target.add_cost(1.0, "other")  # ids carry on after the restored ones
+    assert new > max(c.id for c in costs(source))
+
+
+def test_import_into_books_that_use_the_same_ids(ledger_url: str, tmp_path: Path) -> None:
+    source = Ledger(f"sqlite:///{tmp_path / 'source.sqlite'}")
+    full_books(source)
+    path = tmp_path / "books.jsonl"
+    path.write_text(export(source, "jsonl"))
+    target = Ledger(ledger_url)
+    other_plan = target.record_plan(PLAN | {"est_cost_usd": 9.0}, "other", 1.0)
+    other_cost = target.add_cost(99.0, "other", tags={"team": "theirs"})
+    assert (other_plan, other_cost) == (1, 1)  # the ids the source uses too
+    focus.import_file(target, path)
+    with target.session() as s:
+        run = s.scalar(select(RunRecord).where(RunRecord.model == "llama-8b"))
+        assert run is not None and run.plan_id is not None and run.plan_id != other_plan
+        plan = s.get(PlanRecord, run.plan_id)
+        assert plan is not None and plan.est_cost_usd == 0.85
+        storage = s.scalar(select(CostEntry).where(CostEntry.kind == "storage"))
+        assert storage is not None and storage.id != other_cost
+    assert target.tags("cost", str(storage.id)) == {"project": "demo"}
+    assert target.tags("cost", str(other_cost)) == {"team": "theirs"}
+    assert target.tags("plan", str(run.plan_id)) == {"project": "demo"}
+    assert sum(focus.import_file(target, path).added.values()) == 0
+
+
+def test_the_focus_chargeback(tmp_path: Path) -> None:
+    led = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    full_books(led)
+    rows = list(csv.DictReader(io.StringIO(export(led, "focus"))))
+    header = list(rows[0])
+    x = [c for c in header if c.startswith("x_")]
+    assert header[: -len(x)] == list(focus.FOCUS_COLUMNS) and header[-len(x) :] == x
+    assert {r["ChargeCategory"] for r in rows} == {"Usage"}
+    assert {r["BillingCurrency"] for r in rows} == {"USD"}
+    run = next(r for r in rows if r["x_FrugalKind"] == "run" and r["x_Outcome"] == "completed")
+    assert (run["ChargePeriodStart"], run["ChargePeriodEnd"]) == (
+        "2026-05-04T10:00:00Z", "2026-05-04T12:24:01Z")  # fmt: skip
+    assert (run["BilledCost"], run["ConsumedQuantity"], run["ConsumedUnit"]) == (
+        "0.82", "2.4", "GPU-Hours")  # fmt: skip
+    assert json.loads(run["Tags"])["team"] == "nlp"
+    assert (run["BillingPeriodStart"], run["BillingPeriodEnd"]) == (
+        "2026-05-01T00:00:00Z", "2026-06-01T00:00:00Z")  # fmt: skip
+    # a cost matched to a run bills nothing of its own: the column adds up to the spend
+    billed = sum(float(r["BilledCost"]) for r in rows)
+    assert billed == pytest.approx(report(led, "team", "all", extras=False).totals.spend_usd)
+    assert billed == pytest.approx(0.82 + 0.01 + 3.5)
+
+
+def test_costs_export_and_import_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{tmp_path / 'a.sqlite'}")
+    full_books(Ledger())
+    assert main(["costs", "export", "--format", "focus"]) == 0
+    printed = capsys.readouterr().out
+    out = tmp_path / "books.csv"
+    assert main(["costs", "export", "--format", "focus", "--output", str(out)]) == 0
+    assert "wrote 4 rows" in capsys.readouterr().out
+    assert out.read_text() == printed
+    monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{tmp_path / 'b.sqlite'}")
+    got = run_json(capsys, "costs", "import", str(out), "--json")
+    assert got["format"] == "focus" and got["added"]["runs"] == 2
+    assert main(["costs", "import", str(out)]) == 0
+    assert "added nothing" in capsys.readouterr().out
