@@ -25,7 +25,6 @@ from frugal.models.specs import ModelSpec, load_spec
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     old = os.environ.get("FRUGAL_CACHE_DIR")
     os.environ["FRUGAL_CACHE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
-    os.environ["FRUGAL_MEASUREMENTS"] = str(tmp_path_factory.mktemp("m") / "measurements.jsonl")
     # the ledger and the settings: never the user's (a test that needs its own sets them)
     os.environ["FRUGAL_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
     os.environ["FRUGAL_SETTINGS"] = str(tmp_path_factory.mktemp("cfg") / "settings.toml")

@@ -243,5 +243,5 @@ def test_an_empty_ledger_has_no_advice(
 ):
     monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     assert run_json(capsys, "costs", "advise", "--json")["advice"] == []
-    assert main(["costs", "advise", "--period", "month"]) == 0
+    assert main(["costs", "advise", "--period", "this-month"]) == 0
     assert "no advice" in capsys.readouterr().out

@@ -232,7 +232,7 @@ def test_alerts_fire_once_each_and_in_order(ledger_url: str) -> None:
     assert st.spent_usd == pytest.approx(105) and st.left_usd == pytest.approx(-5)
 
 
-def test_an_alert_seen_by_many_processes_at_once_fires_once(ledger_url: str) -> None:
+def test_an_alert_seen_by_many_writers_at_once_fires_once(ledger_url: str) -> None:
     led = Ledger(ledger_url)
     B.set_budget(led, "all", 10.0, "total", {})
     led.add_cost(11.0, "storage")
@@ -465,3 +465,112 @@ def test_a_budget_counts_the_spend_a_report_shows(ledger_url: str) -> None:
     (st,) = B.statuses(led)
     (group,) = [g for g in report(led, by="project", period="this-month").groups if g.name == "a"]
     assert st.spent_usd == pytest.approx(group.spend_usd) == pytest.approx(9.5)
+
+
+# -- what the review of the books found --------------------------------------------------------
+
+
+def test_a_stop_budget_counts_a_run_in_the_period_it_started(ledger_url: str) -> None:
+    from datetime import UTC, datetime
+
+    led = Ledger(ledger_url)
+    B.set_budget(led, "m", 100.0, "month", {"team": "t"}, action="stop")
+    jan31 = datetime(2026, 1, 31, 23, 0, tzinfo=UTC)
+    rid = led.start_run(model="m", method="lora", config={}, price_per_hour_usd=1.0,
+                        tags={"team": "t"}, at=jan31)  # fmt: skip
+    led.heartbeat(rid, 10, 1e6, 95.0, at=jan31)
+    feb1 = datetime(2026, 2, 1, 1, 0, tzinfo=UTC)
+    got = B.allowance(led, rid, {"team": "t"}, 60.0, at=feb1)
+    assert got is not None and got.usd == pytest.approx(5.0)  # January's money, not February's
+
+
+def test_the_guardrail_lets_a_run_resume_and_a_dry_run_measure(
+    tmp_path: Path, books: Ledger
+) -> None:
+    from frugal.run.books import ID_FILE, preflight
+
+    B.set_budget(books, "b", 20.0, "month", {"project": "p"})
+    cfg = make_cfg(tmp_path / "r", f"plan={json.dumps(PLAN)}", "tags={project: p}")  # $10
+    rid = books.start_run(model="m", method="lora", config={}, price_per_hour_usd=1.0,
+                          tags={"project": "p"})  # fmt: skip
+    books.end_run(rid, "preempted", {}, step=5, tokens=1.0, cost_usd=14.0, hours=1.0)
+    with pytest.raises(FrugalError, match=r"has \$6\.00 left"):
+        preflight(cfg, [], out=tmp_path / "new")  # a new run's $10 does not fit
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / ID_FILE).write_text(json.dumps({"run_id": rid}))
+    assert preflight(cfg, [], out=tmp_path / "r").warnings == []  # $14 of it is spent
+    assert preflight(cfg, [], out=tmp_path / "d", dry_run=True).warnings == []
+
+
+def test_the_watchdog_does_not_watch_what_is_not_a_step() -> None:
+    from frugal.run.books import Watchdog
+
+    def hung() -> None:
+        raise AssertionError("a checkpoint or an export was taken for a hang")
+
+    with Watchdog(0.2, hung) as dog:
+        dog.watch(False)  # an evaluation, a checkpoint, the final export
+        time.sleep(0.7)
+        assert not dog.idle
+        dog.watch(True)  # a step
+        time.sleep(0.3)  # the first step of a session has twice as long
+        assert not dog.idle
+        dog.touch()
+        time.sleep(0.3)
+        assert dog.idle
+
+
+def test_a_torn_spool_line_does_not_swallow_the_next_record(tmp_path: Path) -> None:
+    spool = tmp_path / SPOOL_NAME
+    start = {"op": "start_run", "run_id": "r", "model": "m", "method": "lora", "config": {},
+             "price_per_hour_usd": 1.0, "at": "2026-05-01T00:00:00+00:00"}  # fmt: skip
+    spool.write_text(json.dumps(start) + '\n{"op": "heartbeat", "run_id": "r", "st')  # torn
+    down = Recorder(spool, f"postgresql+psycopg://x@127.0.0.1:{_closed_port()}/none")
+    assert not down.send("heartbeat", run_id="r", step=2, tokens=5.0, cost_usd=0.5)
+    up = f"sqlite:///{tmp_path / 'up.sqlite'}"
+    rec = Recorder(spool, up)
+    assert rec.flush() and rec.dropped == [f"an unreadable line of {SPOOL_NAME}"]
+    (run,) = Ledger(up).runs()
+    assert (run.step, run.cost_usd) == (2, 0.5)
+
+
+def test_a_record_the_ledger_refuses_is_dropped_not_blocking(ledger_url: str,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    rec = Recorder(tmp_path / SPOOL_NAME, ledger_url)
+    assert not rec.send("heartbeat", run_id="never-started", step=1, tokens=1.0, cost_usd=1.0)
+    assert rec.dropped and rec.down is None and not (tmp_path / SPOOL_NAME).exists()
+    assert rec.send(
+        "start_run",
+        run_id="r",
+        model="m",
+        method="lora",
+        config={},
+        price_per_hour_usd=1.0,
+        plan_id=12345,
+    )  # a plan of another ledger
+    (run,) = Ledger(ledger_url).runs()
+    assert run.plan_id is None
+
+
+def test_a_bad_mail_setting_is_a_line_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, books: Ledger
+) -> None:
+    monkeypatch.setenv("FRUGAL_SMTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("FRUGAL_SMTP_PORT", "smtp")
+    monkeypatch.setenv("FRUGAL_ALERT_EMAIL_TO", "lead@example.com")
+    B.set_budget(books, "b", 1.0, "total", {})
+    books.add_cost(2.0, "x")
+    (problem,) = deliver(B.check_alerts(books))
+    assert problem.startswith("alert e-mail via 127.0.0.1 failed")
+
+
+def test_costs_add_fires_the_alerts_it_crosses(
+    capsys: pytest.CaptureFixture[str], books: Ledger
+) -> None:
+    from conftest import main
+
+    B.set_budget(books, "nlp", 10.0, "month", {"team": "nlp"}, (50,))
+    assert main(["costs", "add", "6", "--tag", "team=nlp"]) == 0
+    assert "budget nlp (team=nlp): 50% reached" in capsys.readouterr().err
+    assert main(["costs", "add", "1", "--tag", "team=nlp"]) == 0
+    assert "budget alert" not in capsys.readouterr().err  # once

@@ -307,9 +307,30 @@ def test_costs_sync_sends_what_a_run_spooled(
     monkeypatch.setenv("FRUGAL_DB_URL", url)
     run_dir = tmp_path / "runs" / "demo"
     run_dir.mkdir(parents=True)
-    op = {"op": "add_cost", "amount_usd": 2.5, "kind": "other", "at": "2026-05-01T00:00:00Z"}
-    (run_dir / "ledger-spool.jsonl").write_text(json.dumps(op) + "\n")
+    ops = [
+        {
+            "op": "start_run",
+            "run_id": "r1",
+            "model": "m",
+            "method": "lora",
+            "config": {},
+            "price_per_hour_usd": 1.0,
+            "at": "2026-05-01T00:00:00+00:00",
+        },
+        {
+            "op": "end_run",
+            "run_id": "r1",
+            "outcome": "completed",
+            "actual": {},
+            "step": 3,
+            "tokens": 10.0,
+            "cost_usd": 2.5,
+            "hours": 2.5,
+            "at": "2026-05-01T02:30:00+00:00",
+        },
+    ]
+    (run_dir / "ledger-spool.jsonl").write_text("".join(json.dumps(o) + "\n" for o in ops))
     assert main(["costs", "sync", str(tmp_path / "runs")]) == 0
-    assert "sent 1 records" in capsys.readouterr().out
+    assert "sent 2 records" in capsys.readouterr().out
     assert Ledger(url).total_cost() == pytest.approx(2.5)
     assert not (run_dir / "ledger-spool.jsonl").exists()

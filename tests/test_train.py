@@ -200,15 +200,19 @@ def test_contrastive_loss_trains(tmp_path: Path) -> None:
     assert all(0 < m["contrastive_loss"] < 2 for m in logged if "loss" in m)
 
 
-def test_dry_run_measures_and_records(tmp_path: Path) -> None:
+def test_dry_run_measures_and_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from frugal.ledger.store import Ledger
+
+    url = f"sqlite:///{tmp_path / 'books.sqlite'}"
+    monkeypatch.setenv("FRUGAL_DB_URL", url)
     out = tmp_path / "dry"
     s = recipe.train(make_cfg(out, "data.epochs=5"), dry_run=3, quiet=True)
     assert s.steps == 3 and s.actual.tokens_per_s > 0
     dry = out / "dry-run"  # measurements only, beside (not over) the run's own files
     assert (dry / "dry_run.json").exists()
     assert not list(out.rglob("checkpoints")) and not list(out.rglob("final"))
-    rows = Path(os.environ["FRUGAL_MEASUREMENTS"]).read_text().splitlines()
-    assert json.loads(rows[-1])["kind"] == "dry_run"
+    (run,) = Ledger(url).runs()  # on the books, where calibrate finds it
+    assert run.dry_run and run.actual["tokens_per_s"] == s.actual.tokens_per_s
 
 
 def test_early_stopping_keeps_the_best(tmp_path: Path) -> None:

@@ -171,18 +171,3 @@ def write_data(data: dict[str, Any]) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(p, json.dumps(data, indent=1, sort_keys=False) + "\n")
     return p
-
-
-def measurements_path() -> Path:
-    """Where measured runs are appended (JSON lines): `FRUGAL_MEASUREMENTS`, or
-    `measurements.jsonl` beside the calibration file in the user config dir."""
-    return user_path("FRUGAL_MEASUREMENTS", "config", "measurements.jsonl")
-
-
-def record_measurement(row: dict[str, Any]) -> Path:
-    """Append one measured run (e.g. a `frugal train --dry-run`) for later calibration."""
-    p = measurements_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(row, default=str) + "\n")
-    return p

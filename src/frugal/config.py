@@ -73,13 +73,13 @@ class TrainingConfig(Strict):
     contrastive_margin: float = Field(0.5, ge=0, le=2, description="SimCTG margin rho")
     max_hours: Hours = Field(
         None,
-        description="stop cleanly (resumable) before the run's hours, all sessions, cross "
-        "this: hours, or a duration such as 90m",
+        description="stop cleanly, with a checkpoint, before the run's hours, all sessions, "
+        "cross this: hours, or a duration such as 90m",
     )
     idle_stop_min: Minutes = Field(
         30.0,
-        description="no step, evaluation or checkpoint for this long: stop with the last "
-        "checkpoint, report to the ledger (minutes, or a duration such as 1h)",
+        description="a step running this long: stop with a checkpoint once it returns, or "
+        "end a hung run on the ledger after twice as long (minutes, or a duration)",
     )
     heartbeat_min: Minutes = Field(
         1.0, description="how often the run reports its progress and spend to the ledger"

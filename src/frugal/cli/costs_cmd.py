@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -26,6 +27,15 @@ app = typer.Typer(
     help="Other spend, billing imports (FOCUS), reports, showback and exports.",
     no_args_is_help=True,
 )
+
+
+def _alerts(led: Any, tags: dict[str, str] | None = None) -> None:
+    """The budget thresholds new spend crossed (of the budgets `tags` fall in, or all)."""
+    from frugal.ledger.budgets import check_alerts
+    from frugal.ledger.notify import announce
+
+    err = Console(stderr=True)
+    announce(check_alerts(led, tags), lambda text: err.print(text, highlight=False))
 
 
 @app.command("add")
@@ -57,6 +67,7 @@ def add(
     led = Ledger()
     cid = led.add_cost(amount, kind.strip(), description[:500], resource_id[:300], at=when,
                        tags=tags, provider=provider[:50], gpu_hours=gpu_hours)  # fmt: skip
+    _alerts(led, tags)
     if json_out:
         print(json.dumps({"cost_id": cid, "amount_usd": amount, "kind": kind, "tags": tags}))
         return
@@ -73,7 +84,9 @@ def import_(
     from frugal.ledger.focus import import_file
     from frugal.ledger.store import Ledger
 
-    r = import_file(Ledger(), file)
+    led = Ledger()
+    r = import_file(led, file)
+    _alerts(led)
     if json_out:
         print(json.dumps(r.to_json()))
         return
@@ -83,7 +96,10 @@ def import_(
     line = f"{r.file} ({r.format}): {r.rows} {what} · added {added} · {skipped} already there"
     if r.format == "billing":
         line += f" · ${r.added_usd:,.2f} added"
-        matched = ", ".join(f"{n} by {rule.replace('_', ' ')}" for rule, n in r.matched.items())
+        matched = ", ".join(
+            f"{n} {'attributed by tags' if rule == 'tags' else 'by ' + rule.replace('_', ' ')}"
+            for rule, n in r.matched.items()
+        )
         line += f" · matched to runs: {matched or 'none'}, {r.unmatched} not"
     con = console()
     con.print(escape(line))
@@ -210,6 +226,10 @@ def sync(
     from frugal.ledger.spool import sync as send
 
     results = send([Path(d) for d in dirs])
+    if any(r.sent for r in results):
+        from frugal.ledger.store import Ledger
+
+        _alerts(Ledger())
     con = console()
     if not results:
         con.print(f"nothing waits in {', '.join(dirs)}")
@@ -226,7 +246,7 @@ def sync(
 @app.command("advise")
 def advise(
     period: str = typer.Option(
-        "all", help="all, week or month (calendar, as budgets), or a span such as 30d."
+        "all", help="all, this-month, last-week, YYYY-MM, 30d, FROM..TO (as costs report)."
     ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:

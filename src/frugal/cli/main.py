@@ -100,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if debug:
             raise
+        if type(e).__module__.startswith("sqlalchemy"):  # the ledger's database, once open
+            why = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:200]
+            print(
+                f"error: the ledger's database failed ({why}): check FRUGAL_DB_URL, or move "
+                "a damaged ledger file aside (it was not changed)",
+                file=sys.stderr,
+            )
+            return 2
         print(
             f"internal error ({type(e).__name__}: {e}); this is a bug in frugal, "
             "rerun with --debug for the traceback",

@@ -9,6 +9,7 @@ command with `--resume auto` (the default) to continue exactly where it stopped.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -62,7 +63,8 @@ def train(
     if cfg.job.gpus > 1 and "LOCAL_RANK" not in os.environ:
         from frugal.run.books import preflight  # the ledger: SQLAlchemy
 
-        preflight(cfg, list(tag or []), force)  # refused here, before any process starts
+        out = Path(cfg.output_dir) / ("dry-run" if dry_run else "")
+        preflight(cfg, list(tag or []), force, out, bool(dry_run))  # before any process starts
         raise typer.Exit(launch(cfg.job.gpus, cli.ARGV))
 
     from frugal.run.recipe import train as run_train

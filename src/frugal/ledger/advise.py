@@ -26,21 +26,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 
-from frugal.durations import parse_duration
-from frugal.errors import FrugalError
 from frugal.estimate.overheads import load_overheads
 from frugal.estimate.throughput import step_time
 from frugal.hardware.gpus import GIB, GPU, lookup_gpu, memory_budget
 from frugal.hardware.offers import Offer, bundled_offers
-from frugal.ledger.budgets import period_start
 from frugal.ledger.calibrate import Profiles, run_job
+from frugal.ledger.report import LOST, parse_period
 from frugal.ledger.schema import PlanRecord, RunRecord
-from frugal.ledger.store import Ledger, aware, now
+from frugal.ledger.store import Ledger, aware
 
 MIN_USD = 1.0  # advice worth less than this is not given
 LOW_UTILISATION = 0.6  # measured / predicted tokens/s below this is low
@@ -51,7 +49,6 @@ EARLY_AT = 0.8  # the best evaluation at most this far into the run
 EARLY_PATIENCE = 2  # evaluations without improvement the advice suggests
 CHEAPER_BY = 0.05  # today's price at least this much below the plan's
 FAILED_SHARE = 0.05  # failed and preempted spend at least this share of all
-LOST = ("failed", "preempted")
 
 
 @dataclass
@@ -72,22 +69,6 @@ class Advice:
             "runs": self.runs,
             "plans": self.plans,
         }
-
-
-def since(period: str, at: datetime) -> datetime | None:
-    """Start of `period` before `at`: all (None), week and month (calendar, as budgets
-    count them), or a span back from now such as 30d or 12h."""
-    p = period.strip().lower()
-    if p in ("all", "total"):
-        return None
-    if p in ("week", "month"):
-        return period_start(p, at)
-    try:
-        return at - timedelta(hours=parse_duration(p, "h"))
-    except ValueError:
-        raise FrugalError(
-            f"--period {period!r}: use all, week, month, or a span such as 30d or 12h"
-        ) from None
 
 
 class _Speeds:
@@ -327,12 +308,16 @@ class Report:
 
 
 def advise_ledger(led: Ledger, period: str = "all") -> Report:
-    start = since(period, now())
+    """The advice over the runs started and plans made in `period` (as reports name it)."""
+    span = parse_period(period)
+    start, end = span.start, span.end
+
+    def within(t: datetime) -> bool:
+        t = aware(t)
+        return (start is None or t >= start) and (end is None or t < end)
+
     with led.session() as s:
-        plans = list(s.scalars(select(PlanRecord)))
-    runs = led.runs()
-    if start is not None:
-        runs = [r for r in runs if aware(r.started_at) >= start]
-        plans = [p for p in plans if aware(p.created_at) >= start]
+        plans = [p for p in s.scalars(select(PlanRecord)) if within(p.created_at)]
+    runs = [r for r in led.runs() if within(r.started_at)]
     real = [r for r in runs if not r.dry_run]
     return Report(period, start, len(real), sum(r.cost_usd for r in real), advise(runs, plans))

@@ -187,6 +187,7 @@ def statuses(led: Ledger, tags: dict[str, str] | None = None,
 class AlertEvent:
     budget: str
     scope: dict[str, str]
+    period: str
     period_start: datetime
     threshold_pct: float
     spent_usd: float
@@ -199,18 +200,15 @@ class AlertEvent:
         return (
             f"budget {self.budget} ({scope}): {self.threshold_pct:g}% reached, "
             f"${self.spent_usd:,.2f} of ${self.amount_usd:,.2f} this "
-            f"{'period' if self.period_start == EPOCH else _period_word(self.period_start)}"
+            f"{'period' if self.period == 'total' else self.period}"
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"budget": self.budget, "scope": self.scope, "threshold_pct": self.threshold_pct,
+        return {"budget": self.budget, "scope": self.scope, "period": self.period,
+                "threshold_pct": self.threshold_pct,
                 "spent_usd": round(self.spent_usd, 4), "amount_usd": self.amount_usd,
                 "action": self.action, "period_start": self.period_start.isoformat(),
                 "message": self.message}  # fmt: skip
-
-
-def _period_word(start: datetime) -> str:
-    return "month" if start.day == 1 and start.weekday() != 0 else "period"
 
 
 def check_alerts(led: Ledger, tags: dict[str, str] | None = None,
@@ -224,8 +222,8 @@ def check_alerts(led: Ledger, tags: dict[str, str] | None = None,
             if st.used_pct < pct:
                 break
             if _claim(led, b.id, st.period_start, pct, st.spent_usd):
-                fired.append(AlertEvent(b.name, b.scope, st.period_start, pct, st.spent_usd,
-                                        b.amount_usd, b.action))  # fmt: skip
+                fired.append(AlertEvent(b.name, b.scope, b.period, st.period_start, pct,
+                                        st.spent_usd, b.amount_usd, b.action))  # fmt: skip
     return fired
 
 
@@ -285,7 +283,7 @@ def allowance(led: Ledger, run_id: str, tags: dict[str, str], interval_s: float,
         for b in s.scalars(select(Budget).where(Budget.action == "stop")):
             if not in_scope(b.scope, tags):
                 continue
-            start = period_start(b.period, at)
+            start = period_start(b.period, me.started_at)  # where the run's dollars count
             left = b.amount_usd - spend(s, b.scope, start)
             running = s.scalars(
                 select(RunRecord).where(

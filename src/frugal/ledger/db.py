@@ -78,8 +78,12 @@ def open_engine(url: str) -> Engine:
         path = Path(parsed.database)
         _check_sqlite(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-    # a server that does not answer must not hold a run up: give up after 10 s (and spool)
-    args = {"connect_timeout": 10} if parsed.get_backend_name() == "postgresql" else {}
+    # a server that does not answer must not hold a run up: give up connecting after 10 s,
+    # and any statement after 60 s (the run spools its records meanwhile)
+    pg = parsed.get_backend_name() == "postgresql"
+    args: dict[str, Any] = (
+        {"connect_timeout": 10, "options": "-c statement_timeout=60000"} if pg else {}
+    )
     eng = create_engine(url, pool_pre_ping=not sqlite, connect_args=args)
     if sqlite:
         event.listen(eng, "connect", _sqlite_pragmas)

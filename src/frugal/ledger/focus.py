@@ -23,10 +23,12 @@ A row is **matched to a run**, the first rule that finds one:
   2. its `ResourceId` is a run's `resource_id` (what `frugal train` records: the machine)
      and the charge period overlaps the run (start to end, or last heartbeat): of several,
      the one it overlaps longest;
-  3. it overlaps runs whose tags agree with every tag the row shares with them (at least
-     one): the run sharing the most; a tie matches none.
-A matched cost is in its run's dollars already: reports and budgets do not add it again
-(the import says what was billed against what the runs metered).
+A matched cost is the run's own compute, in its dollars already: reports and budgets do
+not add it again (the import says what was billed against what the runs metered). A row
+that only *overlaps* runs whose tags agree with every tag it shares with them (at least
+one) is counted as attributed by tags (the run sharing the most; a tie, none), and stays a
+cost of its own: a bucket or a volume tagged like a run is not in the run's dollars.
+Overlapping means sharing more than an instant.
 
 **Importing twice** adds nothing: a row whose (start, end, amount, description, resource,
 provider, kind) is already on the books from the same file name is skipped; a file that
@@ -323,7 +325,7 @@ def import_billing(led: Ledger, p: Path, header: list[str],
     result.added_usd = sum(ch.amount_usd for ch in new)
     result.matched_billed_usd = sum(ch.amount_usd for ch in new if ch.run_id)
     result.matched_runs_usd = runs_usd
-    result.unmatched = sum(1 for ch in new if not ch.run_id)
+    result.unmatched = len(new) - sum(result.matched.values())
     return result
 
 
@@ -340,7 +342,7 @@ class _Span:
     def overlap_s(self, ch: _Charge) -> float | None:
         """Seconds the run and the charge period share; None when they do not meet."""
         end = ch.end or ch.at
-        if self.start > end or self.end < ch.at:
+        if self.start >= end or self.end <= ch.at:
             return None
         return (min(self.end, end) - max(self.start, ch.at)).total_seconds()
 
@@ -386,9 +388,10 @@ def _match(s: Session, charges: list[_Charge],
     for ch in charges:
         rule, run = _match_one(ch, by_id, by_resource.get(ch.resource_id, []), tagged)
         if run is not None:
-            ch.run_id = run.id
-            matched[run.id] = run
             result.matched[rule] = result.matched.get(rule, 0) + 1
+            if rule != "tags":  # the run's own machine: its dollars are the run's
+                ch.run_id = run.id
+                matched[run.id] = run
     return {r.id: r.gpus for r in matched.values()}, sum(r.cost_usd for r in matched.values())
 
 

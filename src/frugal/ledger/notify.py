@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import os
 import smtplib
-import urllib.error
 import urllib.request
+from collections.abc import Callable
 from email.message import EmailMessage
 from urllib.parse import urlsplit
 
@@ -37,16 +37,24 @@ def deliver(events: list[AlertEvent]) -> list[str]:
         for e in events:
             try:
                 _post(url, {"text": f"frugal: {e.message}", "alert": e.to_json()})
-            except (OSError, urllib.error.URLError, ValueError) as err:
+            except Exception as err:  # whatever goes wrong, a run goes on
                 problems.append(f"alert webhook {_safe(url)} failed: {_why(err)}")
                 break
     if os.environ.get("FRUGAL_SMTP_HOST") and os.environ.get("FRUGAL_ALERT_EMAIL_TO"):
         try:
             _mail(events)
-        except (OSError, smtplib.SMTPException) as err:
+        except Exception as err:  # a bad port, a refused login, a server away
             problems.append(f"alert e-mail via {os.environ['FRUGAL_SMTP_HOST']} failed: "
                             f"{_why(err)}")  # fmt: skip
     return problems
+
+
+def announce(events: list[AlertEvent], say: Callable[[str], None]) -> None:
+    """Alerts to the console (`say`), then to the webhook and e-mail where configured."""
+    for e in events:
+        say(f"[bold yellow]budget alert:[/] {e.message}")
+    for problem in deliver(events):
+        say(f"[yellow]{problem}[/]")
 
 
 def _post(url: str, body: dict[str, object]) -> None:

@@ -28,6 +28,12 @@ def aware(t: datetime) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
+def utc(t: datetime | None) -> datetime:
+    """A time to store: in UTC (SQLite keeps the wall clock of an aware time as given, so
+    every write converts), now when None."""
+    return now() if t is None else aware(t).astimezone(UTC)
+
+
 class Ledger:
     def __init__(self, url: str | None = None) -> None:
         self.engine: Engine = engine(url)
@@ -38,7 +44,7 @@ class Ledger:
             yield s
 
     def _tag(self, s: Session, kind: str, ref: str, tags: dict[str, str]) -> None:
-        s.add_all(Tag(kind=kind, ref=ref, key=k, value=str(v)) for k, v in tags.items())
+        s.add_all(Tag(kind=kind, ref=ref, key=k, value=str(v)[:300]) for k, v in tags.items())
 
     def record_plan(self, plan: dict[str, Any], model: str, tokens: float,
                     tags: dict[str, str] | None = None) -> int:  # fmt: skip
@@ -67,18 +73,20 @@ class Ledger:
         that is already on the books (a resumed run, a spooled start sent twice) keeps the
         first record."""
         rid = run_id or str(uuid.uuid4())
-        t = at or now()
+        t = utc(at)
         predicted = predicted or {}
         with self.session() as s:
             if s.get(RunRecord, rid) is not None:
                 return rid
+            if plan_id is not None and s.get(PlanRecord, plan_id) is None:
+                plan_id = None  # planned against another ledger: not on these books
             s.add(RunRecord(
                 id=rid, plan_id=plan_id, started_at=t, heartbeat_at=t, ended_at=None,
                 outcome=None, dry_run=dry_run, model=model, method=method, provider=provider,
                 instance=instance, region=region, gpu=gpu, gpus=gpus, spot=spot,
                 price_per_hour_usd=price_per_hour_usd, step=0, tokens=0.0, cost_usd=0.0,
                 hours=0.0, config=config, predicted=predicted, actual={},
-                resource_id=resource_id, output_dir=output_dir,
+                resource_id=resource_id[:300], output_dir=output_dir[:1000],
                 est_hours=predicted.get("hours"), est_cost_usd=predicted.get("cost_usd"),
             ))  # fmt: skip
             s.flush()
@@ -90,17 +98,18 @@ class Ledger:
         ends."""
         with self.session() as s:
             run = s.get(RunRecord, run_id, with_for_update=True)
-            if run is not None:
+            if run is not None:  # seen now: other runs of its budgets count it as running
                 run.ended_at = run.outcome = None
+                run.heartbeat_at = utc(at)
 
     def heartbeat(self, run_id: str, step: int, tokens: float, cost_usd: float,
                   at: datetime | None = None) -> None:  # fmt: skip
         """A run's progress at `at` (default now). The same heartbeat sent twice (a spool
         flushed again after a crash) is kept once."""
-        t = at or now()
+        explicit, t = at is not None, utc(at)
         with self.session() as s:
             run = s.get(RunRecord, run_id, with_for_update=True)
-            if at is not None and s.scalar(
+            if explicit and s.scalar(
                 select(Heartbeat.id).where(Heartbeat.run_id == run_id, Heartbeat.at == t)
             ):
                 return
@@ -118,7 +127,7 @@ class Ledger:
             run = s.get(RunRecord, run_id, with_for_update=True)
             if run is None:
                 raise KeyError(run_id)
-            run.ended_at, run.outcome, run.actual = at or now(), outcome, actual
+            run.ended_at, run.outcome, run.actual = utc(at), outcome, actual
             if predicted is not None:
                 run.predicted = predicted
                 run.est_hours, run.est_cost_usd = predicted.get("hours"), predicted.get("cost_usd")
@@ -132,9 +141,10 @@ class Ledger:
                  period_end: datetime | None = None) -> int:  # fmt: skip
         with self.session() as s:
             c = CostEntry(
-                at=at or now(), kind=kind, amount_usd=amount_usd, description=description,
-                resource_id=resource_id, source=source, run_id=run_id, provider=provider,
-                gpu_hours=gpu_hours, period_end=period_end,
+                at=utc(at), kind=kind, amount_usd=amount_usd, description=description[:500],
+                resource_id=resource_id[:300], source=source[:300], run_id=run_id,
+                provider=provider[:50], gpu_hours=gpu_hours,
+                period_end=None if period_end is None else utc(period_end),
             )  # fmt: skip
             s.add(c)
             s.flush()
@@ -155,6 +165,8 @@ class Ledger:
             return {t.key: t.value for t in rows}
 
     def total_cost(self) -> float:
+        """All dollars on the books (a cost matched to a run is in the run's)."""
         with self.session() as s:
             runs = sum(r.cost_usd for r in s.scalars(select(RunRecord)))
-            return runs + sum(c.amount_usd for c in s.scalars(select(CostEntry)))
+            other = s.scalars(select(CostEntry).where(CostEntry.run_id.is_(None)))
+            return runs + sum(c.amount_usd for c in other)

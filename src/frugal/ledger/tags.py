@@ -90,6 +90,8 @@ def parse_tags(items: Iterable[str], where: str = "--tag") -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not value.strip():
             raise FrugalError(f"{where} {item!r}: write key=value, e.g. --tag project=chatbot")
+        if len(value.strip()) > 300:
+            raise FrugalError(f"{where} {key.strip()}=...: a tag value is at most 300 characters")
         tags[check_key(key.strip(), where)] = value.strip()
     return tags
 

@@ -35,10 +35,11 @@ from frugal.config import RunConfig
 from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.files import write_text_atomic
 from frugal.hardware.gpus import lookup_gpu
-from frugal.ledger.budgets import AlertEvent, allowance, check_alerts, guardrail
-from frugal.ledger.notify import deliver
+from frugal.ledger.budgets import allowance, check_alerts, guardrail
+from frugal.ledger.notify import announce
 from frugal.ledger.schema import RunRecord
 from frugal.ledger.spool import SPOOL_NAME, Recorder, attempt
+from frugal.ledger.store import Ledger, aware, now
 from frugal.ledger.tags import resolve
 from frugal.run.predict import Prediction
 from frugal.run.summary import RunSummary
@@ -56,11 +57,24 @@ class Preflight:
     warnings: list[str] = field(default_factory=list)
 
 
-def preflight(cfg: RunConfig, tag_flags: list[str], force: bool = False) -> Preflight:
-    """Before any work: the run's tags and the budgets its estimate must fit."""
+def preflight(
+    cfg: RunConfig, tag_flags: list[str], force: bool = False, out: Path | None = None,
+    dry_run: bool = False,
+) -> Preflight:  # fmt: skip
+    """Before any work: the run's tags and the budgets its estimate must fit. The estimate
+    of a run that was on the books before (in `out`) is what is left of it; a dry run is
+    checked only against stop budgets already spent."""
     tags = resolve(tag_flags, config=cfg.tags, model=cfg.model)
-    estimate = cfg.plan.est_cost_usd if cfg.plan else None
-    over, down = attempt(lambda led: guardrail(led, tags, estimate))
+    estimate = cfg.plan.est_cost_usd if cfg.plan and not dry_run else None
+    known = _known_id(out) if out is not None else None
+
+    def check(led: Ledger) -> list[str]:
+        left = estimate
+        if left is not None and known and (rec := led.run(known)) is not None:
+            left = max(0.0, left - rec.cost_usd)  # its earlier sessions are in the spend
+        return guardrail(led, tags, left)
+
+    over, down = attempt(check)
     if down:
         return Preflight(tags, [f"budgets not checked (ledger unreachable: {down})"])
     if over and not force:
@@ -91,6 +105,7 @@ class RunBooks:
         self.last_beat = -float("inf")
         self.cap: Cap | None = None
         self.warned_down = False
+        self.started_at = now()  # where its dollars count (a resumed run's first start)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -100,9 +115,9 @@ class RunBooks:
         and hours the books already hold for it: its earlier sessions, work lost after the
         last checkpoint included."""
         self.out.mkdir(parents=True, exist_ok=True)
-        id_file = self.out / ID_FILE
-        known = json.loads(id_file.read_text())["run_id"] if id_file.exists() else None
+        known = _known_id(self.out)
         self.run_id = known or str(uuid.uuid4())
+        id_file = self.out / ID_FILE
         write_text_atomic(id_file, json.dumps({"run_id": self.run_id}))
         cfg, plan = self.cfg, self.cfg.plan
         gpu = plan.gpu if plan else _catalog_name(device)
@@ -123,6 +138,7 @@ class RunBooks:
             rec, _ = attempt(lambda led: led.run(self.run_id))
             if isinstance(rec, RunRecord):
                 before = (rec.cost_usd, _hours(rec))
+                self.started_at = aware(rec.started_at)
         self._note_down()
         return before
 
@@ -141,11 +157,12 @@ class RunBooks:
             self._note_down()
             return  # the budgets cannot be read: the run's own budget guard still holds
         self._alerts()
-        allowed, _ = attempt(lambda led: allowance(led, self.run_id, self.tags, self.interval_s))
-        self.cap = None if allowed is None else Cap(spent_usd + allowed.usd, allowed.budget)
+        allowed, down = attempt(lambda led: allowance(led, self.run_id, self.tags, self.interval_s))
+        if down is None:  # a failed read keeps the last cap: it never lifts a stop budget
+            self.cap = None if allowed is None else Cap(spent_usd + allowed.usd, allowed.budget)
 
     def _alerts(self) -> None:
-        fired, _ = attempt(lambda led: check_alerts(led, self.tags))
+        fired, _ = attempt(lambda led: check_alerts(led, self.tags, self.started_at))
         announce(fired or [], self.say)
 
     # -- end -----------------------------------------------------------------------------------
@@ -193,12 +210,13 @@ class RunBooks:
             )
 
 
-def announce(events: list[AlertEvent], say: Callable[[str], None]) -> None:
-    """Alerts to the console, then to the webhook and e-mail where configured."""
-    for e in events:
-        say(f"[bold yellow]budget alert:[/] {e.message}")
-    for problem in deliver(events):
-        say(f"[yellow]{problem}[/]")
+def _known_id(out: Path) -> str | None:
+    """The id on the books of the run in `out`, if it was on them before."""
+    id_file = out / ID_FILE
+    try:
+        return str(json.loads(id_file.read_text())["run_id"]) if id_file.exists() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable: the run goes on the books afresh
 
 
 def _hours(rec: RunRecord) -> float:
@@ -216,13 +234,16 @@ def _catalog_name(device: str | None) -> str:
 
 
 class Watchdog:
-    """Asks the loop to stop when nothing has progressed for `idle_s`; ends a hung run
-    after twice that. A session's first step warms up (kernels, allocator, compilation): it
-    has twice as long."""
+    """Watches the loop's steps: one running for `idle_s` asks the loop to stop (with a
+    checkpoint) once it returns; one not returning within twice that is a hang, ended on
+    the books and by exiting resumable. A session's first step warms up (kernels,
+    allocator, compilation): it has twice as long. Evaluations, checkpoints and the final
+    export are not watched."""
 
     def __init__(self, idle_s: float, on_hung: Callable[[], None]) -> None:
         self.idle_s, self.on_hung = idle_s, on_hung
         self.last = time.monotonic()
+        self.watching = False
         self.warm = False  # the first step is done
         self.idle = False  # read by the loop's `decide`
         self._done = threading.Event()
@@ -235,12 +256,20 @@ class Watchdog:
     def __exit__(self, *exc: Any) -> None:
         self._done.set()
 
+    def watch(self, on: bool) -> None:
+        """Watch what the loop does next (a step), or not (anything else)."""
+        self.last, self.watching = time.monotonic(), on
+
     def touch(self) -> None:
-        self.last, self.warm = time.monotonic(), True
+        if self.watching:
+            self.warm = True
+        self.last = time.monotonic()
 
     def _watch(self) -> None:
         poll = min(5.0, self.idle_s / 4)
         while not self._done.wait(poll):
+            if not self.watching:
+                continue
             quiet = (time.monotonic() - self.last) / (1 if self.warm else 2)
             if quiet >= 2 * self.idle_s:
                 self.on_hung()

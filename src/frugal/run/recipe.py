@@ -38,7 +38,6 @@ from typing import Any
 
 import torch
 
-from frugal.calibration import record_measurement
 from frugal.config import RunConfig
 from frugal.data.examples import (
     Batcher,
@@ -387,7 +386,7 @@ def train(
     estimate would cross a budget (see frugal.run.books)."""
     out = Path(cfg.output_dir) / ("dry-run" if dry_run else "")
     main = is_main_process()
-    pre = preflight(cfg, tags or [], force) if main else None  # before any work
+    pre = preflight(cfg, tags or [], force, out, bool(dry_run)) if main else None  # no work yet
     if dry_run and main:
         shutil.rmtree(out, ignore_errors=True)  # measurements only: the run's files stay
     source, notes = find_source(cfg, out, resume, dry_run)  # refuses a dir holding a run
@@ -560,9 +559,13 @@ class Loop:
         act = {Action.STEP: self.step, Action.EVALUATE: self.evaluate,
                Action.CHECKPOINT: self.checkpoint}  # fmt: skip
         while (action := self.decide()) is not Action.STOP:
+            if self.dog:  # steps are watched; evaluations and checkpoints take what they take
+                self.dog.watch(action is Action.STEP)
             act[action]()
             if self.dog:
                 self.dog.touch()
+        if self.dog:
+            self.dog.watch(False)  # nor the final checkpoint and export
         return self.finish()
 
     def decide(self) -> Action:
@@ -872,7 +875,4 @@ def _summary(loop: Loop) -> RunSummary:
     if run.main:
         name = "dry_run.json" if loop.dry_run else "run_summary.json"
         write_text_atomic(run.out / name, summary.to_json(), durable=True)
-        if loop.dry_run:
-            measured = {"kind": "dry_run", "model": cfg.model, "job": cfg.job.model_dump()}
-            record_measurement({**measured, **summary.model_dump(mode="json")})
     return summary
