@@ -20,6 +20,7 @@ from frugal.cli import (
     calibrate_cmd,
     catalog_cmd,
     costs_cmd,
+    dashboard_cmd,
     data_cmd,
     estimate_cmd,
     models_cmd,
@@ -41,6 +42,7 @@ app.command("gpus")(catalog_cmd.gpus)
 app.command("offers")(catalog_cmd.offers)
 app.command("train")(train_cmd.train)
 app.command("calibrate")(calibrate_cmd.calibrate)
+app.command("dashboard")(dashboard_cmd.dashboard)
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(budget_cmd.app, name="budget")
 app.add_typer(costs_cmd.app, name="costs")

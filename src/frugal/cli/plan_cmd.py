@@ -154,7 +154,8 @@ def plan(
     tags = resolve(flags, model=spec.id, required=False)
     from frugal.ledger.spool import attempt  # SQLAlchemy: only once there is a plan to record
 
-    plan_id, down = attempt(lambda led: led.record_plan(rec.to_json(), spec.id, k.tokens, tags))
+    whole = to_json(spec.id, k, result, {})  # what --json prints: the frontier, the rejected
+    plan_id, down = attempt(lambda led: led.record_plan(whole, spec.id, k.tokens, tags))
     if down:
         result.notes.append(f"the plan is not on the books (ledger unreachable: {down})")
     run_cfg = to_run_config(spec.id, rec, k, dataset, per_epoch, epochs)

@@ -48,14 +48,16 @@ class Ledger:
 
     def record_plan(self, plan: dict[str, Any], model: str, tokens: float,
                     tags: dict[str, str] | None = None) -> int:  # fmt: skip
-        """Record a plan (the `recommendation` object of `frugal plan --json`)."""
+        """Record a plan: what `frugal plan --json` prints (its `recommendation` fills the
+        columns), or the recommendation object alone."""
+        whole, plan = plan, plan.get("recommendation", plan)
         with self.session() as s:
             rec = PlanRecord(
                 created_at=now(), model=model, method=plan["method"], provider=plan["provider"],
                 instance=plan["instance"], region=plan.get("region") or "", gpu=plan["gpu"],
                 gpus=plan["gpus"], spot=plan["spot"],
                 price_per_hour_usd=plan["price_per_hour_usd"], est_hours=plan["est_hours"],
-                est_cost_usd=plan["est_cost_usd"], tokens=tokens, record=plan,
+                est_cost_usd=plan["est_cost_usd"], tokens=tokens, record=whole,
             )  # fmt: skip
             s.add(rec)
             s.flush()

@@ -1,0 +1,179 @@
+"""The dashboard's JSON API (`/api/...`): every figure a page shows comes from here, computed
+by the ledger's own functions (frugal.ledger.report, .budgets, .store). Read only: nothing
+here changes the books."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from sqlalchemy import select
+
+from frugal.errors import FrugalError
+from frugal.ledger import budgets as B
+from frugal.ledger.report import parse_period, report
+from frugal.ledger.schema import Heartbeat, PlanRecord, RunRecord, Tag
+from frugal.ledger.store import Ledger, aware
+
+router = APIRouter(prefix="/api")
+METRICS_TAIL = 2000  # the newest metric lines of a run a page is sent
+
+
+def ledger(request: Request) -> Ledger:
+    led: Ledger = request.app.state.ledger
+    return led
+
+
+def _bad(e: FrugalError) -> HTTPException:
+    return HTTPException(status_code=422, detail=str(e))
+
+
+@router.get("/overview")
+def overview(request: Request, period: str = "this-month", by: str = "project") -> dict[str, Any]:
+    """This period's spend by group with the month-end projection and anomalies, and each
+    budget against its amount."""
+    led = ledger(request)
+    try:
+        r = report(led, by=by, period=period)
+    except FrugalError as e:
+        raise _bad(e) from None
+    return {
+        "report": r.to_json(),
+        "budgets": [s.to_json() for s in B.statuses(led)],
+    }
+
+
+def run_row(r: RunRecord, tags: dict[str, str]) -> dict[str, Any]:
+    """A run as the pages list it: what was predicted beside what happened."""
+    p, a = r.predicted or {}, r.actual or {}
+    return {
+        "id": r.id, "model": r.model, "method": r.method, "provider": r.provider,
+        "instance": r.instance, "gpu": r.gpu, "gpus": r.gpus, "spot": r.spot,
+        "dry_run": r.dry_run, "outcome": r.outcome or "running",
+        "started_at": aware(r.started_at).isoformat(),
+        "heartbeat_at": aware(r.heartbeat_at).isoformat(),
+        "ended_at": aware(r.ended_at).isoformat() if r.ended_at else None,
+        "price_per_hour_usd": r.price_per_hour_usd, "step": r.step, "tokens": r.tokens,
+        "cost_usd": r.cost_usd, "hours": r.hours, "gpu_hours": r.gpu_hours,
+        "predicted": {"hours": p.get("hours"), "cost_usd": p.get("cost_usd"),
+                      "tokens_per_s": p.get("tokens_per_s"),
+                      "peak_reserved_gib": p.get("peak_reserved_gib")},
+        "actual": {"hours": a.get("hours"), "cost_usd": a.get("cost_usd"),
+                   "tokens_per_s": a.get("tokens_per_s"),
+                   "peak_reserved_gib": a.get("peak_reserved_gib")},
+        "plan_id": r.plan_id, "tags": tags,
+    }  # fmt: skip
+
+
+@router.get("/runs")
+def runs(
+    request: Request,
+    period: str = "all",
+    outcome: str | None = None,
+    gpu: str | None = None,
+    tag: Annotated[list[str] | None, Query(description="key=value; repeat for more")] = None,
+    limit: int = Query(200, ge=1, le=5000),
+) -> dict[str, Any]:
+    """Runs started in `period`, newest first, filtered by outcome, GPU and tags."""
+    try:
+        p = parse_period(period)
+    except FrugalError as e:
+        raise _bad(e) from None
+    wanted = {}
+    for item in tag or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise HTTPException(status_code=422, detail=f"tag {item!r}: write key=value")
+        wanted[key] = value
+    q = select(RunRecord).order_by(RunRecord.started_at.desc()).limit(limit)
+    if p.start is not None:
+        q = q.where(RunRecord.started_at >= p.start)
+    if p.end is not None:
+        q = q.where(RunRecord.started_at < p.end)
+    if outcome == "running":
+        q = q.where(RunRecord.outcome.is_(None))
+    elif outcome:
+        q = q.where(RunRecord.outcome == outcome)
+    if gpu:
+        q = q.where(RunRecord.gpu == gpu)
+    for k, v in wanted.items():
+        q = q.where(
+            select(Tag.ref)
+            .where(Tag.kind == "run", Tag.ref == RunRecord.id, Tag.key == k, Tag.value == v)
+            .exists()
+        )
+    with ledger(request).session() as s:
+        found = list(s.scalars(q))
+        tags: dict[str, dict[str, str]] = {r.id: {} for r in found}
+        if found:
+            for t in s.scalars(select(Tag).where(Tag.kind == "run", Tag.ref.in_(list(tags)))):
+                tags[t.ref][t.key] = t.value
+    return {"period": p.to_json(), "runs": [run_row(r, tags[r.id]) for r in found]}
+
+
+@router.get("/runs/{run_id}")
+def run(request: Request, run_id: str) -> dict[str, Any]:
+    """One run: its record, its heartbeats and its metrics (loss, eval loss, tokens/s, ...)
+    from the run's metrics.jsonl while the dashboard can read its directory."""
+    led = ledger(request)
+    with led.session() as s:
+        r = s.get(RunRecord, run_id)
+        if r is None:
+            raise HTTPException(status_code=404, detail=f"no run {run_id!r} on the books")
+        beats = [
+            {"at": aware(h.at).isoformat(), "step": h.step, "tokens": h.tokens,
+             "cost_usd": h.cost_usd}
+            for h in s.scalars(
+                select(Heartbeat).where(Heartbeat.run_id == run_id).order_by(Heartbeat.at)
+            )
+        ]  # fmt: skip
+    row = run_row(r, led.tags("run", run_id))
+    row.update(config=r.config, heartbeats=beats, metrics=_metrics(r.output_dir),
+               budgets=[s.to_json() for s in B.statuses(led, row["tags"])])  # fmt: skip
+    return row
+
+
+def _metrics(output_dir: str) -> list[dict[str, Any]]:
+    path = Path(output_dir) / "metrics.jsonl" if output_dir else None
+    if path is None or not path.is_file():
+        return []
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    for ln in lines[-METRICS_TAIL:]:
+        try:
+            row = json.loads(ln)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if isinstance(row, dict):
+            out.append({k: v for k, v in row.items() if isinstance(v, int | float)})
+    return out
+
+
+@router.get("/budgets")
+def budgets(request: Request) -> dict[str, Any]:
+    """Each budget with its spend this period, and the alerts that fired."""
+    led = ledger(request)
+    fired = [
+        {"budget": name, "threshold_pct": a.threshold, "spend_usd": a.spend_usd,
+         "period_start": aware(a.period_start).isoformat(),
+         "fired_at": aware(a.fired_at).isoformat()}
+        for name, a in B.alerts(led)
+    ]  # fmt: skip
+    return {"budgets": [s.to_json() for s in B.statuses(led)], "alerts": fired}
+
+
+@router.get("/plans/{plan_id}")
+def plan(request: Request, plan_id: int) -> dict[str, Any]:
+    """A recorded plan: its choice, its cost-vs-time frontier and what it rejected."""
+    led = ledger(request)
+    with led.session() as s:
+        p = s.get(PlanRecord, plan_id)
+        if p is None:
+            raise HTTPException(status_code=404, detail=f"no plan {plan_id} on the books")
+    return {"id": p.id, "created_at": aware(p.created_at).isoformat(), "model": p.model,
+            "tokens": p.tokens, "tags": led.tags("plan", str(p.id)), "plan": p.record}  # fmt: skip

@@ -1,0 +1,190 @@
+"""The dashboard's JSON API over a real ledger, its token, and the command that serves it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_error, run_json
+
+from frugal.ledger import budgets as B
+from frugal.ledger.store import Ledger
+
+pytest.importorskip("fastapi", reason="the dashboard extra: pip install '.[dashboard]'")
+from fastapi.testclient import TestClient
+
+from frugal.web.app import create_app, is_loopback
+
+
+@pytest.fixture
+def books(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+          capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:  # fmt: skip
+    """A ledger with a recorded plan, two runs (one with its metrics on disk), a cost and a
+    budget that has fired."""
+    url = f"sqlite:///{tmp_path / 'books.sqlite'}"
+    monkeypatch.setenv("FRUGAL_DB_URL", url)
+    plan = run_json(capsys, "plan", "meta-llama/Llama-3.2-1B", "--tokens", "5M", "--json",
+                    "--tag", "project=chat")  # fmt: skip
+    led = Ledger(url)
+    out = tmp_path / "run-a"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i, "loss": 3 - i / 10, "tokens_per_s": 900.0 + i}) + "\n"
+                for i in range(1, 6)) + '{"step": 6, "lo'  # a line being written
+    )  # fmt: skip
+    a = led.start_run(model="m", method="lora", config={}, price_per_hour_usd=2.0,
+                      gpu="A100 80GB", plan_id=plan["plan_id"], output_dir=str(out),
+                      predicted={"hours": 1.0, "cost_usd": 2.0}, tags={"project": "chat",
+                      "team": "<b>nlp</b>"})  # fmt: skip
+    led.heartbeat(a, 5, 5e4, 1.5)
+    led.end_run(a, "completed", {"hours": 1.1, "cost_usd": 2.2, "tokens_per_s": 902.0}, step=5,
+                tokens=5e4, cost_usd=2.2, hours=1.1)  # fmt: skip
+    b = led.start_run(model="m", method="qlora", config={}, price_per_hour_usd=0.5,
+                      gpu="RTX 4090", tags={"project": "vision"})  # fmt: skip
+    led.heartbeat(b, 2, 1e4, 0.3)
+    led.add_cost(5.0, "storage", tags={"project": "chat"})
+    B.set_budget(led, "chat", 10.0, "month", {"project": "chat"}, (50, 100))
+    B.check_alerts(led)
+    return {"url": url, "plan": plan, "a": a, "b": b}
+
+
+@pytest.fixture
+def client(books: dict[str, Any]) -> TestClient:
+    return TestClient(create_app(books["url"]))
+
+
+def test_overview_holds_the_reports_figures(client: TestClient) -> None:
+    got = client.get("/api/overview", params={"by": "project"}).json()
+    groups = {g["group"]: g for g in got["report"]["groups"]}
+    assert groups["chat"]["spend_usd"] == pytest.approx(2.2 + 5.0)
+    assert groups["vision"]["runs_by_outcome"]["running"] == 1
+    (budget,) = got["budgets"]
+    assert (budget["name"], budget["spent_usd"]) == ("chat", pytest.approx(7.2))
+    assert got["report"]["projection"] is not None
+    bad = client.get("/api/overview", params={"period": "fortnight"})
+    assert bad.status_code == 422 and "--period 'fortnight'" in bad.json()["detail"]
+
+
+def test_runs_filter_and_show_predicted_beside_actual(client: TestClient,
+                                                      books: dict[str, Any]) -> None:  # fmt: skip
+    every = client.get("/api/runs").json()["runs"]
+    assert [r["id"] for r in every] == [books["b"], books["a"]]  # newest first
+    (a,) = client.get("/api/runs", params={"tag": "project=chat"}).json()["runs"]
+    assert a["predicted"]["cost_usd"] == 2.0 and a["actual"]["cost_usd"] == 2.2
+    assert a["tags"]["team"] == "<b>nlp</b>"  # as recorded: pages escape it
+    assert [r["id"] for r in client.get("/api/runs", params={"outcome": "running"}).json()[
+        "runs"]] == [books["b"]]  # fmt: skip
+    assert client.get("/api/runs", params={"gpu": "H100 SXM"}).json()["runs"] == []
+    assert client.get("/api/runs", params={"tag": "project"}).status_code == 422
+
+
+def test_a_run_with_its_heartbeats_and_metrics(client: TestClient, books: dict[str, Any]) -> None:
+    run = client.get(f"/api/runs/{books['a']}").json()
+    assert [m["step"] for m in run["metrics"]] == [1, 2, 3, 4, 5]  # the torn line skipped
+    assert run["heartbeats"][0]["cost_usd"] == 1.5 and run["plan_id"] == books["plan"]["plan_id"]
+    assert run["budgets"][0]["name"] == "chat"
+    missing = client.get("/api/runs/nope")
+    assert missing.status_code == 404 and "no run 'nope'" in missing.json()["detail"]
+
+
+def test_budgets_with_their_alerts_and_a_plan_with_its_frontier(
+    client: TestClient, books: dict[str, Any]
+) -> None:
+    got = client.get("/api/budgets").json()
+    assert [a["threshold_pct"] for a in got["alerts"]] == [50.0]
+    plan = client.get(f"/api/plans/{books['plan']['plan_id']}").json()
+    assert plan["plan"]["recommendation"] == books["plan"]["recommendation"]
+    assert plan["plan"]["frontier"] and plan["tags"]["project"] == "chat"
+    assert client.get("/api/plans/999").status_code == 404
+
+
+def test_the_api_is_described_and_reads_only(client: TestClient) -> None:
+    paths = client.get("/api/openapi.json").json()["paths"]
+    assert {"/api/overview", "/api/runs", "/api/runs/{run_id}", "/api/budgets",
+            "/api/plans/{plan_id}"} <= set(paths)  # fmt: skip
+    methods = {m for p in paths.values() for m in p}
+    assert methods == {"get"}  # nothing changes state
+
+
+def test_the_token_is_asked_of_every_request(books: dict[str, Any]) -> None:
+    c = TestClient(create_app(books["url"], token="s3cret"))
+    assert c.get("/api/runs").status_code == 401
+    assert c.get("/api/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert c.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert c.get("/api/runs", params={"token": "s3cret"}).status_code == 200
+    assert c.get("/api/budgets").status_code == 200  # the browser keeps it in a cookie
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, token: str | None = None) -> int:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def _serve(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "frugal.cli.main", "dashboard", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait(url: str, proc: subprocess.Popen[str], token: str | None = None) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        try:
+            return _get(url, token)
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.2)
+    raise AssertionError("the dashboard never answered")
+
+
+def test_the_command_serves_on_loopback_and_asks_a_token_elsewhere(
+    books: dict[str, Any],
+) -> None:
+    env = {**os.environ, "FRUGAL_DB_URL": books["url"]}
+    port = _port()
+    proc = _serve("--port", str(port), env=env)
+    try:
+        assert _wait(f"http://127.0.0.1:{port}/api/overview", proc) == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    port = _port()
+    proc = _serve("--host", "0.0.0.0", "--port", str(port),
+                  env={**env, "FRUGAL_DASHBOARD_TOKEN": "t0ken"})  # fmt: skip
+    try:
+        assert _wait(f"http://127.0.0.1:{port}/api/runs", proc) == 401
+        assert _get(f"http://127.0.0.1:{port}/api/runs", "t0ken") == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str],
+                                   books: dict[str, Any]) -> None:  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        err = run_error(capsys, "dashboard", "--port", str(port))
+    assert f"cannot serve on 127.0.0.1:{port}" in err and "--port" in err
