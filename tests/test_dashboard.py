@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -188,3 +190,72 @@ def test_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str],
         port = s.getsockname()[1]
         err = run_error(capsys, "dashboard", "--port", str(port))
     assert f"cannot serve on 127.0.0.1:{port}" in err and "--port" in err
+
+
+# -- the pages, in a real headless Chromium ---------------------------------------------------
+
+
+@pytest.fixture
+def browser() -> Any:
+    """Debian's chromium driven by Playwright (.ci/run installs the package when missing)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does)")
+    sync = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def served(books: dict[str, Any]) -> Any:
+    """The dashboard on a free loopback port, served by uvicorn in a thread."""
+    import uvicorn
+
+    port = _port()
+    server = uvicorn.Server(uvicorn.Config(create_app(books["url"]), host="127.0.0.1",
+                                           port=port, log_level="warning"))  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("body[data-ready]", timeout=20_000)
+    return page, errors
+
+
+def test_the_overview_page_draws_the_ledgers_numbers(
+    browser: Any, served: str, client: TestClient, tmp_path: Path
+) -> None:
+    page, errors = _open(browser, served + "/?by=project")
+    assert page.get_attribute("body", "data-ready") == "1" and errors == []
+    want = client.get("/api/overview", params={"by": "project"}).json()
+    groups = want["report"]["groups"]
+    drawn = page.evaluate("document.getElementById('spend').data[0]")
+    assert drawn["x"] == [g["group"] for g in groups]
+    assert drawn["y"] == pytest.approx([g["spend_usd"] for g in groups])
+    spent = page.evaluate("document.getElementById('budgets').data[0].x")
+    assert spent == pytest.approx([b["spent_usd"] for b in want["budgets"]])
+    assert "projected" in page.inner_text("#projection")
+    shots = Path(os.environ.get("FRUGAL_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / "overview.png"), full_page=True)
+
+
+def test_a_bad_period_shows_its_one_line(browser: Any, served: str) -> None:
+    page, _ = _open(browser, served + "/?period=fortnight")
+    assert page.get_attribute("body", "data-ready") == "error"
+    assert "--period 'fortnight'" in page.inner_text("#projection")

@@ -23,7 +23,7 @@ HEAVY = {  # third-party imports that cost more than they give on the light path
     "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "safetensors",
     "matplotlib", "tensorboard", "mlflow", "wandb", "pyarrow", "huggingface_hub", "alembic",
     "sqlalchemy",  # the ledger: commands that do not keep books start without it
-    "fastapi", "uvicorn", "starlette",  # the dashboard
+    "fastapi", "uvicorn", "starlette", "jinja2", "plotly", "playwright",  # the dashboard
 }  # fmt: skip
 
 

@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 
 from frugal.ledger.store import Ledger
-from frugal.web import api
+from frugal.web import api, pages
 
 COOKIE = "frugal_token"
 
@@ -44,6 +45,8 @@ def create_app(url: str | None = None, token: str | None = None) -> FastAPI:
     )
     app.state.ledger = Ledger(url)
     app.include_router(api.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=str(pages.HERE / "static")), name="static")
     if token:
         app.middleware("http")(_require(token))
     return app

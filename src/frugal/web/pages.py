@@ -1,0 +1,30 @@
+"""The dashboard's pages: server-rendered shells (Jinja2) whose figures the page's script
+fetches from the JSON API (api.py) and draws with plotly, served from the installed plotly
+package so that the page works offline."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescaped
+router = APIRouter()
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+def overview(request: Request, period: str = "this-month", by: str = "project") -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "overview.html",
+        {"title": "Overview", "page": "overview", "period": period, "by": by},
+    )  # fmt: skip
+
+
+@router.get("/static/plotly.min.js", include_in_schema=False)
+def plotly_js() -> FileResponse:
+    path = resources.files("plotly") / "package_data" / "plotly.min.js"
+    return FileResponse(str(path), media_type="text/javascript")
