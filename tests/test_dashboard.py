@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_error, run_json
+from conftest import ROOT, TINY, make_cfg, run_error, run_json
 
 from frugal.ledger import budgets as B
 from frugal.ledger.store import Ledger
@@ -259,3 +259,48 @@ def test_a_bad_period_shows_its_one_line(browser: Any, served: str) -> None:
     page, _ = _open(browser, served + "/?period=fortnight")
     assert page.get_attribute("body", "data-ready") == "error"
     assert "--period 'fortnight'" in page.inner_text("#projection")
+
+
+def test_the_runs_page_lists_predicted_beside_actual_and_escapes_tags(
+    browser: Any, served: str
+) -> None:
+    page, errors = _open(browser, served + "/runs?tag=project%3Dchat")
+    assert page.get_attribute("body", "data-ready") == "1" and errors == []
+    rows = page.query_selector_all("#runs tbody tr")
+    assert len(rows) == 1
+    cells = [c.inner_text() for c in rows[0].query_selector_all("td")]
+    assert cells[7:9] == ["2.00", "2.20"]  # dollars: predicted, actual
+    assert "team=<b>nlp</b>" in cells[-1] and page.query_selector("#runs b") is None
+
+
+@pytest.mark.slow
+def test_the_run_page_follows_a_run_as_it_trains(
+    browser: Any, served: str, books: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg, out = tmp_path / "live.yaml", tmp_path / "live"
+    # the model as a user names it, from the checkout (the page shows what was recorded)
+    make_cfg(out, "data.epochs=400", "price_per_hour_usd=36", "training.heartbeat_min=1s",
+             "tags={project: chat}", f"model={TINY.relative_to(ROOT)}").write(cfg)  # fmt: skip
+    env = {**os.environ, "FRUGAL_DB_URL": books["url"], "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "frugal.cli.main", "train", str(cfg),
+                             "--quiet"], env=env, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "ledger.json").exists() or not (out / "metrics.jsonl").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.2)
+        run_id = json.loads((out / "ledger.json").read_text())["run_id"]
+        page, errors = _open(browser, f"{served}/runs/{run_id}")
+        first = int(page.get_attribute("body", "data-step") or 0)
+        page.wait_for_function(f"Number(document.body.dataset.step) > {first}", timeout=30_000)
+        assert "live" in page.inner_text("#status") and errors == []
+        points = page.evaluate("document.getElementById('loss').data[0].x.length")
+        assert points > 0
+        assert page.inner_text("[data-fact=outcome]") == "running"
+        shots = Path(os.environ.get("FRUGAL_SCREENSHOTS") or tmp_path)
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "run.png"), full_page=True)
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -14,6 +14,7 @@ from fastapi.templating import Jinja2Templates
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescaped
 router = APIRouter()
+LIVE_S = 3  # how often a live run's page asks again
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -21,6 +22,25 @@ def overview(request: Request, period: str = "this-month", by: str = "project") 
     return templates.TemplateResponse(
         request, "overview.html",
         {"title": "Overview", "page": "overview", "period": period, "by": by},
+    )  # fmt: skip
+
+
+@router.get("/runs", response_class=HTMLResponse, include_in_schema=False)
+def runs(request: Request, period: str = "all", outcome: str = "", gpu: str = "",
+         tag: str = "") -> HTMLResponse:  # fmt: skip
+    return templates.TemplateResponse(
+        request, "runs.html",
+        {"title": "Runs", "page": "runs", "period": period, "outcome": outcome, "gpu": gpu,
+         "tag": tag},
+    )  # fmt: skip
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
+def run(request: Request, run_id: str) -> HTMLResponse:
+    """A run, live while it trains: the page asks the API again every few seconds."""
+    return templates.TemplateResponse(
+        request, "run.html",
+        {"title": f"Run {run_id[:8]}", "page": "run", "run_id": run_id, "every_s": LIVE_S},
     )  # fmt: skip
 
 

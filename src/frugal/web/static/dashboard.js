@@ -45,4 +45,72 @@ const frugal = {
       document.body.dataset.ready = "1";
     } catch (e) { frugal.fail(e); }
   },
+  cell(row, value) {
+    const td = document.createElement("td");
+    td.textContent = value === null || value === undefined ? "-" : String(value);
+    row.appendChild(td);
+  },
+  num(x, digits) { return x === null || x === undefined ? null : Number(x).toFixed(digits); },
+  async runs(filters) {
+    try {
+      const data = await frugal.get("/api/runs", filters);
+      const body = document.querySelector("#runs tbody");
+      body.replaceChildren(...data.runs.map(r => {
+        const tr = document.createElement("tr");
+        const a = document.createElement("a");
+        a.href = "/runs/" + encodeURIComponent(r.id);
+        a.textContent = r.id.slice(0, 8);
+        const td = document.createElement("td");
+        td.appendChild(a);
+        tr.appendChild(td);
+        for (const v of [r.started_at.slice(0, 16).replace("T", " "), r.model, `${r.gpus}x ${r.gpu}`,
+          r.outcome, frugal.num(r.predicted.hours, 2), frugal.num(r.actual.hours ?? r.hours, 2),
+          frugal.num(r.predicted.cost_usd, 2), frugal.num(r.cost_usd, 2),
+          frugal.num(r.predicted.peak_reserved_gib, 1), frugal.num(r.actual.peak_reserved_gib, 1),
+          Object.entries(r.tags).map(([k, v]) => `${k}=${v}`).join(", ")]) frugal.cell(tr, v);
+        return tr;
+      }));
+      frugal.text("status", `${data.runs.length} runs`);
+      document.body.dataset.ready = "1";
+    } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
+  },
+  async run(id, everyS) {
+    const draw = async () => {
+      let r;
+      try { r = await frugal.get("/api/runs/" + encodeURIComponent(id)); }
+      catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; return; }
+      const m = r.metrics;
+      const last = m.length ? m[m.length - 1] : {};
+      const left = r.budgets.length ? Math.min(...r.budgets.map(b => b.left_usd)) : null;
+      const facts = [
+        ["outcome", r.outcome], ["model", r.model], ["GPUs", `${r.gpus}x ${r.gpu}`],
+        ["step", r.step], ["tokens", Math.round(r.tokens)], ["spent", frugal.usd(r.cost_usd)],
+        ["predicted", r.predicted.cost_usd === null ? "-" : frugal.usd(r.predicted.cost_usd)],
+        ["budget left", left === null ? "-" : frugal.usd(left)],
+        ["tokens/s", last.tokens_per_s === undefined ? "-" : Math.round(last.tokens_per_s)],
+        ["peak reserved GiB", last.peak_reserved_gib === undefined ? "-" : last.peak_reserved_gib.toFixed(2)],
+      ];
+      const dl = document.getElementById("facts");
+      dl.replaceChildren(...facts.flatMap(([k, v]) => {
+        const dt = document.createElement("dt"), dd = document.createElement("dd");
+        dt.textContent = k; dd.textContent = String(v); dd.dataset.fact = k;
+        return [dt, dd];
+      }));
+      const train = m.filter(x => x.loss !== undefined), evals = m.filter(x => x.eval_loss !== undefined);
+      const opts = { displayModeBar: false };
+      Plotly.react("loss", [
+        { name: "loss", x: train.map(x => x.step), y: train.map(x => x.loss) },
+        { name: "eval loss", x: evals.map(x => x.step), y: evals.map(x => x.eval_loss), mode: "markers" },
+      ], { margin: { t: 10 }, xaxis: { title: "step" } }, opts);
+      Plotly.react("speed", [{ x: train.map(x => x.step), y: train.map(x => x.tokens_per_s) }],
+        { margin: { t: 10 }, xaxis: { title: "step" } }, opts);
+      Plotly.react("dollars", [{ x: r.heartbeats.map(h => h.at), y: r.heartbeats.map(h => h.cost_usd) }],
+        { margin: { t: 10 }, yaxis: { title: "USD" } }, opts);
+      frugal.text("status", r.outcome === "running" ? `live: updates every ${everyS} s` : `ended: ${r.outcome}`);
+      document.body.dataset.ready = "1";
+      document.body.dataset.step = String(r.step);
+      if (r.outcome === "running") setTimeout(draw, everyS * 1000);
+    };
+    await draw();
+  },
 };
