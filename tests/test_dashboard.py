@@ -304,3 +304,31 @@ def test_the_run_page_follows_a_run_as_it_trains(
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_the_budgets_page_shows_burn_and_the_alerts(
+    browser: Any, served: str, client: TestClient
+) -> None:
+    page, errors = _open(browser, served + "/budgets")
+    assert page.get_attribute("body", "data-ready") == "1" and errors == []
+    want = client.get("/api/budgets").json()
+    spent = page.evaluate("document.getElementById('burn').data[0].x")
+    assert spent == pytest.approx([b["spent_usd"] for b in want["budgets"]])
+    (row,) = page.query_selector_all("#budgets tbody tr")
+    assert [c.inner_text() for c in row.query_selector_all("td")][:2] == ["chat", "project=chat"]
+    (alert,) = page.query_selector_all("#alerts tbody tr")
+    assert alert.query_selector_all("td")[2].inner_text() == "50%"
+
+
+def test_the_plan_page_draws_the_recorded_frontier(
+    browser: Any, served: str, books: dict[str, Any]
+) -> None:
+    page, errors = _open(browser, f"{served}/plans/{books['plan']['plan_id']}")
+    assert page.get_attribute("body", "data-ready") == "1" and errors == []
+    frontier = books["plan"]["frontier"]
+    drawn = page.evaluate("document.getElementById('frontier').data[0]")
+    assert drawn["y"] == pytest.approx([p["est_cost_usd"] for p in frontier])
+    chosen = page.evaluate("document.getElementById('frontier').data[1].y[0]")
+    assert chosen == pytest.approx(books["plan"]["recommendation"]["est_cost_usd"])
+    missing, _ = _open(browser, f"{served}/plans/999")
+    assert "no plan 999" in missing.inner_text("#status")

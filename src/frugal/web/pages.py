@@ -44,6 +44,20 @@ def run(request: Request, run_id: str) -> HTMLResponse:
     )  # fmt: skip
 
 
+@router.get("/budgets", response_class=HTMLResponse, include_in_schema=False)
+def budgets(request: Request) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "budgets.html", {"title": "Budgets", "page": "budgets"}
+    )
+
+
+@router.get("/plans/{plan_id}", response_class=HTMLResponse, include_in_schema=False)
+def plan(request: Request, plan_id: int) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "plan.html", {"title": f"Plan {plan_id}", "page": "plan", "plan_id": plan_id}
+    )
+
+
 @router.get("/static/plotly.min.js", include_in_schema=False)
 def plotly_js() -> FileResponse:
     path = resources.files("plotly") / "package_data" / "plotly.min.js"

@@ -113,4 +113,61 @@ const frugal = {
     };
     await draw();
   },
+  rows(selector, items, values) {
+    document.querySelector(selector + " tbody").replaceChildren(...items.map(x => {
+      const tr = document.createElement("tr");
+      for (const v of values(x)) frugal.cell(tr, v);
+      return tr;
+    }));
+  },
+  scope(s) { return Object.entries(s).map(([k, v]) => `${k}=${v}`).join(", ") || "all spend"; },
+  async budgets() {
+    try {
+      const data = await frugal.get("/api/budgets");
+      const b = data.budgets;
+      Plotly.newPlot("burn", [
+        { type: "bar", name: "spent", orientation: "h", y: b.map(x => x.name), x: b.map(x => x.spent_usd) },
+        { type: "bar", name: "left", orientation: "h", y: b.map(x => x.name), x: b.map(x => Math.max(x.left_usd, 0)) },
+      ], { barmode: "stack", margin: { l: 120, t: 10 }, xaxis: { title: "USD this period" } },
+      { displayModeBar: false });
+      frugal.rows("#budgets", b, x => [x.name, frugal.scope(x.scope), x.period, x.action,
+        frugal.usd(x.amount_usd), frugal.usd(x.spent_usd), frugal.usd(x.left_usd),
+        x.used_pct.toFixed(0) + "%", x.thresholds_pct.map(t => t + "%").join(" ")]);
+      frugal.rows("#alerts", data.alerts, a => [a.fired_at.slice(0, 16).replace("T", " "),
+        a.budget, a.threshold_pct + "%", frugal.usd(a.spend_usd)]);
+      frugal.text("status", `${b.length} budgets, ${data.alerts.length} alerts`);
+      document.body.dataset.ready = "1";
+    } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
+  },
+  async plan(id) {
+    try {
+      const p = await frugal.get("/api/plans/" + encodeURIComponent(id));
+      const rec = p.plan.recommendation || p.plan;
+      const label = x => `${x.provider} ${x.instance}${x.spot ? " spot" : ""} ${x.method}`;
+      const facts = [["model", p.model], ["plan", label(rec)], ["GPUs", `${rec.gpus}x ${rec.gpu}`],
+        ["estimate", `${frugal.usd(rec.est_cost_usd)} in ${rec.est_hours} h`],
+        ["tags", frugal.scope(p.tags)]];
+      document.getElementById("facts").replaceChildren(...facts.flatMap(([k, v]) => {
+        const dt = document.createElement("dt"), dd = document.createElement("dd");
+        dt.textContent = k; dd.textContent = String(v);
+        return [dt, dd];
+      }));
+      const f = p.plan.frontier || [];
+      Plotly.newPlot("frontier", [
+        { name: "frontier", mode: "lines+markers", x: f.map(x => x.est_hours), y: f.map(x => x.est_cost_usd), text: f.map(label) },
+        { name: "chosen", mode: "markers", marker: { size: 14 }, x: [rec.est_hours], y: [rec.est_cost_usd], text: [label(rec)] },
+      ], { margin: { t: 10 }, xaxis: { title: "hours", type: "log" }, yaxis: { title: "USD", type: "log" } },
+      { displayModeBar: false });
+      const list = document.getElementById("rejected");
+      const rej = p.plan.rejected || [];
+      list.replaceChildren(...rej.map(r => {
+        const li = document.createElement("li");
+        li.textContent = `${r.option}: ${r.why}`;
+        return li;
+      }));
+      if (!rej.length) list.textContent = "none";
+      frugal.text("status", `plan ${p.id}, ${p.created_at.slice(0, 16).replace("T", " ")}`);
+      document.body.dataset.ready = "1";
+    } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
+  },
 };
