@@ -332,3 +332,23 @@ def test_the_plan_page_draws_the_recorded_frontier(
     assert chosen == pytest.approx(books["plan"]["recommendation"]["est_cost_usd"])
     missing, _ = _open(browser, f"{served}/plans/999")
     assert "no plan 999" in missing.inner_text("#status")
+
+
+def test_the_calibration_page_puts_measured_beside_predicted(
+    browser: Any, served: str, books: dict[str, Any], client: TestClient
+) -> None:
+    led = Ledger(books["url"])
+    predicted = {"tokens_per_s": 1000.0, "peak_reserved_gib": 12.0}
+    for tps, gib in ((700.0, 13.5), (720.0, 13.4)):
+        rid = led.start_run(model="m", method="lora", config={}, price_per_hour_usd=1.0,
+                            gpu="A100 80GB", dry_run=True, predicted=predicted)  # fmt: skip
+        led.end_run(rid, "completed", {"tokens_per_s": tps, "peak_reserved_gib": gib}, step=3,
+                    tokens=1.0, cost_usd=0.1, hours=0.1)  # fmt: skip
+    (group,) = client.get("/api/calibration").json()["groups"]
+    assert group["group"] == "A100 80GB/lora" and group["runs"] == 2
+    assert group["median_actual_over_predicted_tokens_per_s"] == pytest.approx(0.71)
+    page, errors = _open(browser, served + "/calibration")
+    assert page.get_attribute("body", "data-ready") == "1" and errors == []
+    drawn = page.evaluate("document.getElementById('speed').data[0]")
+    assert drawn["name"] == "A100 80GB/lora" and sorted(drawn["y"]) == [700.0, 720.0]
+    assert page.inner_text("#groups tbody td:nth-child(3)") == "0.71"

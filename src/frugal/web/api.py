@@ -5,6 +5,7 @@ here changes the books."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -177,3 +178,47 @@ def plan(request: Request, plan_id: int) -> dict[str, Any]:
             raise HTTPException(status_code=404, detail=f"no plan {plan_id} on the books")
     return {"id": p.id, "created_at": aware(p.created_at).isoformat(), "model": p.model,
             "tokens": p.tokens, "tags": led.tags("plan", str(p.id)), "plan": p.record}  # fmt: skip
+
+
+CALIBRATION_RUNS = 2000  # the newest runs with measurements a page is sent
+MEASURED = ("tokens_per_s", "peak_reserved_gib")
+
+
+@router.get("/calibration")
+def calibration(request: Request) -> dict[str, Any]:
+    """Predicted beside measured tokens/s and peak reserved memory of the newest runs that
+    measured them (dry runs included), per GPU and method, with the median ratio of each
+    group: what `frugal calibrate` fits."""
+    q = (
+        select(RunRecord)
+        .where(RunRecord.outcome.is_not(None))
+        .order_by(RunRecord.started_at.desc())
+        .limit(CALIBRATION_RUNS)
+    )
+    points: list[dict[str, Any]] = []
+    ratios: dict[str, dict[str, list[float]]] = {}
+    with ledger(request).session() as s:
+        for r in s.scalars(q):
+            p, a = r.predicted or {}, r.actual or {}
+            pairs = {k: (_num(p.get(k)), _num(a.get(k))) for k in MEASURED}
+            if not any(pr and ac for pr, ac in pairs.values()):
+                continue
+            point: dict[str, Any] = {"run_id": r.id, "gpu": r.gpu, "method": r.method,
+                                     "dry_run": r.dry_run}  # fmt: skip
+            group = ratios.setdefault(f"{r.gpu}/{r.method}", {k: [] for k in MEASURED})
+            for k, (pr, ac) in pairs.items():
+                point[f"predicted_{k}"], point[f"actual_{k}"] = pr, ac
+                if pr and ac:
+                    group[k].append(ac / pr)
+            points.append(point)
+    groups = [
+        {"group": name, "runs": max(len(v) for v in rs.values()),
+         **{f"median_actual_over_predicted_{k}": (statistics.median(v) if v else None)
+            for k, v in rs.items()}}
+        for name, rs in sorted(ratios.items())
+    ]  # fmt: skip
+    return {"points": points, "groups": groups}
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and v > 0 else None

@@ -58,6 +58,13 @@ def plan(request: Request, plan_id: int) -> HTMLResponse:
     )
 
 
+@router.get("/calibration", response_class=HTMLResponse, include_in_schema=False)
+def calibration(request: Request) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "calibration.html", {"title": "Calibration", "page": "calibration"}
+    )
+
+
 @router.get("/static/plotly.min.js", include_in_schema=False)
 def plotly_js() -> FileResponse:
     path = resources.files("plotly") / "package_data" / "plotly.min.js"

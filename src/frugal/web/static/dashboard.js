@@ -170,4 +170,27 @@ const frugal = {
       document.body.dataset.ready = "1";
     } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
   },
+  async calibration() {
+    try {
+      const data = await frugal.get("/api/calibration");
+      const opts = { displayModeBar: false };
+      for (const [div, key] of [["speed", "tokens_per_s"], ["memory", "peak_reserved_gib"]]) {
+        const pts = data.points.filter(p => p["predicted_" + key] && p["actual_" + key]);
+        const names = [...new Set(pts.map(p => `${p.gpu}/${p.method}`))];
+        const top = Math.max(1, ...pts.flatMap(p => [p["predicted_" + key], p["actual_" + key]]));
+        Plotly.newPlot(div, [
+          ...names.map(n => {
+            const g = pts.filter(p => `${p.gpu}/${p.method}` === n);
+            return { name: n, mode: "markers", x: g.map(p => p["predicted_" + key]), y: g.map(p => p["actual_" + key]) };
+          }),
+          { name: "measured = predicted", mode: "lines", x: [0, top], y: [0, top], line: { dash: "dot" } },
+        ], { margin: { t: 10 }, xaxis: { title: "predicted" }, yaxis: { title: "measured" } }, opts);
+      }
+      const ratio = x => x === null ? "-" : x.toFixed(2);
+      frugal.rows("#groups", data.groups, g => [g.group, g.runs,
+        ratio(g.median_actual_over_predicted_tokens_per_s), ratio(g.median_actual_over_predicted_peak_reserved_gib)]);
+      frugal.text("status", `${data.points.length} runs with measurements`);
+      document.body.dataset.ready = "1";
+    } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
+  },
 };
