@@ -250,6 +250,11 @@ def test_the_overview_page_draws_the_ledgers_numbers(
     spent = page.evaluate("document.getElementById('budgets').data[0].x")
     assert spent == pytest.approx([b["spent_usd"] for b in want["budgets"]])
     assert "projected" in page.inner_text("#projection")
+    daily = page.evaluate("document.getElementById('daily').data")
+    stacked = {t["name"]: sum(t["y"]) for t in daily}
+    assert stacked == pytest.approx({g["group"]: g["spend_usd"] for g in groups})
+    top = page.query_selector_all("#top tbody tr")
+    assert len(top) == len(want["top_runs"]) == 2
     shots = Path(os.environ.get("FRUGAL_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(shots / "overview.png"), full_page=True)
@@ -298,6 +303,11 @@ def test_the_run_page_follows_a_run_as_it_trains(
         points = page.evaluate("document.getElementById('loss').data[0].x.length")
         assert points > 0
         assert page.inner_text("[data-fact=outcome]") == "running"
+        page.wait_for_function(
+            "document.querySelector('[data-fact=ETA]').textContent !== '-'", timeout=30_000
+        )  # two heartbeats give the pace
+        assert page.inner_text("[data-fact='total steps']") != "-"
+        assert page.inner_text("[data-fact=projected]").startswith("$")
         shots = Path(os.environ.get("FRUGAL_SCREENSHOTS") or tmp_path)
         shots.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shots / "run.png"), full_page=True)

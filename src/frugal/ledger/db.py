@@ -23,7 +23,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from frugal.errors import FrugalError
 from frugal.paths import user_path
 
-HEAD = "0002"  # the newest revision in migrations/versions (a test checks)
+HEAD = "0003"  # the newest revision in migrations/versions (a test checks)
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another's transaction to end
 SQLITE_HEADER = b"SQLite format 3\x00"
 

@@ -369,6 +369,61 @@ def _in(col: Any, start: datetime | None, end: datetime | None) -> list[ColumnEl
     ]
 
 
+def _run_key(g: Grouping, t: Any) -> Any:
+    """A run's group: its column, or the value of its tag (joined as `t`)."""
+    if g.column:
+        return getattr(RunRecord, g.column)
+    if g.key == "model":
+        return func.coalesce(t.value, RunRecord.model)
+    return t.value
+
+
+def _cost_key(g: Grouping, c: Any) -> Any:
+    """A cost's group: its provider or the value of its tag (joined as `c`); None when a
+    cost has no such thing (it is `(none)`)."""
+    if g.column == "provider":
+        return CostEntry.provider
+    return c.value if g.key else None
+
+
+def _join_run_tag(q: Any, g: Grouping, t: Any) -> Any:
+    if not g.key:
+        return q
+    return q.outerjoin(t, and_(t.kind == "run", t.ref == RunRecord.id, t.key == g.key))
+
+
+def _join_cost_tag(q: Any, g: Grouping, c: Any) -> Any:
+    if not g.key:
+        return q
+    ref = cast(CostEntry.id, String)
+    return q.outerjoin(c, and_(c.kind == "cost", c.ref == ref, c.key == g.key))
+
+
+def daily_spend_by(led: Ledger, by: str, period: str,
+                   at: datetime | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Dollars per group and UTC day of `period` (day as YYYY-MM-DD), counted as reports
+    count them: runs on the day they started, unmatched costs on their date."""
+    g, p = parse_by(by), parse_period(period, at)
+    out: dict[str, dict[str, float]] = {}
+    with led.session() as s:
+        dialect = s.get_bind().dialect.name
+        t, c = aliased(Tag), aliased(Tag)
+        rk, rd = _run_key(g, t), _day(RunRecord.started_at, dialect)
+        runs = _join_run_tag(select(rk, rd, func.sum(RunRecord.cost_usd)), g, t)
+        runs = runs.where(*_in(RunRecord.started_at, p.start, p.end)).group_by(rk, rd)
+        ck, cd = _cost_key(g, c), _day(CostEntry.at, dialect)
+        cols = [ck] if ck is not None else [literal_column("NULL")]
+        costs = _join_cost_tag(select(*cols, cd, func.sum(CostEntry.amount_usd)), g, c)
+        costs = costs.where(CostEntry.run_id.is_(None), *_in(CostEntry.at, p.start, p.end))
+        costs = costs.group_by(*([ck] if ck is not None else []), cd)
+        for q, column in ((runs, g.column), (costs, None)):
+            for key, day, usd in s.execute(q):
+                days = out.setdefault(_label(key, column), {})
+                d = str(day)[:10]
+                days[d] = days.get(d, 0.0) + float(usd or 0.0)
+    return out
+
+
 def group_spend(s: Session, g: Grouping, start: datetime | None,
                 end: datetime | None) -> dict[str, Group]:  # fmt: skip
     """Spend in [start, end) by group: runs by start, unmatched costs by date."""
@@ -378,12 +433,7 @@ def group_spend(s: Session, g: Grouping, start: datetime | None,
         return groups.setdefault(name, Group(name))
 
     t = aliased(Tag)
-    if g.column:
-        run_key: Any = getattr(RunRecord, g.column)
-    elif g.key == "model":
-        run_key = func.coalesce(t.value, RunRecord.model)
-    else:
-        run_key = t.value
+    run_key = _run_key(g, t)
     lost = case((RunRecord.outcome.in_(LOST), RunRecord.cost_usd), else_=0.0)
     # the estimate's ratios ride along as text, so the join on tags is made once
     ratio = case(
@@ -395,8 +445,7 @@ def group_spend(s: Session, g: Grouping, start: datetime | None,
         func.sum(RunRecord.hours * RunRecord.gpus), func.sum(RunRecord.tokens),
         func.sum(lost), _concat(ratio, s.get_bind().dialect.name), RunRecord.outcome,
     ).where(*_in(RunRecord.started_at, start, end))  # fmt: skip
-    if g.key:
-        q = q.outerjoin(t, and_(t.kind == "run", t.ref == RunRecord.id, t.key == g.key))
+    q = _join_run_tag(q, g, t)
     for key, n, usd, gpu_h, tokens, lost_usd, ratios, outcome in s.execute(
         q.group_by(run_key, RunRecord.outcome)
     ):
@@ -411,18 +460,12 @@ def group_spend(s: Session, g: Grouping, start: datetime | None,
             x.errors_pct += [(float(r) - 1.0) * 100.0 for r in ratios.split(",")]
 
     c = aliased(Tag)
-    cost_key: Any = None
-    if g.column == "provider":
-        cost_key = CostEntry.provider
-    elif g.key:
-        cost_key = c.value
+    cost_key = _cost_key(g, c)
     cq = select(
         *([cost_key] if cost_key is not None else []), func.count(),
         func.sum(CostEntry.amount_usd), func.sum(CostEntry.gpu_hours),
     ).where(CostEntry.run_id.is_(None), *_in(CostEntry.at, start, end))  # fmt: skip
-    if g.key:
-        ref = cast(CostEntry.id, String)
-        cq = cq.outerjoin(c, and_(c.kind == "cost", c.ref == ref, c.key == g.key))
+    cq = _join_cost_tag(cq, g, c)
     if cost_key is not None:
         cq = cq.group_by(cost_key)
     for row in s.execute(cq):

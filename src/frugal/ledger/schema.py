@@ -80,6 +80,8 @@ class RunRecord(JobOnOffer, Base):
     output_dir: Mapped[str] = mapped_column(String(1000), server_default="")
     est_hours: Mapped[float | None] = mapped_column(Float)  # the prediction, for reports
     est_cost_usd: Mapped[float | None] = mapped_column(Float)
+    # revision 0003
+    total_steps: Mapped[int | None]  # sent with the heartbeats: a live page's ETA
 
     @property
     def gpu_hours(self) -> float:

@@ -105,7 +105,7 @@ class Ledger:
                 run.heartbeat_at = utc(at)
 
     def heartbeat(self, run_id: str, step: int, tokens: float, cost_usd: float,
-                  at: datetime | None = None) -> None:  # fmt: skip
+                  at: datetime | None = None, total_steps: int | None = None) -> None:  # fmt: skip
         """A run's progress at `at` (default now). The same heartbeat sent twice (a spool
         flushed again after a crash) is kept once."""
         explicit, t = at is not None, utc(at)
@@ -118,6 +118,8 @@ class Ledger:
             s.add(Heartbeat(run_id=run_id, at=t, step=step, tokens=tokens, cost_usd=cost_usd))
             if run is not None and run.ended_at is None and t >= aware(run.heartbeat_at):
                 run.heartbeat_at, run.step, run.tokens, run.cost_usd = t, step, tokens, cost_usd
+                if total_steps is not None:
+                    run.total_steps = total_steps
 
     def end_run(self, run_id: str, outcome: str, actual: dict[str, Any],
                 step: int, tokens: float, cost_usd: float, hours: float,

@@ -147,12 +147,14 @@ class RunBooks:
     def due(self, now: float) -> bool:
         return now - self.last_beat >= self.interval_s
 
-    def beat(self, now: float, step: int, tokens: float, spent_usd: float) -> None:
+    def beat(self, now: float, step: int, tokens: float, spent_usd: float,
+             total_steps: int | None = None) -> None:  # fmt: skip
         """Record progress; check the budgets' alerts and what a stop budget still allows."""
         self.last_beat = now
         on_books = self.recorder.send(
-            "heartbeat", run_id=self.run_id, step=step, tokens=tokens, cost_usd=spent_usd
-        )
+            "heartbeat", run_id=self.run_id, step=step, tokens=tokens, cost_usd=spent_usd,
+            total_steps=total_steps,
+        )  # fmt: skip
         if not on_books:
             self._note_down()
             return  # the budgets cannot be read: the run's own budget guard still holds

@@ -640,7 +640,7 @@ class Loop:
             return None
         if self.books.due(now):
             st = self.state
-            self.books.beat(now, st.step, st.tokens, self.meter.spent_usd())
+            self.books.beat(now, st.step, st.tokens, self.meter.spent_usd(), self.total)
         return self.books.cap
 
     def hung(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,12 +15,14 @@ from sqlalchemy import select
 
 from frugal.errors import FrugalError
 from frugal.ledger import budgets as B
-from frugal.ledger.report import parse_period, report
+from frugal.ledger.report import daily_spend_by, parse_period, report
 from frugal.ledger.schema import Heartbeat, PlanRecord, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
 
 router = APIRouter(prefix="/api")
 METRICS_TAIL = 2000  # the newest metric lines of a run a page is sent
+TOP_RUNS = 10
+RATE_BEATS = 10  # heartbeats whose pace gives a running run's ETA
 
 
 def ledger(request: Request) -> Ledger:
@@ -33,16 +36,27 @@ def _bad(e: FrugalError) -> HTTPException:
 
 @router.get("/overview")
 def overview(request: Request, period: str = "this-month", by: str = "project") -> dict[str, Any]:
-    """This period's spend by group with the month-end projection and anomalies, and each
-    budget against its amount."""
+    """This period's spend by group with the month-end projection and anomalies, the spend
+    per group and day, the costliest runs, and each budget against its amount."""
     led = ledger(request)
     try:
         r = report(led, by=by, period=period)
+        daily = daily_spend_by(led, by, period)
     except FrugalError as e:
         raise _bad(e) from None
+    p = r.period
+    q = select(RunRecord).order_by(RunRecord.cost_usd.desc(), RunRecord.id).limit(TOP_RUNS)
+    if p.start is not None:
+        q = q.where(RunRecord.started_at >= p.start)
+    if p.end is not None:
+        q = q.where(RunRecord.started_at < p.end)
+    with led.session() as s:
+        top = list(s.scalars(q))
     return {
         "report": r.to_json(),
-        "budgets": [s.to_json() for s in B.statuses(led)],
+        "daily_spend_usd": daily,
+        "top_runs": [run_row(x, led.tags("run", x.id)) for x in top],
+        "budgets": [st.to_json() for st in B.statuses(led)],
     }
 
 
@@ -64,7 +78,7 @@ def run_row(r: RunRecord, tags: dict[str, str]) -> dict[str, Any]:
         "actual": {"hours": a.get("hours"), "cost_usd": a.get("cost_usd"),
                    "tokens_per_s": a.get("tokens_per_s"),
                    "peak_reserved_gib": a.get("peak_reserved_gib")},
-        "plan_id": r.plan_id, "tags": tags,
+        "plan_id": r.plan_id, "tags": tags, "total_steps": r.total_steps,
     }  # fmt: skip
 
 
@@ -132,8 +146,28 @@ def run(request: Request, run_id: str) -> dict[str, Any]:
         ]  # fmt: skip
     row = run_row(r, led.tags("run", run_id))
     row.update(config=r.config, heartbeats=beats, metrics=_metrics(r.output_dir),
-               budgets=[s.to_json() for s in B.statuses(led, row["tags"])])  # fmt: skip
+               budgets=[s.to_json() for s in B.statuses(led, row["tags"])],
+               total_steps=r.total_steps,
+               **(pace(beats, r.total_steps) if r.outcome is None else {}))  # fmt: skip
     return row
+
+
+def pace(beats: list[dict[str, Any]], total_steps: int | None) -> dict[str, float]:
+    """A running run's ETA and projected dollars, at the pace of its last heartbeats."""
+    recent = beats[-RATE_BEATS:]
+    if total_steps is None or len(recent) < 2:
+        return {}
+    first, last = recent[0], recent[-1]
+    seconds = datetime.fromisoformat(last["at"]) - datetime.fromisoformat(first["at"])
+    steps = last["step"] - first["step"]
+    if steps <= 0 or seconds.total_seconds() <= 0:
+        return {}
+    eta_s = max(0, total_steps - last["step"]) * seconds.total_seconds() / steps
+    usd_per_s = (last["cost_usd"] - first["cost_usd"]) / seconds.total_seconds()
+    return {
+        "eta_s": round(eta_s, 1),
+        "projected_usd": round(last["cost_usd"] + eta_s * usd_per_s, 4),
+    }
 
 
 def _metrics(output_dir: str) -> list[dict[str, Any]]:

@@ -14,6 +14,10 @@ const frugal = {
   usd(x) {
     return (Math.abs(x) >= 1 || x === 0) ? "$" + x.toFixed(2) : "$" + x.toFixed(4);
   },
+  hms(s) {
+    const t = Math.round(s), h = Math.floor(t / 3600), m = Math.floor(t % 3600 / 60);
+    return `${h}:${String(m).padStart(2, "0")}:${String(t % 60).padStart(2, "0")}`;
+  },
   text(id, value) { document.getElementById(id).textContent = value; },
   fail(e) {
     frugal.text("projection", "error: " + e.message);
@@ -35,6 +39,14 @@ const frugal = {
       const g = rep.groups;
       Plotly.newPlot("spend", [{ type: "bar", x: g.map(x => x.group), y: g.map(x => x.spend_usd) }],
         { margin: { t: 10 }, yaxis: { title: "USD" } }, { displayModeBar: false });
+      frugal.text("by2", rep.by);
+      const days = data.daily_spend_usd;
+      Plotly.newPlot("daily", Object.entries(days).map(([name, perDay]) => {
+        const d = Object.keys(perDay).sort();
+        return { type: "bar", name, x: d, y: d.map(k => perDay[k]) };
+      }), { barmode: "stack", margin: { t: 10 }, yaxis: { title: "USD a day" } }, { displayModeBar: false });
+      frugal.rows("#top", data.top_runs, r => [r.id.slice(0, 8), r.started_at.slice(0, 16).replace("T", " "),
+        r.model, `${r.gpus}x ${r.gpu}`, r.outcome, frugal.num(r.hours, 2), frugal.usd(r.cost_usd)]);
       const list = document.getElementById("anomalies");
       list.replaceChildren(...rep.anomalies.map(a => {
         const li = document.createElement("li");
@@ -86,6 +98,9 @@ const frugal = {
         ["outcome", r.outcome], ["model", r.model], ["GPUs", `${r.gpus}x ${r.gpu}`],
         ["step", r.step], ["tokens", Math.round(r.tokens)], ["spent", frugal.usd(r.cost_usd)],
         ["predicted", r.predicted.cost_usd === null ? "-" : frugal.usd(r.predicted.cost_usd)],
+        ["projected", r.projected_usd === undefined ? "-" : frugal.usd(r.projected_usd)],
+        ["ETA", r.eta_s === undefined ? "-" : frugal.hms(r.eta_s)],
+        ["total steps", r.total_steps ?? "-"],
         ["budget left", left === null ? "-" : frugal.usd(left)],
         ["tokens/s", last.tokens_per_s === undefined ? "-" : Math.round(last.tokens_per_s)],
         ["peak reserved GiB", last.peak_reserved_gib === undefined ? "-" : last.peak_reserved_gib.toFixed(2)],
