@@ -324,6 +324,8 @@ def test_the_budgets_page_shows_burn_and_the_alerts(
     want = client.get("/api/budgets").json()
     spent = page.evaluate("document.getElementById('burn').data[0].x")
     assert spent == pytest.approx([b["spent_usd"] for b in want["budgets"]])
+    burn = page.evaluate("document.getElementById('burndown').data[0].y")
+    assert burn[-1] == pytest.approx(want["budgets"][0]["spent_usd"])  # it adds up to the spend
     (row,) = page.query_selector_all("#budgets tbody tr")
     assert [c.inner_text() for c in row.query_selector_all("td")][:2] == ["chat", "project=chat"]
     (alert,) = page.query_selector_all("#alerts tbody tr")

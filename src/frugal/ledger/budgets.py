@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, String, cast, exists, func, select
+from sqlalchemy import ColumnElement, String, cast, exists, func, literal_column, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -86,6 +86,39 @@ def spend(s: Session, scope: dict[str, str], since: datetime,
         runs = runs.where(RunRecord.started_at < until)
         costs = costs.where(CostEntry.at < until)
     return float(s.scalar(runs) or 0.0) + float(s.scalar(costs) or 0.0)
+
+
+def utc_day(col: Any, dialect: str) -> Any:
+    """The UTC calendar day of a time column, as YYYY-MM-DD text."""
+    if dialect == "postgresql":
+        utc = func.timezone(literal_column("'UTC'"), col)
+        return func.to_char(utc, literal_column("'YYYY-MM-DD'"))
+    return func.date(col)  # SQLite keeps UTC times as ISO text
+
+
+def daily_spend(s: Session, scope: dict[str, str], start: datetime | None,
+                end: datetime | None) -> dict[date, float]:  # fmt: skip
+    """`spend` per UTC day in [start, end): runs on the day they started, unmatched costs
+    on their date."""
+    dialect = s.get_bind().dialect.name
+    rd, cd = utc_day(RunRecord.started_at, dialect), utc_day(CostEntry.at, dialect)
+    runs = select(rd, func.sum(RunRecord.cost_usd)).where(
+        *_tagged("run", RunRecord.id, scope),
+        *([RunRecord.started_at >= start] if start is not None else []),
+        *([RunRecord.started_at < end] if end is not None else []),
+    )
+    costs = select(cd, func.sum(CostEntry.amount_usd)).where(
+        CostEntry.run_id.is_(None),
+        *_tagged("cost", cast(CostEntry.id, String), scope),
+        *([CostEntry.at >= start] if start is not None else []),
+        *([CostEntry.at < end] if end is not None else []),
+    )
+    out: dict[date, float] = {}
+    for q in (runs.group_by(rd), costs.group_by(cd)):
+        for day, usd in s.execute(q):
+            d = date.fromisoformat(str(day)[:10])
+            out[d] = out.get(d, 0.0) + float(usd or 0.0)
+    return out
 
 
 def in_scope(scope: dict[str, str], tags: dict[str, str]) -> bool:

@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session, aliased
 
 from frugal.durations import parse_duration
 from frugal.errors import FrugalError
-from frugal.ledger.budgets import period_end, period_start, spend
+from frugal.ledger.budgets import daily_spend, period_end, period_start, spend, utc_day
 from frugal.ledger.schema import CostEntry, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware, now
 from frugal.ledger.tags import STANDARD, check_key
@@ -408,10 +408,10 @@ def daily_spend_by(led: Ledger, by: str, period: str,
     with led.session() as s:
         dialect = s.get_bind().dialect.name
         t, c = aliased(Tag), aliased(Tag)
-        rk, rd = _run_key(g, t), _day(RunRecord.started_at, dialect)
+        rk, rd = _run_key(g, t), utc_day(RunRecord.started_at, dialect)
         runs = _join_run_tag(select(rk, rd, func.sum(RunRecord.cost_usd)), g, t)
         runs = runs.where(*_in(RunRecord.started_at, p.start, p.end)).group_by(rk, rd)
-        ck, cd = _cost_key(g, c), _day(CostEntry.at, dialect)
+        ck, cd = _cost_key(g, c), utc_day(CostEntry.at, dialect)
         cols = [ck] if ck is not None else [literal_column("NULL")]
         costs = _join_cost_tag(select(*cols, cd, func.sum(CostEntry.amount_usd)), g, c)
         costs = costs.where(CostEntry.run_id.is_(None), *_in(CostEntry.at, p.start, p.end))
@@ -514,36 +514,6 @@ def _concat(expr: Any, dialect: str) -> Any:
     return func.group_concat(expr, literal_column("','"))
 
 
-def _day(col: Any, dialect: str) -> Any:
-    """The UTC calendar day of a time column, as YYYY-MM-DD text."""
-    if dialect == "postgresql":
-        utc = func.timezone(literal_column("'UTC'"), col)
-        return func.to_char(utc, literal_column("'YYYY-MM-DD'"))
-    return func.date(col)  # SQLite keeps UTC times as ISO text
-
-
-def daily_spend(s: Session, start: datetime | None, end: datetime | None) -> dict[date, float]:
-    """Dollars per UTC day in [start, end): runs on the day they started, unmatched costs on
-    their date."""
-    dialect = s.get_bind().dialect.name
-    out: dict[date, float] = {}
-    rd = _day(RunRecord.started_at, dialect)
-    cd = _day(CostEntry.at, dialect)
-    queries = [
-        select(rd, func.sum(RunRecord.cost_usd))
-        .where(*_in(RunRecord.started_at, start, end))
-        .group_by(rd),
-        select(cd, func.sum(CostEntry.amount_usd))
-        .where(CostEntry.run_id.is_(None), *_in(CostEntry.at, start, end))
-        .group_by(cd),
-    ]
-    for q in queries:
-        for day, usd in s.execute(q):
-            d = date.fromisoformat(str(day)[:10])
-            out[d] = out.get(d, 0.0) + float(usd or 0.0)
-    return out
-
-
 def detect_anomalies(daily: dict[date, float], first: date, last: date,
                      history_from: date) -> list[Anomaly]:  # fmt: skip
     """Days in [first, last] whose spend is above the trailing baseline (module docstring);
@@ -584,7 +554,7 @@ def anomalies(s: Session, start: datetime | None, end: datetime | None,
     # bounds that cut nothing are left out: a scan beats an index walk over most of the rows
     since = since if since is not None and since > first_at else None
     until = until if until is not None and until <= at else None
-    return detect_anomalies(daily_spend(s, since, until), first, last, history_from)
+    return detect_anomalies(daily_spend(s, {}, since, until), first, last, history_from)
 
 
 # -- the weekly showback ---------------------------------------------------------------------

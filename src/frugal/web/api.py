@@ -191,7 +191,8 @@ def _metrics(output_dir: str) -> list[dict[str, Any]]:
 
 @router.get("/budgets")
 def budgets(request: Request) -> dict[str, Any]:
-    """Each budget with its spend this period, and the alerts that fired."""
+    """Each budget with its spend this period (and how it built up, day by day), and the
+    alerts that fired."""
     led = ledger(request)
     fired = [
         {"budget": name, "threshold_pct": a.threshold, "spend_usd": a.spend_usd,
@@ -199,7 +200,17 @@ def budgets(request: Request) -> dict[str, Any]:
          "fired_at": aware(a.fired_at).isoformat()}
         for name, a in B.alerts(led)
     ]  # fmt: skip
-    return {"budgets": [s.to_json() for s in B.statuses(led)], "alerts": fired}
+    rows = []
+    with led.session() as ses:
+        for st in B.statuses(led):
+            end = B.period_end(st.budget.period, st.period_start)
+            days = sorted(B.daily_spend(ses, st.budget.scope, st.period_start, end).items())
+            total, burn = 0.0, []
+            for day, usd in days:  # the period's spend, day by day: the burn against the amount
+                total += usd
+                burn.append({"day": day.isoformat(), "spent_usd": round(total, 4)})
+            rows.append(st.to_json() | {"burn": burn})
+    return {"budgets": rows, "alerts": fired}
 
 
 @router.get("/plans/{plan_id}")

@@ -145,6 +145,11 @@ const frugal = {
         { type: "bar", name: "left", orientation: "h", y: b.map(x => x.name), x: b.map(x => Math.max(x.left_usd, 0)) },
       ], { barmode: "stack", margin: { l: 120, t: 10 }, xaxis: { title: "USD this period" } },
       { displayModeBar: false });
+      Plotly.newPlot("burndown", b.flatMap(x => [
+        { name: x.name, mode: "lines+markers", x: x.burn.map(d => d.day), y: x.burn.map(d => d.spent_usd) },
+        { name: x.name + " amount", mode: "lines", line: { dash: "dot" },
+          x: x.burn.length ? [x.burn[0].day, x.burn[x.burn.length - 1].day] : [], y: [x.amount_usd, x.amount_usd] },
+      ]), { margin: { t: 10 }, yaxis: { title: "USD spent this period" } }, { displayModeBar: false });
       frugal.rows("#budgets", b, x => [x.name, frugal.scope(x.scope), x.period, x.action,
         frugal.usd(x.amount_usd), frugal.usd(x.spent_usd), frugal.usd(x.left_usd),
         x.used_pct.toFixed(0) + "%", x.thresholds_pct.map(t => t + "%").join(" ")]);
