@@ -63,6 +63,8 @@ def main() -> int:
             ("Budgets (`/budgets`, `/api/budgets`)", page("/budgets", "/api/budgets")),
             ("Plan (`/plans/ID`, `/api/plans/ID`)",
              page(f"/plans/{plan_id}", f"/api/plans/{plan_id}")),
+            ("Calibration (`/calibration`, `/api/calibration`, 2,000 newest)",
+             page("/calibration", "/api/calibration")),
         ]  # fmt: skip
         rows = [(name, timed(fn, args.runs)) for name, fn in cases]  # type: ignore[arg-type]
     lines = [
