@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import statistics
+from datetime import UTC, datetime
 from pathlib import Path
+
+
+def timing_table(title: str, what: str, rows: list[tuple[str, list[float], str]]) -> str:
+    """A Markdown table of timed cases: (name, seconds of each run, target) rows, then the
+    machine's CPUs and the date."""
+    lines = [title, "", f"| {what} | median s | min s | max s | target s |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name, ts, target in rows:
+        lines.append(f"| {name} | {statistics.median(ts):.3f} | {min(ts):.3f} | {max(ts):.3f} | "
+                     f"{target} |")  # fmt: skip
+    lines.append(f"\n({os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d})")
+    return "\n".join(lines)
 
 
 def write_block(path: Path, name: str, content: str) -> None:

@@ -10,15 +10,14 @@ Usage: python benchmarks/dashboard_pages.py [--runs 7] [--n 10000] [--write docs
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ledger_report import fill, timed  # beside this script
+from _docs import timing_table  # beside this script
+from ledger_report import fill, timed
 
 TARGET_S = 0.3
 PLAN = {"method": "lora", "provider": "runpod", "instance": "1x A100 80GB", "region": "",
@@ -67,21 +66,15 @@ def main() -> int:
              page("/calibration", "/api/calibration")),
         ]  # fmt: skip
         rows = [(name, timed(fn, args.runs)) for name, fn in cases]  # type: ignore[arg-type]
-    lines = [
+    table = timing_table(
         f"{args.n:,} runs in SQLite, each page's HTML and its API call, median of {args.runs} "
         "(`python benchmarks/dashboard_pages.py`):",
-        "",
-        "| page | median s | min s | max s | target s |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, ts in rows:
-        lines.append(f"| {name} | {statistics.median(ts):.3f} | {min(ts):.3f} | {max(ts):.3f} | "
-                     f"< {TARGET_S:g} |")  # fmt: skip
-    lines.append(f"\n({os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d})")
-    table = "\n".join(lines)
+        "page",
+        [(n, ts, f"< {TARGET_S:g}") for n, ts in rows],
+    )
     print(table)
     if args.write:
-        from _docs import write_block  # beside this script
+        from _docs import write_block
 
         write_block(args.write, "dashboard-pages", table)
     return 0

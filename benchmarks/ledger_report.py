@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _docs import timing_table  # beside this script
+
 TARGET_S = 1.0
 OUTCOMES = [("completed", 0.8), ("failed", 0.08), ("preempted", 0.06), ("budget-stopped", 0.03),
             ("idle-stopped", 0.02), (None, 0.01)]  # fmt: skip
@@ -146,22 +147,15 @@ def main() -> int:
             ("`frugal --help`, a new process (the start-up alone)",
              timed(command("--help"), args.runs)),
         ]  # fmt: skip
-    lines = [
+    table = timing_table(
         f"{args.n:,} runs and {args.n // 20:,} other costs over 90 days in SQLite, the whole "
         f"history, median of {args.runs} runs (`python benchmarks/ledger_report.py`):",
-        "",
-        "| report | median s | min s | max s | target s |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, ts in rows:
-        target = f"< {TARGET_S:g}" if "process" not in name else ""
-        lines.append(f"| {name} | {statistics.median(ts):.3f} | {min(ts):.3f} | {max(ts):.3f} | "
-                     f"{target} |")  # fmt: skip
-    lines.append(f"\n({os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d})")
-    table = "\n".join(lines)
+        "report",
+        [(n, ts, "" if "process" in n else f"< {TARGET_S:g}") for n, ts in rows],
+    )
     print(table)
     if args.write:
-        from _docs import write_block  # beside this script
+        from _docs import write_block
 
         write_block(args.write, "ledger-report", table)
     return 0

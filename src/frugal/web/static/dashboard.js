@@ -19,9 +19,16 @@ const frugal = {
     return `${h}:${String(m).padStart(2, "0")}:${String(t % 60).padStart(2, "0")}`;
   },
   text(id, value) { document.getElementById(id).textContent = value; },
-  fail(e) {
-    frugal.text("projection", "error: " + e.message);
+  fail(e, id) {  // the API's one line, where the page says how it stands
+    frugal.text(id || "status", "error: " + e.message);
     document.body.dataset.ready = "error";
+  },
+  facts(list) {  // [name, value] pairs as a definition list, values as text
+    document.getElementById("facts").replaceChildren(...list.flatMap(([k, v]) => {
+      const dt = document.createElement("dt"), dd = document.createElement("dd");
+      dt.textContent = k; dd.textContent = String(v); dd.dataset.fact = k;
+      return [dt, dd];
+    }));
   },
   async overview(period, by) {
     try {
@@ -55,7 +62,7 @@ const frugal = {
       }));
       if (!rep.anomalies.length) list.textContent = "none";
       document.body.dataset.ready = "1";
-    } catch (e) { frugal.fail(e); }
+    } catch (e) { frugal.fail(e, "projection"); }
   },
   cell(row, value) {
     const td = document.createElement("td");
@@ -84,13 +91,13 @@ const frugal = {
       }));
       frugal.text("status", `${data.runs.length} runs`);
       document.body.dataset.ready = "1";
-    } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
+    } catch (e) { frugal.fail(e); }
   },
   async run(id, everyS) {
     const draw = async () => {
       let r;
       try { r = await frugal.get("/api/runs/" + encodeURIComponent(id)); }
-      catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; return; }
+      catch (e) { frugal.fail(e); return; }
       const m = r.metrics;
       const last = m.length ? m[m.length - 1] : {};
       const left = r.budgets.length ? Math.min(...r.budgets.map(b => b.left_usd)) : null;
@@ -105,12 +112,7 @@ const frugal = {
         ["tokens/s", last.tokens_per_s === undefined ? "-" : Math.round(last.tokens_per_s)],
         ["peak reserved GiB", last.peak_reserved_gib === undefined ? "-" : last.peak_reserved_gib.toFixed(2)],
       ];
-      const dl = document.getElementById("facts");
-      dl.replaceChildren(...facts.flatMap(([k, v]) => {
-        const dt = document.createElement("dt"), dd = document.createElement("dd");
-        dt.textContent = k; dd.textContent = String(v); dd.dataset.fact = k;
-        return [dt, dd];
-      }));
+      frugal.facts(facts);
       const train = m.filter(x => x.loss !== undefined), evals = m.filter(x => x.eval_loss !== undefined);
       const opts = { displayModeBar: false };
       Plotly.react("loss", [
@@ -157,7 +159,7 @@ const frugal = {
         a.budget, a.threshold_pct + "%", frugal.usd(a.spend_usd)]);
       frugal.text("status", `${b.length} budgets, ${data.alerts.length} alerts`);
       document.body.dataset.ready = "1";
-    } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
+    } catch (e) { frugal.fail(e); }
   },
   async plan(id) {
     try {
@@ -167,11 +169,7 @@ const frugal = {
       const facts = [["model", p.model], ["plan", label(rec)], ["GPUs", `${rec.gpus}x ${rec.gpu}`],
         ["estimate", `${frugal.usd(rec.est_cost_usd)} in ${rec.est_hours} h`],
         ["tags", frugal.scope(p.tags)]];
-      document.getElementById("facts").replaceChildren(...facts.flatMap(([k, v]) => {
-        const dt = document.createElement("dt"), dd = document.createElement("dd");
-        dt.textContent = k; dd.textContent = String(v);
-        return [dt, dd];
-      }));
+      frugal.facts(facts);
       const f = p.plan.frontier || [];
       Plotly.newPlot("frontier", [
         { name: "frontier", mode: "lines+markers", x: f.map(x => x.est_hours), y: f.map(x => x.est_cost_usd), text: f.map(label) },
@@ -188,7 +186,7 @@ const frugal = {
       if (!rej.length) list.textContent = "none";
       frugal.text("status", `plan ${p.id}, ${p.created_at.slice(0, 16).replace("T", " ")}`);
       document.body.dataset.ready = "1";
-    } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
+    } catch (e) { frugal.fail(e); }
   },
   async calibration() {
     try {
@@ -211,6 +209,6 @@ const frugal = {
         ratio(g.median_actual_over_predicted_tokens_per_s), ratio(g.median_actual_over_predicted_peak_reserved_gib)]);
       frugal.text("status", `${data.points.length} runs with measurements`);
       document.body.dataset.ready = "1";
-    } catch (e) { frugal.text("status", "error: " + e.message); document.body.dataset.ready = "error"; }
+    } catch (e) { frugal.fail(e); }
   },
 };
