@@ -69,6 +69,7 @@ def plan(
     ),
     spot_mtbi_hours: str | None = option(Constraints, "mtbi_h"),
     optimize: str = option(Constraints, "objective"),
+    value_of_time: float = option(Constraints, "value_of_time_usd_h"),
     margin: float = option(Constraints, "margin"),
     prices: list[str] | None = typer.Option(
         None, help="Your own price CSV (or a SkyPilot vms.csv)."
@@ -140,6 +141,7 @@ def plan(
         margin=margin,
         mtbi_h=spot_mtbi_hours,
         objective=optimize,
+        value_of_time_usd_h=value_of_time,
     )
     offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers)
     try:
@@ -212,15 +214,22 @@ def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) ->
         f"{j.method} · micro-batch {j.batch} x accum {j.grad_accum} · checkpointing "
         f"{'on' if j.grad_checkpointing else 'off'} · {j.optimizer}"
     )
+    usd_h = k.value_of_time_usd_h
+    rate = f"${usd_h:,.2f}".removesuffix(".00")
+    weighed = f" (weighed ${r.weighed_cost_usd:,.2f} with time at {rate}/h)" if usd_h else ""
     con.print(
-        f"      [bold]${r.cost_usd:,.2f}[/] in [bold]{r.hours:.2f} h[/] · "
+        f"      [bold]${r.cost_usd:,.2f}[/] in [bold]{r.hours:.2f} h[/]{weighed} · "
         f"{r.speed.tokens_per_s:,.0f} tokens/s · {r.device_total_gib:.1f} of "
         f"{o.gpu.usable_gib:.1f} GiB per GPU"
     )
     for reason in r.reasons:
         con.print(f"  • {reason}")
-    t = Table(title="cost vs time: the Pareto frontier")
-    for col in ("plan", "GPUs", "method", "hours", "cost", "tokens/s"):
+    t = Table(
+        title="cost vs time: the Pareto frontier"
+        + (f" (weighed = cost + hours x {rate})" if usd_h else "")
+    )
+    cols = ("plan", "GPUs", "method", "hours", "cost", *(("weighed",) if usd_h else ()))
+    for col in (*cols, "tokens/s"):
         t.add_column(col, justify="left" if col in ("plan", "method") else "right")
     for p in result.frontier:
         nodes = f"{p.nodes}x " if p.nodes > 1 else ""
@@ -230,6 +239,7 @@ def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) ->
             p.job.method,
             f"{p.hours:.2f}",
             f"${p.cost_usd:,.2f}",
+            *((f"${p.weighed_cost_usd:,.2f}",) if usd_h else ()),
             f"{p.speed.tokens_per_s:,.0f}",
         )
     con.print(t)

@@ -79,6 +79,14 @@ class Constraints(BaseModel):
     objective: Literal["cost", "time"] = Field(
         "cost", description="what to minimize: cost or time", json_schema_extra=_cli("--optimize")
     )
+    value_of_time_usd_h: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="what an hour of waiting for the result is worth, USD: --optimize cost "
+        "ranks by cost + this x hours (0: dollars alone)",
+        json_schema_extra=_cli("--value-of-time"),
+    )
 
     @classmethod
     def build(cls, **values: Any) -> Constraints:
@@ -115,10 +123,22 @@ class Plan:
     interruptions: float = 0.0
     fallback: spot_math.Fallback | None = None
     reasons: list[str] = field(default_factory=list)
+    value_of_time_usd_h: float = 0.0  # Constraints.value_of_time_usd_h, weighs the hours
 
     @property
     def cost_usd(self) -> float:
         return self.compute_usd + self.storage_usd + self.egress_usd
+
+    @property
+    def time_value_usd(self) -> float:
+        """The wait priced: the value of time x the hours until the result (setup, and
+        on spot the expected interruptions, included)."""
+        return self.value_of_time_usd_h * self.hours
+
+    @property
+    def weighed_cost_usd(self) -> float:
+        """What `--optimize cost` ranks by: dollars spent plus the wait priced."""
+        return self.cost_usd + self.time_value_usd
 
     @property
     def gpus(self) -> int:
@@ -182,6 +202,14 @@ class Plan:
                 else None
             ),
             "expected_interruptions": round(self.interruptions, 2),
+            **(
+                {
+                    "time_value_usd": round(self.time_value_usd, 2),
+                    "weighed_cost_usd": round(self.weighed_cost_usd, 2),
+                }
+                if self.value_of_time_usd_h
+                else {}
+            ),
             "reasons": self.reasons,
         }
 
@@ -322,7 +350,7 @@ def search(
     if not feasible:
         raise Infeasible(_closest_miss(plans, rejected, k), plans, rejected)
     key = (
-        (lambda p: (p.cost_usd, p.hours))
+        (lambda p: (p.weighed_cost_usd, p.hours))  # dollars alone when time is not valued
         if k.objective == "cost"
         else (lambda p: (p.hours, p.cost_usd))
     )
@@ -453,6 +481,7 @@ def _price(
             setup_h,
             storage,
             egress,
+            value_of_time_usd_h=k.value_of_time_usd_h,
         )
 
     out = []
@@ -506,13 +535,15 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         f"{best.speed.efficiency:.0%} of peak): {best.hours:.1f} h including "
         f"{best.setup_h * 60:.0f} min setup"
     )
-    if k.objective == "cost":
+    if k.objective == "cost" and k.value_of_time_usd_h:
+        r.extend(_time_valued(best, feasible, k.value_of_time_usd_h))
+    elif k.objective == "cost":
         others = [p for p in feasible if p.label() != best.label()]
         if others:
             nxt = others[0]
             r.append(
                 f"cheapest of {len(feasible)} feasible plans; next: {nxt.label()} at "
-                f"${nxt.cost_usd:,.2f} ({nxt.cost_usd / best.cost_usd - 1:+.0%})"
+                f"${nxt.cost_usd:,.2f} ({_more(nxt.cost_usd, best.cost_usd)})"
             )
     else:
         r.append(f"fastest of {len(feasible)} feasible plans")
@@ -539,6 +570,40 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
             f"fastest on the frontier: {fastest.label()} {fastest.hours:.1f} h for "
             f"${fastest.cost_usd:,.2f}"
         )
+
+
+def _more(a: float, b: float) -> str:
+    """a against b as a percentage ("+12%"), or in dollars when b is free."""
+    return f"{a / b - 1:+.0%}" if b > 0 else f"+${a - b:,.2f}"
+
+
+def _time_valued(best: Plan, feasible: list[Plan], usd_h: float) -> list[str]:
+    """Why the plan wins once each hour of waiting costs `usd_h`: its weighed cost, the
+    next best, and (when it is not the cheapest in dollars) what the cheapest would have
+    cost in time."""
+    rate = f"${usd_h:,.2f}".removesuffix(".00")
+    out = [
+        f"lowest weighed cost of {len(feasible)} feasible plans with time at {rate}/h: "
+        f"${best.cost_usd:,.2f} + {best.hours:.2f} h x {rate} = ${best.weighed_cost_usd:,.2f}"
+    ]
+    others = [p for p in feasible if p.label() != best.label()]
+    if others:
+        nxt = others[0]
+        out[0] += (
+            f"; next: {nxt.label()} at ${nxt.weighed_cost_usd:,.2f} "
+            f"({_more(nxt.weighed_cost_usd, best.weighed_cost_usd)})"
+        )
+    cheap = min(feasible, key=lambda p: (p.cost_usd, p.hours))
+    if cheap.cost_usd < best.cost_usd - 0.005:  # then it takes longer: it weighs more
+        saved_h = cheap.hours - best.hours
+        out.append(
+            f"time value changed the choice: the cheapest in dollars, {cheap.label()}, costs "
+            f"${cheap.cost_usd:,.2f} but takes {cheap.hours:.1f} h "
+            f"(${cheap.weighed_cost_usd:,.2f} weighed); this plan spends "
+            f"${best.cost_usd - cheap.cost_usd:,.2f} more to finish {saved_h:.1f} h sooner, "
+            f"worth ${saved_h * usd_h:,.2f} at {rate}/h"
+        )
+    return out
 
 
 def _closest_miss(plans: list[Plan], rejected: list[Rejected], k: Constraints) -> str:
