@@ -45,6 +45,7 @@ class GPU:
     link: str = "pcie"  # how GPUs in one machine talk: nvlink | pcie
     link_gbps: float = 32.0  # GB/s per direction per GPU
     tdp_w: float = 300.0
+    fp8_tflops: float | None = None  # dense FP8 tensor rate; None: no FP8 tensor cores
 
     def peak_tflops(self, compute_dtype: str) -> float | None:
         """Dense tensor TFLOPS for the compute dtype; None when the GPU cannot run it."""
@@ -52,6 +53,8 @@ class GPU:
             return self.bf16_tflops if self.bf16 else None
         if compute_dtype == "fp16":
             return self.fp16_tflops
+        if compute_dtype == "fp8":
+            return self.fp8_tflops
         # fp32 matmuls run on TF32 tensor cores where there are any: about half the bf16 rate
         return (self.bf16_tflops or self.fp16_tflops or 0.0) / 2 or None
 
@@ -63,6 +66,7 @@ class GPU:
             "bf16": self.bf16,
             "bf16_tflops": self.bf16_tflops,
             "fp16_tflops": self.fp16_tflops,
+            "fp8_tflops": self.fp8_tflops,
             "bandwidth_gbps": self.bandwidth_gbps,
             "tier": self.tier,
             "interconnect": self.link,
@@ -95,6 +99,7 @@ def gpus() -> tuple[GPU, ...]:
             link=r["link"],
             link_gbps=float(r["link_gbps"]),
             tdp_w=float(r["tdp_w"]),
+            fp8_tflops=_num(r["fp8_tflops"]),
         )
         for r in rows
     )
