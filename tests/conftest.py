@@ -221,3 +221,26 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
                          autocommit=True) as conn:  # fmt: skip
         conn.execute(f"CREATE DATABASE {name}")
     return f"{base}/{name}"
+
+
+# -- SkyPilot's own schemas (tests/data/skypilot) -------------------------------------------
+
+
+def skypilot_validator(name: str) -> Any:
+    """SkyPilot's validator for its `name` schema: Draft 7 with its two enum keywords."""
+    import jsonschema
+
+    def enum(case: bool) -> Any:
+        def check(validator: Any, enums: Any, instance: Any, schema: Any) -> Any:
+            have = instance if case else str(instance).lower()
+            if have not in (enums if case else [e.lower() for e in enums]):
+                yield jsonschema.ValidationError(f"{instance!r} is not one of {enums!r}")
+
+        return check
+
+    cls = jsonschema.validators.extend(
+        jsonschema.Draft7Validator,
+        validators={"case_insensitive_enum": enum(False), "case_sensitive_enum": enum(True)},
+    )
+    schemas = Path(__file__).parent / "data" / "skypilot"
+    return cls(json.loads((schemas / f"{name}.schema.json").read_text()))

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import run_json
+from conftest import run_json, skypilot_validator
 
 from frugal.hardware.offers import catalog
 from frugal.models.specs import ModelSpec
@@ -22,7 +22,6 @@ from frugal.plan.search import Constraints, search
 from frugal.step.job import make_job
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMAS = Path(__file__).parent / "data" / "skypilot"
 TINY = ROOT / "examples" / "tiny-llama"
 
 
@@ -95,27 +94,9 @@ def test_emitted_hf_script_trains_as_written(
     assert (tmp_path / "runs" / "hf").is_dir()  # the Trainer ran and saved
 
 
-def _validator(name: str) -> Any:
-    """SkyPilot's validator: Draft 7 with its two enum keywords (tests/data/skypilot)."""
-
-    def enum(case: bool) -> Any:
-        def check(validator: Any, enums: Any, instance: Any, schema: Any) -> Any:
-            have = instance if case else str(instance).lower()
-            if have not in (enums if case else [e.lower() for e in enums]):
-                yield jsonschema.ValidationError(f"{instance!r} is not one of {enums!r}")
-
-        return check
-
-    cls = jsonschema.validators.extend(
-        jsonschema.Draft7Validator,
-        validators={"case_insensitive_enum": enum(False), "case_sensitive_enum": enum(True)},
-    )
-    return cls(json.loads((SCHEMAS / f"{name}.schema.json").read_text()))
-
-
 @pytest.mark.slow
 def test_skypilot_task_passes_skypilots_schema(tiny_llama: ModelSpec) -> None:
-    task_schema, resources_schema = _validator("task"), _validator("resources")
+    task_schema, resources_schema = skypilot_validator("task"), skypilot_validator("resources")
     seen = set()
     for method in ("lora", "qlora"):
         k = Constraints(tokens=1e9, methods=(method,))

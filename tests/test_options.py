@@ -28,6 +28,8 @@ def _commands(cmd: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _field(command: str, param: str) -> tuple[type[BaseModel], str] | None:
+    if command.startswith(("serve", "tco")):  # serving, not the training schema: `serve
+        return None  # --gpus` is GPUs per server, not a training job's GPU count
     if command == "train":  # overrides of the run config
         name = {"budget": "budget_usd", "price_per_hour": "price_per_hour_usd"}.get(param, param)
         if name in RunConfig.model_fields:

@@ -25,6 +25,8 @@ from frugal.cli import (
     estimate_cmd,
     models_cmd,
     plan_cmd,
+    serve_cmd,
+    tco_cmd,
     train_cmd,
 )
 from frugal.errors import FrugalError
@@ -43,9 +45,11 @@ app.command("offers")(catalog_cmd.offers)
 app.command("train")(train_cmd.train)
 app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("dashboard")(dashboard_cmd.dashboard)
+app.command("tco")(tco_cmd.tco_cmd)
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(budget_cmd.app, name="budget")
 app.add_typer(costs_cmd.app, name="costs")
+app.add_typer(serve_cmd.app, name="serve")
 
 _DEBUG = False
 

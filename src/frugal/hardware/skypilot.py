@@ -25,6 +25,9 @@ _OURS: dict[str, str] = {}
 for _ours, _sky in SKY_GPU.items():
     _OURS.setdefault(_sky, _ours)
 
+# the providers SkyPilot names as clouds (a task may pin `cloud:` and a region only for them)
+CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod")
+
 # GCP sells the GPU apart from its host VM; the host family each GPU needs (SkyPilot rows).
 GCP_HOST = {
     "A100 40GB": "a2-highgpu-{n}g",

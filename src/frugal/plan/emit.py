@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from frugal.config import PlanConfig, RunConfig
-from frugal.hardware.skypilot import to_skypilot
+from frugal.hardware.skypilot import CLOUDS, to_skypilot
 from frugal.models.specs import load_spec
 from frugal.plan.search import Constraints, Plan
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
@@ -174,7 +174,7 @@ def skypilot_task(plan: Plan, run_config: str) -> str:
         "accelerators": f"{to_skypilot(o.gpu.name)}:{o.gpus}",
         "use_spot": bool(plan.spot),
     }
-    if o.provider in ("aws", "gcp", "azure", "lambda", "runpod"):
+    if o.provider in CLOUDS:
         resources["cloud"] = o.provider
     if o.region and o.provider != "vast":
         resources["region"] = o.region

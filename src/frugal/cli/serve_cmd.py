@@ -1,0 +1,353 @@
+"""`frugal serve estimate` and `frugal serve plan`: what serving a model costs, and the
+cheapest way to serve it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from frugal.cli import console
+from frugal.cli.options import JSON_HELP, MODEL_HELP, listed
+from frugal.errors import FrugalError
+from frugal.files import write_text_atomic
+from frugal.hardware.gpus import find_gpu
+from frugal.hardware.offers import select_offers
+from frugal.models.specs import load_spec
+from frugal.serve import compare, emit
+from frugal.serve.engines import find_engine
+from frugal.serve.estimate import Deployment, ServeEstimate, catalog_price, estimate
+from frugal.serve.plan import ServeAsk, ServePlan, plan
+from frugal.serve.speed import Load
+from frugal.serve.weights import find_format
+
+app = typer.Typer(
+    help="Serving: memory, throughput, latency and dollars per token; the cheapest way to "
+    "serve a model, and when an API is cheaper.",
+    no_args_is_help=True,
+)
+
+INPUT_HELP = "Prompt tokens per request."
+OUTPUT_HELP = "Output tokens per request."
+QUANT_HELP = "Weight format: bf16, fp16, fp8, awq, gptq, nf4, gguf-q4_k_m, gguf-q8_0."
+ENGINE_HELP = "Serving engine: vllm, sglang or trtllm."
+KV_HELP = "KV cache dtype: auto (the model's 16 bit) or fp8."
+PREFIX_HELP = "Share of prompt tokens found in the prefix cache (0-1): less prefill work."
+
+
+def load_from(concurrency: int | None, rate: float | None, offline: bool, requests: int) -> Load:
+    """Exactly one of --concurrency, --rate, --offline."""
+    given = sum(x is not None and x is not False for x in (concurrency, rate, offline or None))
+    if given != 1:
+        raise FrugalError("give the load: one of --concurrency C, --rate R or --offline")
+    if concurrency is not None and concurrency < 1:
+        raise FrugalError("--concurrency must be at least 1 request in flight")
+    if rate is not None and rate <= 0:
+        raise FrugalError("--rate must be positive (requests per second)")
+    if requests < 1:
+        raise FrugalError("--requests must be at least 1")
+    if offline:
+        return Load(burst=requests)
+    return Load(concurrency=concurrency, rate=rate)
+
+
+def estimate_cmd(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    gpu: str = typer.Option(..., help="GPU type, e.g. H100, L40S, 'RTX 4090'."),
+    gpus: int = typer.Option(1, help="GPUs per server (tensor parallel)."),
+    engine: str = typer.Option("vllm", help=ENGINE_HELP),
+    quant: str = typer.Option("bf16", help=QUANT_HELP),
+    kv_dtype: str = typer.Option("auto", help=KV_HELP),
+    input_len: int = typer.Option(..., help=INPUT_HELP),
+    output_len: int = typer.Option(..., help=OUTPUT_HELP),
+    concurrency: int | None = typer.Option(None, help="Requests in flight (closed loop)."),
+    rate: float | None = typer.Option(None, help="Requests arriving per second (Poisson)."),
+    offline: bool = typer.Option(False, help="All requests at once: maximum throughput."),
+    requests: int = typer.Option(1000, help="With --offline: how many requests at once."),
+    prefix_hit: float = typer.Option(0.0, help=PREFIX_HELP),
+    price: float | None = typer.Option(
+        None, help="$/hour of the whole server [default: the catalog's cheapest on-demand]."
+    ),
+    memory_fraction: float | None = typer.Option(
+        None, help="The engine's memory fraction (vLLM --gpu-memory-utilization)."
+    ),
+    max_num_seqs: int | None = typer.Option(None, help="The engine's sequence limit."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Memory, KV capacity, throughput, latency and $ per token of one deployment."""
+    load = load_from(concurrency, rate, offline, requests)
+    if price is not None and price < 0:
+        raise FrugalError("--price must be >= 0 ($/hour of the whole server)")
+    if memory_fraction is not None and not 0 < memory_fraction <= 1:
+        raise FrugalError("--memory-fraction is a share of GPU memory: give 0 < F <= 1")
+    g = find_gpu(gpu)
+    d = Deployment(
+        load_spec(model), g, gpus, find_engine(engine), find_format(quant), kv_dtype.lower(),
+        memory_fraction, max_num_seqs,
+    )  # fmt: skip
+    priced = (price, "--price") if price is not None else catalog_price(g, gpus, select_offers())
+    e = estimate(d, input_len, output_len, load, prefix_hit, priced)
+    if json_out:
+        print(json.dumps(e.to_json()))
+    else:
+        render(e)
+
+
+def render(e: ServeEstimate) -> None:
+    con, j, m = console(), e.to_json(), e.memory
+    d = e.d
+    con.print(
+        f"[bold]{d.spec.id}[/] · {d.fmt.name} on {d.tp}x {d.gpu.name} · {d.engine.label} · "
+        f"{e.input_len:,} in / {e.output_len:,} out"
+    )
+    t = Table(title="memory per GPU (GiB)")
+    for col in ("total", "x fraction", "weights", "activations", "non-torch", "KV cache"):
+        t.add_column(col, justify="right")
+    t.add_row(
+        f"{m.total_gib:.2f}", f"{m.budget_gib:.2f}", f"{m.weights_gib:.2f}",
+        f"{m.activation_gib:.2f}", f"{m.non_torch_gib:.2f}", f"{m.kv_cache_gib:.2f}",
+    )  # fmt: skip
+    con.print(t)
+    con.print(
+        f"KV: {j['kv_bytes_per_token']:,} B/token · {m.kv_cache_tokens:,} tokens · "
+        f"max concurrency {m.max_concurrency:,} requests of {e.input_len + e.output_len:,} tokens"
+    )
+    ttft = "unbounded (queue grows)" if j["ttft_ms"] is None else f"{j['ttft_ms']:,.0f} ms"
+    con.print(
+        f"[bold green]{j['output_tokens_per_s']:,.0f} output tokens/s[/] · "
+        f"{j['requests_per_s']:,.2f} requests/s (capacity {j['capacity_requests_per_s']:,.2f}) · "
+        f"batch {j['batch']:g} · TTFT {ttft} · ITL {j['itl_ms']:,.1f} ms"
+    )
+    if e.price_usd_h is not None:
+        con.print(
+            f"[bold]${j['usd_per_million_output_tokens']:,.3f}[/] per million output tokens · "
+            f"${j['usd_per_request']:.5f} per request at ${e.price_usd_h:,.2f}/h "
+            f"({e.price_note})"
+        )
+    for note in e.notes:
+        con.print(f"  • {note}")
+
+
+def plan_cmd(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    rate: float | None = typer.Option(None, help="Requests per second to carry (at peak)."),
+    requests_per_day: float | None = typer.Option(None, help="Or: requests per day."),
+    peak_factor: float = typer.Option(
+        1.0, help="With --requests-per-day: peak rate / mean rate; servers carry the peak."
+    ),
+    input_len: int = typer.Option(..., help=INPUT_HELP),
+    output_len: int = typer.Option(..., help=OUTPUT_HELP),
+    ttft_ms: float | None = typer.Option(None, help="Mean time-to-first-token target, ms."),
+    itl_ms: float | None = typer.Option(None, help="Mean inter-token latency target, ms."),
+    quant: str = typer.Option("bf16,fp8,awq", help="Weight formats to consider, comma-separated."),
+    engine: str = typer.Option("vllm", help="Engines to consider, comma-separated."),
+    kv_dtype: str = typer.Option("auto", help=KV_HELP),
+    prefix_hit: float = typer.Option(0.0, help=PREFIX_HELP),
+    response_cache_hit: float = typer.Option(
+        0.0, help="Share of requests answered by a response cache (0-1): they never arrive."
+    ),
+    offline: bool = typer.Option(
+        False, help="Batch work: priced at maximum throughput, spot allowed, no latency targets."
+    ),
+    commitment_months: str = typer.Option(
+        "12", help="Commitment terms to price, months, comma-separated ('' for none)."
+    ),
+    providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
+    prices: list[str] | None = typer.Option(
+        None, help="Your own price CSV (or a SkyPilot vms.csv)."
+    ),
+    discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
+    emit: str | None = typer.Option(
+        None, help="vllm (the `vllm serve` command) or skypilot (a SkyPilot serve task)."
+    ),
+    emit_file: str | None = typer.Option(
+        None, help="Where --emit writes [default: stdout for vllm, serve.yaml for skypilot]."
+    ),
+    adapter: str | None = typer.Option(
+        None, help="A LoRA adapter from `frugal train` (its output dir) for --emit."
+    ),
+    weights: str | None = typer.Option(
+        None,
+        help="For --emit: the quantized checkpoint to serve (AWQ/GPTQ hub id or path, .gguf "
+        "file or REPO:QUANT) when the plan picks a pre-quantized format.",
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """The cheapest GPU, tensor parallel size and replicas that carry the load within the
+    latency targets, beside the hosted APIs and managed platforms."""
+    if (rate is None) == (requests_per_day is None):
+        raise FrugalError("give the load: --rate R or --requests-per-day N")
+    if peak_factor < 1:
+        raise FrugalError("--peak-factor is peak / mean rate: give 1 or more")
+    if not 0 <= response_cache_hit < 1:
+        raise FrugalError("--response-cache-hit is a share of requests: give 0 <= H < 1")
+    if emit not in (None, "vllm", "skypilot"):
+        raise FrugalError(f"--emit {emit!r}: use vllm or skypilot")
+    if offline and (ttft_ms or itl_ms):
+        raise FrugalError("--offline has no latency targets: drop --ttft-ms / --itl-ms")
+    for flag, v in (("--ttft-ms", ttft_ms), ("--itl-ms", itl_ms)):
+        if v is not None and v <= 0:
+            raise FrugalError(f"{flag} must be positive (milliseconds)")
+    arriving = rate if rate is not None else (requests_per_day or 0) / 86400 * peak_factor
+    quants = listed(quant) or ()
+    for q in quants:
+        find_format(q)
+    engines = listed(engine) or ()
+    for name in engines:
+        find_engine(name)
+    try:
+        months = tuple(int(m) for m in listed(commitment_months) or ())
+    except ValueError:
+        raise FrugalError("--commitment-months: whole months, e.g. 12,36") from None
+    ask = ServeAsk(
+        spec=load_spec(model),
+        rate=arriving * (1 - response_cache_hit),
+        input_len=input_len,
+        output_len=output_len,
+        ttft_s=ttft_ms / 1e3 if ttft_ms else None,
+        itl_s=itl_ms / 1e3 if itl_ms else None,
+        quants=quants,
+        engines=engines,
+        kv_dtype=kv_dtype.lower(),
+        prefix_hit=prefix_hit,
+        offline=offline,
+        commitments=months,
+    )
+    p = plan(ask, select_offers(prices or [], discount or [], (), providers_csv=providers))
+    out = plan_json(p)
+    if response_cache_hit:
+        out["notes"].append(
+            f"a response cache answers {response_cache_hit:.0%} of {arriving:g} requests/s: "
+            f"the servers carry {ask.rate:g}"
+        )
+    text = emitted(p, emit, adapter, weights) if emit else ""
+    path = emit_file or ("serve.yaml" if emit == "skypilot" else None)
+    if emit and path:
+        write_text_atomic(path, text)
+        out[f"wrote_{emit}"] = path
+    elif emit:
+        out["vllm_command"] = text.strip()
+    if json_out:
+        print(json.dumps(out))
+        return
+    render_plan(p, out)
+    if emit and path:
+        console().print(f"wrote {path}")
+    elif emit:
+        print(text, end="")
+
+
+def plan_json(p: ServePlan) -> dict[str, Any]:
+    ask, api_rows = p.ask, compare.apis(p)
+    return {
+        "model": ask.spec.id,
+        "rate_requests_per_s": ask.rate,
+        "input_len": ask.input_len,
+        "output_len": ask.output_len,
+        "ttft_ms": ask.ttft_s * 1e3 if ask.ttft_s else None,
+        "itl_ms": ask.itl_s * 1e3 if ask.itl_s else None,
+        "offline": ask.offline,
+        "recommendation": p.best.to_json() | {"reasons": p.reasons},
+        "options": [o.to_json() for o in p.options[:10]],
+        "feasible_options": len(p.options),
+        "refused": [r.to_json() for r in p.refused],
+        "formats": compare.formats(p),
+        "apis": api_rows,
+        "break_even": compare.break_even(p, api_rows[0] if api_rows else None),
+        "platforms": compare.platforms(p),
+        "notes": [] if api_rows else [f"no bundled API serves {ask.spec.id}"],
+    }
+
+
+PREQUANTIZED = ("awq", "gptq", "gguf-q4_k_m", "gguf-q8_0")  # served from their own checkpoint
+
+
+def emitted(p: ServePlan, what: str, adapter: str | None, weights: str | None) -> str:
+    """The chosen option as a `vllm serve` command or a SkyPilot serve task."""
+    b = p.best
+    d = b.cap.d
+    if d.fmt.name in PREQUANTIZED and not weights:
+        raise FrugalError(
+            f"the plan serves {d.fmt.name} weights: give --weights (the {d.fmt.name} checkpoint "
+            "to serve), or plan with --quant bf16,fp8 (vLLM quantizes those on load)"
+        )
+    dep = emit.Deployment(
+        model=d.spec.id,
+        gpu=d.gpu.name,
+        max_model_len=p.ask.input_len + p.ask.output_len,
+        max_num_seqs=min(b.cap.at.memory.max_concurrency, d.seqs),
+        gpus_per_replica=d.tp,
+        replicas=b.instances * b.replicas_per_instance,
+        spot=b.pricing == "spot",
+        provider=b.offer.provider,
+        region=b.offer.region,
+        engine=d.engine.name,  # type: ignore[arg-type]
+        quant=d.fmt.name,  # type: ignore[arg-type]
+        kv_dtype=d.kv_dtype,  # type: ignore[arg-type]
+        gpu_memory_utilization=d.engine.memory_fraction,
+        adapter=adapter,
+        # the most one replica carries within the latency targets: scale out past it
+        target_rps_per_replica=round(b.cap.rate, 3),
+        weights=weights,
+    )
+    if what == "vllm":
+        return emit.vllm_command(dep) + "\n"
+    return emit.skypilot_serve_task(dep)
+
+
+def render_plan(p: ServePlan, out: dict[str, Any]) -> None:
+    con, b, ask = console(), p.best, p.ask
+    con.print(
+        f"[bold]{ask.spec.id}[/] · {ask.rate:g} requests/s · {ask.input_len:,} in / "
+        f"{ask.output_len:,} out · {len(p.options)} priced options"
+    )
+    con.print(f"[bold green]plan:[/] {b.label()}")
+    con.print(
+        f"      [bold]${b.usd_h:,.2f}/h[/] · ${b.usd_per_month:,.0f}/month · "
+        f"${b.usd_per_mtok:,.3f} per million output tokens · ${b.usd_per_request:.6f} per "
+        f"request · TTFT {b.cap.at.to_json()['ttft_ms']:,.0f} ms · ITL "
+        f"{b.cap.at.speed.itl_s * 1e3:,.1f} ms"
+    )
+    for reason in p.reasons:
+        con.print(f"  • {reason}")
+    t = Table(title="weight formats side by side (cheapest option of each)")
+    for col in ("quant", "option", "$/month", "$/M output tok", "req/s per replica", "quality"):
+        t.add_column(col, justify="left" if col in ("quant", "option", "quality") else "right")
+    for f in out["formats"]:
+        t.add_row(
+            f["quant"], f["option"], f"${f['usd_per_month']:,.0f}",
+            f"${f['usd_per_million_output_tokens']:,.3f}",
+            f"{f['replica_capacity_requests_per_s']:,.2f}", f["quality"],
+        )  # fmt: skip
+    con.print(t)
+    if out["apis"]:
+        t = Table(title="hosted APIs serving the same model")
+        for col in ("provider", "$ in / out per M", "$/request", "$/month"):
+            t.add_column(col, justify="left" if col == "provider" else "right")
+        t.add_row(
+            "self-hosted (plan)", "-", f"${b.usd_per_request:.6f}", f"${b.usd_per_month:,.0f}"
+        )
+        for a in out["apis"]:
+            t.add_row(
+                f"{a['provider']}{' (batch)' if a['batch_priced'] else ''}",
+                f"${a['input_usd_per_mtok']:g} / ${a['output_usd_per_mtok']:g}",
+                f"${a['usd_per_request']:.6f}",
+                f"${a['usd_per_month']:,.0f}",
+            )
+        con.print(t)
+    if out["break_even"]:
+        con.print(f"  • {out['break_even']['text']}")
+    for m in out["platforms"]:
+        con.print(
+            f"  • managed: {m['platform']} ({m['provider']} {m['instance']}) "
+            f"${m['usd_per_month']:,.0f}/month for {m['replicas']} replica(s)"
+            f"{'' if m['scales_to_zero'] else '; cannot scale to zero'}"
+        )
+    for note in out["notes"]:
+        con.print(f"  • {note}")
+
+
+app.command("estimate")(estimate_cmd)
+app.command("plan")(plan_cmd)

@@ -1,0 +1,196 @@
+"""`frugal tco MODEL`: twelve months (or N) of training plus serving, every way to pay for it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from frugal.cli import console
+from frugal.cli.options import JSON_HELP, MODEL_HELP, listed
+from frugal.cli.serve_cmd import INPUT_HELP, OUTPUT_HELP
+from frugal.errors import FrugalError
+from frugal.hardware.offers import HOST_WATTS, KWH_USD, select_offers
+from frugal.models.specs import load_spec
+from frugal.plan.search import Constraints, Infeasible, search
+from frugal.serve import compare
+from frugal.serve.plan import Option, ServeAsk, plan
+from frugal.serve.prices import api_prices, conservative_commitment, purchase_price
+from frugal.serve.tco import HOURS_PER_MONTH, Api, Hourly, Owned, Training, Workload, tco
+from frugal.step.job import make_job
+
+
+def tco_cmd(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    rate: float | None = typer.Option(None, help="Requests per second to serve."),
+    requests_per_day: float | None = typer.Option(None, help="Or: requests per day."),
+    input_len: int = typer.Option(..., help=INPUT_HELP),
+    output_len: int = typer.Option(..., help=OUTPUT_HELP),
+    ttft_ms: float | None = typer.Option(None, help="Mean time-to-first-token target, ms."),
+    itl_ms: float | None = typer.Option(None, help="Mean inter-token latency target, ms."),
+    quant: str = typer.Option("bf16,fp8,awq", help="Weight formats to consider."),
+    months: int = typer.Option(12, help="Months to compare."),
+    train_tokens: float | None = typer.Option(
+        None, help="Fine-tune on this many tokens first (planned by `frugal plan`)."
+    ),
+    train_method: str = typer.Option("lora", help="full, lora or qlora."),
+    train_every_months: int = typer.Option(0, help="Fine-tune again every K months (0: once)."),
+    engineering_usd_h: float = typer.Option(0.0, help="What an engineering hour costs, USD."),
+    self_hosted_hours: float = typer.Option(
+        20.0, help="Engineering hours a month to run your own servers."
+    ),
+    api_hours: float = typer.Option(2.0, help="Engineering hours a month to use an API."),
+    own_gpu_usd: float | None = typer.Option(
+        None, help="Your purchase price per GPU, host share included [default: the catalog's]."
+    ),
+    own_years: float = typer.Option(3.0, help="Years to amortize bought GPUs over."),
+    own_utilization: float = typer.Option(0.5, help="Share of hours your own GPUs are busy."),
+    kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for owned GPUs, $/kWh."),
+    providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Self-hosted on-demand, committed, managed, hosted API and your own GPUs over N months:
+    the cheapest option each month and where the totals cross."""
+    if (rate is None) == (requests_per_day is None):
+        raise FrugalError("give the load: --rate R or --requests-per-day N")
+    arriving = rate if rate is not None else (requests_per_day or 0) / 86400
+    spec = load_spec(model)
+    offers = select_offers(providers_csv=providers)
+    ask = ServeAsk(
+        spec, arriving, input_len, output_len,
+        ttft_s=ttft_ms / 1e3 if ttft_ms else None, itl_s=itl_ms / 1e3 if itl_ms else None,
+        quants=listed(quant) or (), commitments=(),
+    )  # fmt: skip
+    p = plan(ask, offers)
+    best = p.best
+    w = Workload(
+        months=months,
+        replicas=best.replicas,
+        gpus_per_replica=best.cap.d.tp,
+        input_mtok_per_month=arriving * 3600 * HOURS_PER_MONTH * input_len / 1e6,
+        output_mtok_per_month=arriving * 3600 * HOURS_PER_MONTH * output_len / 1e6,
+        output_tokens_per_s=best.cap.rate * output_len,
+        engineering_usd_h=engineering_usd_h,
+        training=_training(spec, train_tokens, train_method, train_every_months, offers),
+    )
+    options = _options(p.best, compare.platforms(p), spec.id, self_hosted_hours, api_hours)
+    options.append(
+        _owned(best, own_gpu_usd, own_years, own_utilization, kwh_usd, self_hosted_hours)
+    )
+    result = tco(w, [o for o in options if o is not None])
+    out = result.to_json() | {
+        "model": spec.id,
+        "rate_requests_per_s": arriving,
+        "serving": best.to_json(),
+        "training": None if w.training is None else vars(w.training),
+    }
+    if json_out:
+        print(json.dumps(out))
+    else:
+        render(result, out)
+
+
+def _training(
+    spec: Any, tokens: float | None, method: str, every: int, offers: list[Any]
+) -> Training | None:
+    """The training plan's GPU-hours and price, when there is training."""
+    if tokens is None:
+        return None
+    if tokens <= 0:
+        raise FrugalError("--train-tokens must be positive, e.g. 2e7")
+    job = make_job(method=method)
+    try:
+        rec = search(spec, job, offers, Constraints.build(tokens=tokens, methods=(method,)))
+    except Infeasible as e:
+        raise FrugalError(f"no training plan: {e}") from None
+    r = rec.recommendation
+    gpus = r.gpus
+    return Training(r.hours * gpus, r.cost_usd / (r.hours * gpus), every)
+
+
+def _options(
+    best: Option, platforms: list[dict[str, Any]], model: str, self_h: float, api_h: float
+) -> list[Any]:
+    """Renting (on-demand, committed), a managed platform, and the cheapest API."""
+    per_replica = best.instance_usd_h / best.replicas_per_instance
+    out: list[Any] = [
+        Hourly("on-demand", per_replica, engineering_h_month=self_h),
+    ]
+    for term in (12, 36):
+        c = conservative_commitment(best.offer.provider, term)
+        if c is not None:
+            out.append(
+                Hourly(
+                    f"commitment {term} months",
+                    c.usd_h(per_replica),
+                    always_on=True,
+                    term_months=term,
+                    engineering_h_month=self_h,
+                )
+            )
+    if platforms:
+        m = platforms[0]
+        out.append(
+            Hourly(
+                f"managed {m['platform']}",
+                m["usd_h_total"] / best.replicas,
+                engineering_h_month=self_h / 2,
+            )
+        )
+    apis = sorted(api_prices(model), key=lambda a: a.output_usd_per_mtok + a.input_usd_per_mtok)
+    if apis:
+        a = apis[0]
+        out.append(Api(f"API {a.provider}", a.input_usd_per_mtok, a.output_usd_per_mtok,
+                       engineering_h_month=api_h))  # fmt: skip
+    return out
+
+
+def _owned(
+    best: Option, price: float | None, years: float, util: float, kwh: float, self_h: float
+) -> Owned | None:
+    """Buying the GPUs the plan rents: the catalog's purchase price unless given."""
+    gpu = best.cap.d.gpu
+    if price is None:
+        bought = purchase_price(gpu.name)
+        if bought is None:
+            return None
+        price = bought.per_gpu_usd
+    watts = gpu.tdp_w + HOST_WATTS / max(best.offer.gpus, 1)
+    return Owned(
+        f"own {gpu.name}", price, watts, kwh, years, util, engineering_h_month=self_h * 1.5
+    )
+
+
+def render(result: Any, out: dict[str, Any]) -> None:
+    con = console()
+    s = out["serving"]
+    con.print(
+        f"[bold]{out['model']}[/] · {out['rate_requests_per_s']:g} requests/s on "
+        f"{s['replicas']} x {s['gpus_per_replica']}x {s['gpu']} ({s['quant']}) · "
+        f"{result.months} months"
+    )
+    if out["training"]:
+        tr = out["training"]
+        again = f", again every {tr['every_months']} months" if tr["every_months"] else ""
+        con.print(
+            f"training: {tr['gpu_hours']:,.1f} GPU-hours at ${tr['usd_per_gpu_h']:,.2f} "
+            f"(`frugal plan`'s choice) in month 1{again}, in every option"
+        )
+    t = Table(title="cumulative cost, USD")
+    marks = sorted({1, 3, 6, result.months} | {result.months // 2})
+    t.add_column("option")
+    for m in marks:
+        t.add_column(f"month {m}", justify="right")
+    for o in result.options:
+        t.add_row(o.name, *(f"${o.cumulative_usd[m - 1]:,.0f}" for m in marks))
+    con.print(t)
+    con.print(f"[bold green]cheapest over {result.months} months:[/] {result.cheapest_total}")
+    runs = [(m + 1, name) for m, name in enumerate(result.cheapest_by_month)]
+    firsts = [f"{name} from month {m}" for m, name in runs if m == 1 or runs[m - 2][1] != name]
+    con.print("  • cheapest each month: " + ", ".join(firsts))
+    for c in result.crossovers:
+        con.print(f"  • month {c.month}: {c.cheaper} becomes cheaper in total than {c.dearer}")
+    for b in result.breakeven:
+        con.print(f"  • {b.option}: {b.reason}")

@@ -1,0 +1,55 @@
+"""`frugal tco`: the serving plan priced every way over N months, training included."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_error, run_json
+
+LLAMA8 = "meta-llama/Llama-3.1-8B"
+LOAD = ["--rate", "20", "--input-len", "1000", "--output-len", "200", "--ttft-ms", "500"]
+
+
+def test_tco_compares_renting_committing_managed_api_and_owning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = run_json(capsys, "tco", LLAMA8, *LOAD, "--providers", "aws", "--json")
+    names = [o["name"] for o in out["options"]]
+    assert names[0] == "on-demand"
+    assert "commitment 12 months" in names and "commitment 36 months" in names
+    assert any(n.startswith("managed ") for n in names)
+    assert any(n.startswith("API ") for n in names)
+    assert any(n.startswith("own ") for n in names)
+    assert len(out["cheapest_by_month"]) == 12
+    by = {o["name"]: o for o in out["options"]}
+    # the serving plan's fleet, priced on-demand for 730 hours a month
+    s = out["serving"]
+    per_replica = s["usd_h"] / s["replicas_running"] if s["replicas_running"] else 0
+    assert by["on-demand"]["monthly_usd"][0] == pytest.approx(
+        s["replicas"] * per_replica * 730, rel=1e-3
+    )
+    # a commitment is cheaper per month than on-demand for a load that runs all month
+    assert by["commitment 12 months"]["monthly_usd"][0] < by["on-demand"]["monthly_usd"][0]
+    assert out["cheapest_total"] in names
+
+
+def test_engineering_hours_and_training_enter_every_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = run_json(capsys, "tco", LLAMA8, *LOAD, "--providers", "aws", "--json")
+    paid = run_json(capsys, "tco", LLAMA8, *LOAD, "--providers", "aws", "--json",
+                    "--engineering-usd-h", "100", "--train-tokens", "2e7")  # fmt: skip
+    assert paid["training"]["gpu_hours"] > 0
+    train_usd = paid["training"]["gpu_hours"] * paid["training"]["usd_per_gpu_h"]
+    a = {o["name"]: o["monthly_usd"] for o in base["options"]}
+    b = {o["name"]: o["monthly_usd"] for o in paid["options"]}
+    # self-hosting: 20 engineering hours a month at $100; the API: 2
+    assert b["on-demand"][1] - a["on-demand"][1] == pytest.approx(2000, rel=1e-3)
+    api = next(n for n in a if n.startswith("API "))
+    assert b[api][1] - a[api][1] == pytest.approx(200, rel=1e-3)
+    # training is paid in month 1 only (no --train-every-months)
+    assert b["on-demand"][0] - a["on-demand"][0] == pytest.approx(2000 + train_usd, rel=1e-3)
+
+
+def test_tco_bad_load_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    err = run_error(capsys, "tco", LLAMA8, "--input-len", "10", "--output-len", "10")
+    assert "--rate R or --requests-per-day N" in err
