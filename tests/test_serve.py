@@ -319,3 +319,10 @@ def test_plan_emits_the_vllm_command_of_its_choice(
     # a pre-quantized format needs its checkpoint
     err = run_error(capsys, *args, "--quant", "awq", "--emit", "vllm")
     assert "give --weights" in err
+
+
+def test_emitter_knows_every_format_and_engine_the_estimator_does() -> None:
+    from frugal.serve import emit
+
+    assert set(emit.QUANTS) == set(FORMATS)
+    assert set(emit.ENGINES) == set(engines())

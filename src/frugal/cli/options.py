@@ -9,6 +9,8 @@ from typing import Any
 import typer
 from pydantic import BaseModel
 
+from frugal.errors import FrugalError
+
 
 def describe(model: type[BaseModel], name: str) -> str:
     """The field's description as help text: a sentence."""
@@ -47,3 +49,16 @@ def listed(text: str | None) -> tuple[str, ...] | None:
 
 MODEL_HELP = "Bundled hub id, local dir or config.json, or hub id."
 JSON_HELP = "Print one JSON object."
+
+
+def parse_tokens(text: str, flag: str) -> float:
+    """A token count as people write it: 20M, 1.5B, 2e7, 20_000_000."""
+    mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
+    t = text.strip().lower().replace("_", "").replace(",", "")
+    try:
+        v = float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
+    except ValueError:
+        v = -1
+    if not 0 < v < float("inf"):
+        raise FrugalError(f"{flag} {text!r}: give a positive count like 20M or 2e7")
+    return v

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from frugal.cli import console
-from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, option
+from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, option, parse_tokens
 from frugal.config import DataConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
@@ -29,19 +29,6 @@ def _si(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.0f}"
-
-
-def _parse_tokens(s: str) -> float:
-
-    mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
-    t = s.strip().lower().replace("_", "").replace(",", "")
-    try:
-        v = float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
-    except ValueError:
-        v = -1
-    if v <= 0:
-        raise FrugalError(f"--tokens {s!r}: give a positive count like 20M or 2e7")
-    return v
 
 
 def plan(
@@ -126,7 +113,7 @@ def plan(
         per_epoch = float(tc.tokens)
         notes.append(f"{dataset}: {tc.rows:,} rows, {tc.tokens:,} tokens ({tc.how})")
     else:
-        per_epoch = _parse_tokens(tokens or "")
+        per_epoch = parse_tokens(tokens or "", "--tokens")
     if spec.max_positions and seq > spec.max_positions:
         notes.append(f"--seq {seq} is beyond {spec.id}'s {spec.max_positions} positions")
     k = Constraints.build(

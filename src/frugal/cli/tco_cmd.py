@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from frugal.cli import console
-from frugal.cli.options import JSON_HELP, MODEL_HELP, listed
+from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, parse_tokens
 from frugal.cli.serve_cmd import INPUT_HELP, OUTPUT_HELP
 from frugal.errors import FrugalError
 from frugal.hardware.offers import HOST_WATTS, KWH_USD, select_offers
@@ -32,8 +32,8 @@ def tco_cmd(
     itl_ms: float | None = typer.Option(None, help="Mean inter-token latency target, ms."),
     quant: str = typer.Option("bf16,fp8,awq", help="Weight formats to consider."),
     months: int = typer.Option(12, help="Months to compare."),
-    train_tokens: float | None = typer.Option(
-        None, help="Fine-tune on this many tokens first (planned by `frugal plan`)."
+    train_tokens: str | None = typer.Option(
+        None, help="Fine-tune on this many tokens first, e.g. 20M (planned as `frugal plan`)."
     ),
     train_method: str = typer.Option("lora", help="full, lora or qlora."),
     train_every_months: int = typer.Option(0, help="Fine-tune again every K months (0: once)."),
@@ -73,7 +73,13 @@ def tco_cmd(
         output_mtok_per_month=arriving * 3600 * HOURS_PER_MONTH * output_len / 1e6,
         output_tokens_per_s=best.cap.rate * output_len,
         engineering_usd_h=engineering_usd_h,
-        training=_training(spec, train_tokens, train_method, train_every_months, offers),
+        training=_training(
+            spec,
+            parse_tokens(train_tokens, "--train-tokens") if train_tokens else None,
+            train_method,
+            train_every_months,
+            offers,
+        ),
     )
     options = _options(p.best, compare.platforms(p), spec.id, self_hosted_hours, api_hours)
     options.append(
@@ -98,8 +104,6 @@ def _training(
     """The training plan's GPU-hours and price, when there is training."""
     if tokens is None:
         return None
-    if tokens <= 0:
-        raise FrugalError("--train-tokens must be positive, e.g. 2e7")
     job = make_job(method=method)
     try:
         rec = search(spec, job, offers, Constraints.build(tokens=tokens, methods=(method,)))

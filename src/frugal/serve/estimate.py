@@ -236,7 +236,7 @@ def memory(d: Deployment, seq_tokens: int) -> ServeMemory:
     """The engine's memory on each GPU of `d` for requests of `seq_tokens` tokens."""
     _, _, kv, w_gpu = steps(d)
     return serve_memory(
-        d.spec, d.engine, d.gpu.usable_gib, w_gpu, kv, d.tp, seq_tokens, d.batched,
+        d.spec, d.engine, d.gpu.usable_gib, w_gpu, kv, d.tp, seq_tokens, d.batched, d.seqs,
         d.memory_fraction,
     )  # fmt: skip
 

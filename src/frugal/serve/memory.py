@@ -92,11 +92,13 @@ def serve_memory(
     tp: int,
     seq_tokens: int,
     batched_tokens: int,
+    seqs: int,
     fraction: float | None = None,
 ) -> ServeMemory:
-    """Memory on each GPU for sequences of `seq_tokens` (input + output) tokens."""
+    """Memory on each GPU for sequences of `seq_tokens` (input + output) tokens, with the
+    engine's batched-token and sequence limits."""
     frac = eng.memory_fraction if fraction is None else fraction
-    act = activation_peak_bytes(spec, tp, batched_tokens, eng.max_num_seqs) / GIB
+    act = activation_peak_bytes(spec, tp, batched_tokens, seqs) / GIB
     non_torch = eng.non_torch_gib + (eng.tp_extra_gib if tp > 1 else 0.0)
     kv_gib = kv_budget_gib(eng.memory_rule, total_gib, frac, weights_gib, act, non_torch)
     kv_bytes = max(kv_gib, 0.0) * GIB
@@ -112,5 +114,5 @@ def serve_memory(
         cuda_graph_gib=eng.cuda_graph_gib,
         kv_cache_gib=kv_gib,
         kv_cache_tokens=tokens,
-        max_concurrency=int(kv_bytes // per_seq) if per_seq else eng.max_num_seqs,
+        max_concurrency=int(kv_bytes // per_seq) if per_seq else seqs,
     )

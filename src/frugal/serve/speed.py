@@ -147,9 +147,8 @@ def serve_speed(s: Steps, q: Shape, limit: int, budget: int, load: Load) -> Spee
 
     if load.rate is not None:
         r = load.rate
-        if r >= cap:
-            itl, _ = at(limit)
-            return Speed(limit, limit, limit / itl, cap, cap, None, itl, True)
+        if r >= cap:  # served at capacity; the rest queue without end
+            return Speed(limit, limit, cap * o, cap, cap, None, itl_max, True)
         b = min(r * o * at(1)[0], limit)
         for _ in range(60):  # a contraction below capacity: a few steps to 0.1%
             itl, ttft = at(b)
