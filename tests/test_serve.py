@@ -326,3 +326,78 @@ def test_emitter_knows_every_format_and_engine_the_estimator_does() -> None:
 
     assert set(emit.QUANTS) == set(FORMATS)
     assert set(emit.ENGINES) == set(engines())
+
+
+def test_peak_sizes_the_servers_and_the_mean_is_billed(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["serve", "plan", LLAMA8, "--requests-per-day", "172800", "--input-len", "1000",
+            "--output-len", "200", "--ttft-ms", "500", "--json"]  # fmt: skip
+    flat = run_json(capsys, *args)
+    peaky = run_json(capsys, *args, "--peak-factor", "4")
+    assert flat["mean_rate_requests_per_s"] == peaky["mean_rate_requests_per_s"] == 2
+    assert peaky["rate_requests_per_s"] == 8
+    # the API bills the same mean load; the servers are sized for the peak
+    assert peaky["apis"][0]["usd_per_month"] == flat["apis"][0]["usd_per_month"]
+    rec = peaky["recommendation"]
+    assert rec["usd_per_request"] == pytest.approx(rec["usd_h"] / 3600 / 2, rel=1e-3)
+    be = peaky["break_even"]
+    assert be["self_hosted_cheaper"] == (be["self_hosted_usd_h"] < be["api_usd_h"])
+    assert be["api_usd_h"] == pytest.approx(peaky["apis"][0]["usd_per_request"] * 2 * 3600)
+
+
+def test_latencies_are_at_the_load_and_replicas_keep_headroom(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = run_json(capsys, "serve", "plan", LLAMA8, "--rate", "7", "--input-len", "500",
+                   "--output-len", "100", "--providers", "aws", "--json")  # fmt: skip
+    rec = out["recommendation"]
+    assert rec["utilization"] <= 0.8 + 1e-9  # no targets: never planned past 80% of capacity
+    share = 7 / rec["replicas_running"]
+    again = run_json(capsys, "serve", "estimate", LLAMA8, "--gpu", rec["gpu"], "--gpus",
+                     str(rec["gpus_per_replica"]), "--quant", rec["quant"], "--input-len", "500",
+                     "--output-len", "100", "--rate", str(share), "--json")  # fmt: skip
+    assert rec["ttft_ms"] == pytest.approx(again["ttft_ms"], rel=0.01)
+    assert rec["itl_ms"] == pytest.approx(again["itl_ms"], rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("args", "fix"),
+    [
+        (["--prefix-hit", "1.5"], "--prefix-hit is a share"),
+        (["--kv-dtype", "int4"], "--kv-dtype 'int4': use auto or fp8"),
+        (["--input-len", "200000"], "is past meta-llama/Llama-3.1-8B's"),
+        (["--rate", "nan"], "--rate must be a number above 0"),
+        (["--ttft-ms", "0"], "--ttft-ms must be a number above 0"),
+        (["--quant", ""], "--quant and --engine need at least one value"),
+    ],
+)
+def test_plan_checks_its_input_before_any_search(
+    capsys: pytest.CaptureFixture[str], args: list[str], fix: str
+) -> None:
+    base = {"--rate": "5", "--input-len": "1000", "--output-len": "200"}
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    argv = [x for k, v in {**base, **flags}.items() for x in (k, v)]
+    assert fix in run_error(capsys, "serve", "plan", LLAMA8, *argv)
+
+
+def test_what_the_engines_cannot_run_is_refused() -> None:
+    with pytest.raises(FrugalError, match="FP8 tensor cores"):
+        estimate(deploy(gpu="A100 80GB", engine="trtllm", quant="fp8"), 100, 100, Load(rate=1))
+    with pytest.raises(FrugalError, match=r"compute capability 7\.5"):
+        estimate(deploy(gpu="V100 32GB", quant="awq"), 100, 100, Load(rate=1))
+    cfg = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61,
+           "vocab_size": 129280, "num_attention_heads": 128, "kv_lora_rank": 512,
+           "qk_rope_head_dim": 64, "intermediate_size": 18432, "n_routed_experts": 256}  # fmt: skip
+    with pytest.raises(FrugalError, match="not counted"):
+        params(ModelSpec("deepseek-ai/DeepSeek-V3", cfg, "test"))
+
+
+def test_kv_bytes_per_token_is_the_models_and_per_gpu_is_beside_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    one = run_json(capsys, "serve", "estimate", LLAMA8, "--gpu", "H100", "--input-len", "100",
+                   "--output-len", "100", "--rate", "1", "--json")  # fmt: skip
+    eight = run_json(capsys, "serve", "estimate", LLAMA8, "--gpu", "H100", "--gpus", "8",
+                     "--input-len", "100", "--output-len", "100", "--rate", "1",
+                     "--json")  # fmt: skip
+    assert one["kv_bytes_per_token"] == eight["kv_bytes_per_token"] == 131_072
+    assert eight["kv_bytes_per_token_per_gpu"] == 131_072 // 8

@@ -14,8 +14,12 @@ def test_tco_compares_renting_committing_managed_api_and_owning(
 ) -> None:
     out = run_json(capsys, "tco", LLAMA8, *LOAD, "--providers", "aws", "--json")
     names = [o["name"] for o in out["options"]]
-    assert names[0] == "on-demand"
-    assert "commitment 12 months" in names and "commitment 36 months" in names
+    assert names[0] == "on-demand" and "spot" in names
+    # a 36-month term is not priced over 12 months: it would still be owed after
+    assert "commitment 12 months" in names and "commitment 36 months" not in names
+    longer = run_json(capsys, "tco", LLAMA8, *LOAD, "--providers", "aws", "--months", "36",
+                      "--json")  # fmt: skip
+    assert "commitment 36 months" in [o["name"] for o in longer["options"]]
     assert any(n.startswith("managed ") for n in names)
     assert any(n.startswith("API ") for n in names)
     assert any(n.startswith("own ") for n in names)
@@ -53,3 +57,23 @@ def test_engineering_hours_and_training_enter_every_option(
 def test_tco_bad_load_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     err = run_error(capsys, "tco", LLAMA8, "--input-len", "10", "--output-len", "10")
     assert "--rate R or --requests-per-day N" in err
+
+
+def test_short_horizons_and_the_api_cheapest_for_this_workload(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = run_json(capsys, "tco", LLAMA8, *LOAD, "--months", "2", "--json")
+    assert len(out["cheapest_by_month"]) == 2
+    from frugal.cli.main import main
+
+    assert main(["tco", LLAMA8, *LOAD, "--months", "1"]) == 0  # the table fits one month
+    capsys.readouterr()
+    # long prompts, short answers: the API with the cheapest input wins, not the cheapest sum
+    mix = ["tco", "mistralai/Mixtral-8x7B-v0.1", "--rate", "1", "--input-len", "10000",
+           "--output-len", "100", "--json"]  # fmt: skip
+    api = next(o for o in run_json(capsys, *mix)["options"] if o["name"].startswith("API "))
+    from frugal.serve.prices import api_prices
+
+    rows = api_prices("mistralai/Mixtral-8x7B-v0.1")
+    best = min(rows, key=lambda a: a.cost_usd(10000, 100))
+    assert api["name"] == f"API {best.provider}"

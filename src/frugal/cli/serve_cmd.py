@@ -4,6 +4,7 @@ cheapest way to serve it."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import typer
@@ -21,7 +22,7 @@ from frugal.serve.engines import find_engine
 from frugal.serve.estimate import Deployment, ServeEstimate, catalog_price, estimate
 from frugal.serve.plan import ServeAsk, ServePlan, plan
 from frugal.serve.speed import Load
-from frugal.serve.weights import find_format
+from frugal.serve.weights import KV_DTYPES, find_format
 
 app = typer.Typer(
     help="Serving: memory, throughput, latency and dollars per token; the cheapest way to "
@@ -77,9 +78,12 @@ def estimate_cmd(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Memory, KV capacity, throughput, latency and $ per token of one deployment."""
+    _finite("--rate", rate)
     load = load_from(concurrency, rate, offline, requests)
-    if price is not None and price < 0:
+    if price is not None and not (math.isfinite(price) and price >= 0):
         raise FrugalError("--price must be >= 0 ($/hour of the whole server)")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise FrugalError("--max-num-seqs must be at least 1 sequence")
     if memory_fraction is not None and not 0 < memory_fraction <= 1:
         raise FrugalError("--memory-fraction is a share of GPU memory: give 0 < F <= 1")
     g = find_gpu(gpu)
@@ -130,6 +134,82 @@ def render(e: ServeEstimate) -> None:
         con.print(f"  • {note}")
 
 
+def _finite(flag: str, v: float | None, low: float = 0.0) -> None:
+    if v is not None and not (math.isfinite(v) and v > low):
+        raise FrugalError(f"{flag} must be a number above {low:g}")
+
+
+def serve_ask(
+    model: str,
+    rate: float | None,
+    requests_per_day: float | None,
+    peak_factor: float,
+    input_len: int,
+    output_len: int,
+    ttft_ms: float | None,
+    itl_ms: float | None,
+    quant: str,
+    engine: str,
+    kv_dtype: str,
+    prefix_hit: float,
+    response_cache_hit: float,
+    offline: bool,
+    commitments: tuple[int, ...],
+) -> ServeAsk:
+    """The load and its targets, checked once before any deployment is tried (shared by
+    `serve plan` and `tco`)."""  # fmt: skip
+    if (rate is None) == (requests_per_day is None):
+        raise FrugalError("give the load: --rate R or --requests-per-day N")
+    _finite("--rate", rate)
+    _finite("--requests-per-day", requests_per_day)
+    if not (math.isfinite(peak_factor) and peak_factor >= 1):
+        raise FrugalError("--peak-factor is peak / mean rate: give 1 or more")
+    if not 0 <= response_cache_hit < 1:
+        raise FrugalError("--response-cache-hit is a share of requests: give 0 <= H < 1")
+    if not 0 <= prefix_hit < 1:
+        raise FrugalError("--prefix-hit is a share of prompt tokens: give 0 <= F < 1")
+    if offline and (ttft_ms or itl_ms):
+        raise FrugalError("--offline has no latency targets: drop --ttft-ms / --itl-ms")
+    _finite("--ttft-ms", ttft_ms)
+    _finite("--itl-ms", itl_ms)
+    if input_len < 1 or output_len < 1:
+        raise FrugalError("--input-len and --output-len must be at least 1 token")
+    spec = load_spec(model)
+    pos = spec.max_positions
+    if pos and input_len + output_len > pos:
+        raise FrugalError(
+            f"--input-len + --output-len = {input_len + output_len:,} is past {spec.id}'s "
+            f"{pos:,} positions: shorten the prompt or the output"
+        )
+    if kv_dtype.lower() not in KV_DTYPES:
+        raise FrugalError(f"--kv-dtype {kv_dtype!r}: use auto or fp8")
+    quants, engines = listed(quant) or (), listed(engine) or ()
+    if not quants or not engines:
+        raise FrugalError("--quant and --engine need at least one value, e.g. --quant bf16,fp8")
+    for q in quants:
+        find_format(q)
+    for name in engines:
+        find_engine(name)
+    mean = rate if rate is not None else (requests_per_day or 0) / 86400
+    peak = mean if rate is not None else mean * peak_factor
+    kept = 1 - response_cache_hit
+    return ServeAsk(
+        spec=spec,
+        rate=peak * kept,
+        input_len=input_len,
+        output_len=output_len,
+        ttft_s=ttft_ms / 1e3 if ttft_ms else None,
+        itl_s=itl_ms / 1e3 if itl_ms else None,
+        quants=quants,
+        engines=engines,
+        kv_dtype=kv_dtype.lower(),
+        prefix_hit=prefix_hit,
+        offline=offline,
+        commitments=commitments,
+        mean_rate=mean * kept,
+    )
+
+
 def plan_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
     rate: float | None = typer.Option(None, help="Requests per second to carry (at peak)."),
@@ -177,44 +257,17 @@ def plan_cmd(
 ) -> None:
     """The cheapest GPU, tensor parallel size and replicas that carry the load within the
     latency targets, beside the hosted APIs and managed platforms."""
-    if (rate is None) == (requests_per_day is None):
-        raise FrugalError("give the load: --rate R or --requests-per-day N")
-    if peak_factor < 1:
-        raise FrugalError("--peak-factor is peak / mean rate: give 1 or more")
-    if not 0 <= response_cache_hit < 1:
-        raise FrugalError("--response-cache-hit is a share of requests: give 0 <= H < 1")
     if emit not in (None, "vllm", "skypilot"):
         raise FrugalError(f"--emit {emit!r}: use vllm or skypilot")
-    if offline and (ttft_ms or itl_ms):
-        raise FrugalError("--offline has no latency targets: drop --ttft-ms / --itl-ms")
-    for flag, v in (("--ttft-ms", ttft_ms), ("--itl-ms", itl_ms)):
-        if v is not None and v <= 0:
-            raise FrugalError(f"{flag} must be positive (milliseconds)")
-    arriving = rate if rate is not None else (requests_per_day or 0) / 86400 * peak_factor
-    quants = listed(quant) or ()
-    for q in quants:
-        find_format(q)
-    engines = listed(engine) or ()
-    for name in engines:
-        find_engine(name)
     try:
         months = tuple(int(m) for m in listed(commitment_months) or ())
     except ValueError:
         raise FrugalError("--commitment-months: whole months, e.g. 12,36") from None
-    ask = ServeAsk(
-        spec=load_spec(model),
-        rate=arriving * (1 - response_cache_hit),
-        input_len=input_len,
-        output_len=output_len,
-        ttft_s=ttft_ms / 1e3 if ttft_ms else None,
-        itl_s=itl_ms / 1e3 if itl_ms else None,
-        quants=quants,
-        engines=engines,
-        kv_dtype=kv_dtype.lower(),
-        prefix_hit=prefix_hit,
-        offline=offline,
-        commitments=months,
-    )
+    ask = serve_ask(
+        model, rate, requests_per_day, peak_factor, input_len, output_len, ttft_ms, itl_ms,
+        quant, engine, kv_dtype, prefix_hit, response_cache_hit, offline, months,
+    )  # fmt: skip
+    arriving = ask.rate / (1 - response_cache_hit)
     p = plan(ask, select_offers(prices or [], discount or [], (), providers_csv=providers))
     out = plan_json(p)
     if response_cache_hit:
@@ -225,7 +278,10 @@ def plan_cmd(
     text = emitted(p, emit, adapter, weights) if emit else ""
     path = emit_file or ("serve.yaml" if emit == "skypilot" else None)
     if emit and path:
-        write_text_atomic(path, text)
+        try:
+            write_text_atomic(path, text)
+        except OSError as e:
+            raise FrugalError(f"--emit-file {path}: {e.strerror}") from None
         out[f"wrote_{emit}"] = path
     elif emit:
         out["vllm_command"] = text.strip()
@@ -244,6 +300,7 @@ def plan_json(p: ServePlan) -> dict[str, Any]:
     return {
         "model": ask.spec.id,
         "rate_requests_per_s": ask.rate,
+        "mean_rate_requests_per_s": ask.billed_rate,
         "input_len": ask.input_len,
         "output_len": ask.output_len,
         "ttft_ms": ask.ttft_s * 1e3 if ask.ttft_s else None,

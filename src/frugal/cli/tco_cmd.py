@@ -9,17 +9,18 @@ import typer
 from rich.table import Table
 
 from frugal.cli import console
-from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, parse_tokens
-from frugal.cli.serve_cmd import INPUT_HELP, OUTPUT_HELP
+from frugal.cli.options import JSON_HELP, MODEL_HELP, parse_tokens
+from frugal.cli.serve_cmd import INPUT_HELP, OUTPUT_HELP, serve_ask
 from frugal.errors import FrugalError
 from frugal.hardware.offers import HOST_WATTS, KWH_USD, select_offers
-from frugal.models.specs import load_spec
 from frugal.plan.search import Constraints, Infeasible, search
 from frugal.serve import compare
-from frugal.serve.plan import Option, ServeAsk, plan
+from frugal.serve.plan import Option, plan
 from frugal.serve.prices import api_prices, conservative_commitment, purchase_price
 from frugal.serve.tco import HOURS_PER_MONTH, Api, Hourly, Owned, Training, Workload, tco
 from frugal.step.job import make_job
+
+SPOT_OVERHEAD = 0.1  # serving on spot: a share of hours lost to interruptions and reboots
 
 
 def tco_cmd(
@@ -53,16 +54,14 @@ def tco_cmd(
 ) -> None:
     """Self-hosted on-demand, committed, managed, hosted API and your own GPUs over N months:
     the cheapest option each month and where the totals cross."""
-    if (rate is None) == (requests_per_day is None):
-        raise FrugalError("give the load: --rate R or --requests-per-day N")
-    arriving = rate if rate is not None else (requests_per_day or 0) / 86400
-    spec = load_spec(model)
-    offers = select_offers(providers_csv=providers)
-    ask = ServeAsk(
-        spec, arriving, input_len, output_len,
-        ttft_s=ttft_ms / 1e3 if ttft_ms else None, itl_s=itl_ms / 1e3 if itl_ms else None,
-        quants=listed(quant) or (), commitments=(),
+    if months < 1:
+        raise FrugalError("--months must be 1 or more")
+    ask = serve_ask(
+        model, rate, requests_per_day, 1.0, input_len, output_len, ttft_ms, itl_ms, quant,
+        "vllm", "auto", 0.0, 0.0, False, (),
     )  # fmt: skip
+    spec, arriving = ask.spec, ask.rate
+    offers = select_offers(providers_csv=providers)
     p = plan(ask, offers)
     best = p.best
     w = Workload(
@@ -81,7 +80,7 @@ def tco_cmd(
             offers,
         ),
     )
-    options = _options(p.best, compare.platforms(p), spec.id, self_hosted_hours, api_hours)
+    options = _options(p.best, compare.platforms(p), w, spec.id, self_hosted_hours, api_hours)
     options.append(
         _owned(best, own_gpu_usd, own_years, own_utilization, kwh_usd, self_hosted_hours)
     )
@@ -115,16 +114,24 @@ def _training(
 
 
 def _options(
-    best: Option, platforms: list[dict[str, Any]], model: str, self_h: float, api_h: float
+    best: Option,
+    platforms: list[dict[str, Any]],
+    w: Workload,
+    model: str,
+    self_h: float,
+    api_h: float,
 ) -> list[Any]:
-    """Renting (on-demand, committed), a managed platform, and the cheapest API."""
-    per_replica = best.instance_usd_h / best.replicas_per_instance
-    out: list[Any] = [
-        Hourly("on-demand", per_replica, engineering_h_month=self_h),
-    ]
+    """Renting (on-demand, spot, committed within the horizon), a managed platform, and the
+    API that is cheapest for this workload."""
+    per_replica = best.usd_h / best.replicas  # the plan's whole bill over the replicas it needs
+    out: list[Any] = [Hourly("on-demand", per_replica, engineering_h_month=self_h)]
+    o = best.offer
+    if o.spot_usd_h is not None:  # serving on spot: restarts re-bill their boot (10%)
+        spot = per_replica * o.spot_usd_h / o.ondemand_usd_h
+        out.append(Hourly("spot", spot, overhead=SPOT_OVERHEAD, engineering_h_month=self_h))
     for term in (12, 36):
-        c = conservative_commitment(best.offer.provider, term)
-        if c is not None:
+        c = conservative_commitment(o.provider, term)
+        if c is not None and term <= w.months:  # a longer term would still be owed after
             out.append(
                 Hourly(
                     f"commitment {term} months",
@@ -143,9 +150,9 @@ def _options(
                 engineering_h_month=self_h / 2,
             )
         )
-    apis = sorted(api_prices(model), key=lambda a: a.output_usd_per_mtok + a.input_usd_per_mtok)
+    apis = api_prices(model)
     if apis:
-        a = apis[0]
+        a = min(apis, key=lambda a: a.cost_usd(w.input_mtok_per_month, w.output_mtok_per_month))
         out.append(Api(f"API {a.provider}", a.input_usd_per_mtok, a.output_usd_per_mtok,
                        engineering_h_month=api_h))  # fmt: skip
     return out
@@ -183,7 +190,9 @@ def render(result: Any, out: dict[str, Any]) -> None:
             f"(`frugal plan`'s choice) in month 1{again}, in every option"
         )
     t = Table(title="cumulative cost, USD")
-    marks = sorted({1, 3, 6, result.months} | {result.months // 2})
+    marks = sorted(
+        m for m in {1, 3, 6, result.months // 2, result.months} if 1 <= m <= result.months
+    )
     t.add_column("option")
     for m in marks:
         t.add_column(f"month {m}", justify="right")

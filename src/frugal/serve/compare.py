@@ -31,7 +31,7 @@ def apis(p: ServePlan) -> list[dict[str, Any]]:
             | {
                 "batch_priced": bool(ask.offline and a.batch_discount),
                 "usd_per_request": round(per, 7),
-                "usd_per_month": round(per * ask.rate * 3600 * HOURS_PER_MONTH, 2),
+                "usd_per_month": round(per * ask.billed_rate * 3600 * HOURS_PER_MONTH, 2),
             }
         )
     return sorted(out, key=lambda r: r["usd_per_request"])
@@ -47,6 +47,8 @@ def break_even(p: ServePlan, cheapest_api: dict[str, Any] | None) -> dict[str, A
     rate = b.instance_usd_h / 3600 / per_req if per_req else float("inf")
     util = rate / capacity
     api = cheapest_api["provider"]
+    api_h = per_req * p.ask.billed_rate * 3600  # the API's bill for this load, per hour
+    cheaper = b.usd_h < api_h
     if util > 1:
         text = (
             f"self-hosting never beats {api}: even fully used, one {b.offer.instance} costs "
@@ -54,15 +56,18 @@ def break_even(p: ServePlan, cheapest_api: dict[str, Any] | None) -> dict[str, A
         )
     else:
         text = (
-            f"self-hosting beats {api} above {rate:,.2f} requests/s ({util:.0%} of one "
-            f"{b.offer.instance}'s capacity of {capacity:,.2f} requests/s); at "
-            f"{p.ask.rate:g} requests/s the {'API' if p.ask.rate < rate else 'server'} is cheaper"
+            f"one {b.offer.instance} beats {api} above {rate:,.2f} requests/s ({util:.0%} of "
+            f"its capacity of {capacity:,.2f} requests/s); for this load the "
+            f"{'servers' if cheaper else 'API'} cost less: ${b.usd_h:,.2f}/h against "
+            f"${api_h:,.2f}/h"
         )
     return {
         "api": api,
         "rate_requests_per_s": round(rate, 4) if util <= 1 else None,
         "utilization": round(util, 4) if util <= 1 else None,
-        "self_hosted_cheaper": p.ask.rate >= rate and util <= 1,
+        "self_hosted_cheaper": cheaper,
+        "self_hosted_usd_h": round(b.usd_h, 4),
+        "api_usd_h": round(api_h, 4),
         "text": text,
     }
 

@@ -110,7 +110,8 @@ class ServeEstimate:
             "output_len": self.output_len,
             "params": self.p.total,
             "weights_gib": round(m.weights_gib * tp, 2),
-            "kv_bytes_per_token": self.kv.bytes_per_token_gpu * tp,
+            "kv_bytes_per_token": self.kv.bytes_per_token,
+            "kv_bytes_per_token_per_gpu": self.kv.bytes_per_token_gpu,
             "kv_cache_gib": round(max(m.kv_cache_gib, 0) * tp, 2),
             "kv_cache_tokens": m.kv_cache_tokens,
             "max_concurrency": m.max_concurrency,
@@ -156,6 +157,16 @@ def check(d: Deployment, input_len: int, output_len: int) -> list[str]:
         raise FrugalError(
             f"--quant fp8 needs an Ampere or newer GPU ({d.gpu.name} has none): "
             "use --quant awq or fp16"
+        )
+    if d.fmt.name == "fp8" and d.engine.name == "trtllm" and d.gpu.fp8_tflops is None:
+        raise FrugalError(
+            f"TensorRT-LLM runs FP8 on FP8 tensor cores (Ada, Hopper); {d.gpu.name} has none: "
+            "use --engine vllm or --quant awq"
+        )
+    if d.fmt.name in ("awq", "gptq") and d.gpu.name.startswith("V100"):
+        raise FrugalError(
+            f"vLLM's 4-bit kernels need compute capability 7.5 or newer ({d.gpu.name} is 7.0): "
+            "use --quant fp16 or a newer GPU"
         )
     heads = int(spec.config["num_attention_heads"])
     if d.tp < 1 or d.tp > MAX_TP or heads % d.tp:

@@ -29,13 +29,16 @@ from frugal.serve.tco import HOURS_PER_MONTH
 from frugal.serve.weights import find_format
 
 TPS = (1, 2, 4, 8)
+# a replica is never planned past this share of its capacity: near it the queue (TTFT) grows
+# without bound, so a plan without latency targets still leaves headroom
+MAX_UTILIZATION = 0.8
 OFFLINE_BURST = 2000  # requests at once when pricing offline work at maximum throughput
 
 
 @dataclass(frozen=True)
 class ServeAsk:
     spec: ModelSpec
-    rate: float  # requests/s the servers must carry (after the response cache)
+    rate: float  # requests/s the servers must carry at peak (after the response cache)
     input_len: int
     output_len: int
     ttft_s: float | None = None
@@ -46,10 +49,16 @@ class ServeAsk:
     prefix_hit: float = 0.0
     offline: bool = False  # batch work: no latency targets, throughput-priced, spot allowed
     commitments: tuple[int, ...] = (12,)  # commitment terms to price (months)
+    mean_rate: float | None = None  # requests/s on average, what is billed per token
+
+    @property
+    def billed_rate(self) -> float:
+        """The mean rate: what APIs bill and what dollars per token divide by."""
+        return self.rate if self.mean_rate is None else self.mean_rate
 
     @property
     def output_tokens_per_s(self) -> float:
-        return self.rate * self.output_len
+        return self.billed_rate * self.output_len
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,8 @@ class Capacity:
     d: Deployment
     rate: float  # requests/s per replica
     at: ServeEstimate  # the estimate at that rate
-    bound: str  # what limits it: TTFT, ITL or the server's capacity
+    bound: str  # what limits it: TTFT, ITL or the share of capacity a plan may use
+    full: float = 0.0  # the server's capacity, requests/s (the queue's limit)
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,9 @@ class Option:
 
     @property
     def utilization(self) -> float:
-        return self.ask.rate / (self.cap.rate * self.instances * self.replicas_per_instance)
+        """The peak load's share of what the running replicas could serve at most."""
+        full = self.cap.full or self.cap.rate
+        return self.ask.rate / (full * self.instances * self.replicas_per_instance)
 
     @property
     def usd_per_mtok(self) -> float:
@@ -94,7 +106,7 @@ class Option:
 
     @property
     def usd_per_request(self) -> float:
-        return self.usd_h / 3600 / self.ask.rate
+        return self.usd_h / 3600 / self.ask.billed_rate
 
     def label(self) -> str:
         d = self.cap.d
@@ -104,8 +116,16 @@ class Option:
             f"{self.offer.provider} {where} {self.pricing}"
         )
 
+    def at_load(self) -> ServeEstimate:
+        """One replica at its share of the peak load (what users see), not at capacity."""
+        share = self.ask.rate / (self.instances * self.replicas_per_instance)
+        if self.ask.offline or share >= self.cap.rate:
+            return self.cap.at
+        a = self.ask
+        return estimate(self.cap.d, a.input_len, a.output_len, Load(rate=share), a.prefix_hit)
+
     def to_json(self) -> dict[str, Any]:
-        e = self.cap.at.to_json()
+        e = self.at_load().to_json()
         return {
             "provider": self.offer.provider,
             "instance": self.offer.instance,
@@ -159,7 +179,7 @@ def replica_capacity(d: Deployment, ask: ServeAsk) -> Capacity:
     i, o = ask.input_len, ask.output_len
     if ask.offline:
         e = estimate(d, i, o, Load(burst=OFFLINE_BURST), ask.prefix_hit)
-        return Capacity(d, e.speed.requests_per_s, e, "throughput")
+        return Capacity(d, e.speed.requests_per_s, e, "throughput", e.speed.requests_per_s)
 
     def at(r: float) -> ServeEstimate:
         return estimate(d, i, o, Load(rate=r), ask.prefix_hit)
@@ -183,9 +203,9 @@ def replica_capacity(d: Deployment, ask: ServeAsk) -> Capacity:
             "target"
         )
     cap = low.speed.capacity_requests_per_s
-    lo, hi, bound = 1e-3, cap * 0.999, "capacity"
+    lo, hi, bound = 1e-3, cap * MAX_UTILIZATION, "capacity"
     if not ok(at(hi)):
-        return Capacity(d, hi, at(hi), "capacity")
+        return Capacity(d, hi, at(hi), f"{MAX_UTILIZATION:.0%} of capacity", cap)
     while hi - lo > 2e-3 * hi:  # to 0.2% of the rate
         mid = (lo + hi) / 2
         why = ok(at(mid))
@@ -193,7 +213,7 @@ def replica_capacity(d: Deployment, ask: ServeAsk) -> Capacity:
             hi, bound = mid, why
         else:
             lo = mid
-    return Capacity(d, lo, at(lo), bound)
+    return Capacity(d, lo, at(lo), bound, cap)
 
 
 def _capacities(ask: ServeAsk, gpus: list[GPU]) -> tuple[list[Capacity], list[Refused]]:

@@ -102,6 +102,11 @@ class Params:
 def params(spec: ModelSpec) -> Params:
     """Parameters of a Llama-family decoder (and its MoE variants), from its config."""
     c = spec.config
+    if c.get("kv_lora_rank") or c.get("q_lora_rank") or c.get("n_routed_experts"):
+        raise FrugalError(
+            f"{spec.id}: DeepSeek-style latent attention and shared experts are not counted by "
+            "the serving estimate's parameter model yet (its KV cache is: see docs/serve.md)"
+        )
     if spec.model_type in ("phi", "gpt2", "gpt_neox", "bloom", "falcon"):
         raise FrugalError(
             f"{spec.id}: serving estimates cover Llama-family decoders (Llama, Mistral, Qwen, "
