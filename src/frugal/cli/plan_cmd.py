@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from frugal.cli import console
+from frugal.cli.jobs_cmd import run_jobs
 from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, option, parse_tokens
 from frugal.config import DataConfig
 from frugal.data.count import count_tokens
@@ -32,7 +33,7 @@ def _si(n: float) -> str:
 
 
 def plan(
-    model: str = typer.Argument(..., help=MODEL_HELP),
+    model: str | None = typer.Argument(None, help=MODEL_HELP + " (or --jobs)"),
     tokens: str | None = typer.Option(None, help="Training tokens per epoch, e.g. 20M."),
     dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count."),
     epochs: float = option(DataConfig, "epochs"),
@@ -64,7 +65,9 @@ def plan(
     discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
     kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for --local, $/kWh."),
-    write: str | None = typer.Option(None, help="Write the run config for `frugal train`."),
+    write: str | None = typer.Option(
+        None, help="Write the run config for `frugal train` (with --jobs: a directory)."
+    ),
     emit: str | None = typer.Option(
         None, help="hf (a transformers Trainer script) or skypilot (a task YAML)."
     ),
@@ -77,10 +80,32 @@ def plan(
     tag: list[str] | None = typer.Option(
         None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
     ),
+    jobs: str | None = typer.Option(
+        None, help="A jobs file (YAML): plan many fine-tunes as one bill on shared VMs."
+    ),
+    price_history: str | None = typer.Option(
+        None,
+        help="With --jobs: spot price history (AWS describe-spot-price-history JSON or "
+        "CSV time,provider,instance,region,spot_usd_h) to time spot VMs.",
+    ),
+    now: str | None = typer.Option(
+        None, help="With --jobs: plan as if it were this UTC time (ISO 8601) [default: now]."
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The cheapest (or fastest) plan that fits and meets the deadline, with its reasons."""
 
+    if jobs is not None:
+        if model is not None or tokens is not None or dataset is not None:
+            raise FrugalError("--jobs plans the jobs of its file: drop MODEL, --tokens, --dataset")
+        offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers)
+        spot_mode = "auto" if spot is None else ("only" if spot else "never")
+        run_jobs(jobs, offers, price_history, now, write, json_out, spot_mode)
+        return
+    if price_history or now:
+        raise FrugalError("--price-history and --now time the VMs of --jobs: add --jobs FILE")
+    if model is None:
+        raise FrugalError("give MODEL (a hub id, directory or config.json), or --jobs FILE")
     if (tokens is None) == (dataset is None):
         raise FrugalError("give the amount of training: --tokens N or --dataset FILE")
     if epochs <= 0:

@@ -34,6 +34,7 @@ class Provider:
     boot_min: float
     storage_usd_gb_month: float
     egress_usd_gb: float
+    interregion_usd_gb: float  # $/GB to another region of the same provider
     spot_notice_s: float
     interruption: str  # default bucket of its spot offers ("" = no spot market)
     node_network_gbps: float  # GB/s between nodes; 0 = single-node only
@@ -71,6 +72,7 @@ class Offer:
             "boot_min": t.boot_min,
             "storage_usd_gb_month": t.storage_usd_gb_month,
             "egress_usd_gb": t.egress_usd_gb,
+            "interregion_usd_gb": t.interregion_usd_gb,
             "source": self.source,
             "retrieved": self.retrieved,
         }
@@ -86,6 +88,7 @@ def providers() -> dict[str, Provider]:
             boot_min=float(r["boot_min"]),
             storage_usd_gb_month=float(r["storage_usd_gb_month"]),
             egress_usd_gb=float(r["egress_usd_gb"]),
+            interregion_usd_gb=float(r["interregion_usd_gb"]),
             spot_notice_s=float(r["spot_notice_s"]),
             interruption=r["interruption"],
             node_network_gbps=float(r["node_network_gbps"]),

@@ -13,8 +13,10 @@ from typing import Any
 import yaml
 
 from frugal.config import PlanConfig, RunConfig
+from frugal.hardware.offers import Offer
 from frugal.hardware.skypilot import CLOUDS, to_skypilot
 from frugal.models.specs import load_spec
+from frugal.plan.jobs import VM
 from frugal.plan.search import Constraints, Plan
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.step.job import TrainJob
@@ -166,24 +168,28 @@ def hf_script(cfg: RunConfig, step_time_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _resources(offer: Offer, spot: bool) -> dict[str, Any]:
+    """SkyPilot resources of an offer: accelerators, spot with job recovery, cloud, region."""
+    resources: dict[str, Any] = {
+        "accelerators": f"{to_skypilot(offer.gpu.name)}:{offer.gpus}",
+        "use_spot": bool(spot),
+    }
+    if offer.provider in CLOUDS:
+        resources["cloud"] = offer.provider
+    if offer.region and offer.provider != "vast":
+        resources["region"] = offer.region
+    if spot:
+        resources["job_recovery"] = {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
+    return resources
+
+
 def skypilot_task(plan: Plan, run_config: str) -> str:
     """A SkyPilot task YAML: resources, spot with job recovery, a checkpoint bucket mount,
     and frugal installed from the synced working directory with the extras the plan needs."""
-    o = plan.offer
-    resources: dict[str, Any] = {
-        "accelerators": f"{to_skypilot(o.gpu.name)}:{o.gpus}",
-        "use_spot": bool(plan.spot),
-    }
-    if o.provider in CLOUDS:
-        resources["cloud"] = o.provider
-    if o.region and o.provider != "vast":
-        resources["region"] = o.region
-    if plan.spot:
-        resources["job_recovery"] = {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
     package = ".[train]" if needs_bitsandbytes(plan.job) else "."
     task: dict[str, Any] = {
         "name": "frugal-train",
-        "resources": resources,
+        "resources": _resources(plan.offer, plan.spot),
         "num_nodes": plan.nodes,
         "file_mounts": {"/checkpoints": {"name": "frugal-checkpoints", "mode": "MOUNT"}},
         "workdir": ".",  # this checkout of frugal, with the run config, synced to the VM
@@ -191,3 +197,31 @@ def skypilot_task(plan: Plan, run_config: str) -> str:
         "run": f"frugal train {run_config} output_dir=/checkpoints --resume auto",
     }
     return "# SkyPilot task written by frugal plan\n" + yaml.safe_dump(task, sort_keys=False)
+
+
+def skypilot_jobs_task(vm: VM, configs: dict[str, str], name: str) -> str:
+    """One SkyPilot task for a shared VM: its jobs one after another, each in its own output
+    dir on the checkpoint bucket. A restart after preemption runs the same script: a job that
+    finished (its run_summary.json is there) is skipped, the one that was running resumes
+    from its last checkpoint, the rest follow."""
+    steps = []
+    for r in vm.runs:
+        out = f"/checkpoints/{r.job}"
+        steps.append(
+            f"if [ ! -f {out}/run_summary.json ]; then\n"
+            f"  frugal train {configs[r.job]} output_dir={out} --resume auto\n"
+            "fi"
+        )
+    package = ".[train]" if any(needs_bitsandbytes(r.plan.job) for r in vm.runs) else "."
+    task: dict[str, Any] = {
+        "name": name,
+        "resources": _resources(vm.offer, vm.spot),
+        "num_nodes": 1,
+        "file_mounts": {"/checkpoints": {"name": "frugal-checkpoints", "mode": "MOUNT"}},
+        "workdir": ".",
+        "setup": f"pip install '{package}'",
+        "run": "set -e\n" + "\n".join(steps) + "\n",
+    }
+    jobs = ", ".join(r.job for r in vm.runs)
+    head = f"# SkyPilot task written by frugal plan --jobs: {jobs}, in this order\n"
+    return head + yaml.safe_dump(task, sort_keys=False)

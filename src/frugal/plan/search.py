@@ -27,12 +27,12 @@ from frugal.hardware.gpus import GIB, GPU, MARGIN, memory_budget
 from frugal.hardware.offers import Offer
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
+from frugal.plan.transfer import DOWNLOAD_GBPS
 from frugal.step.job import Method, Optimizer, TrainJob
 
 SpotMode = Literal["auto", "only", "never"]
 NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
 DISK_GBPS = 1.0  # checkpoint write and weight read from local NVMe, GB/s
-DOWNLOAD_GBPS = 0.5  # model weights from the hub or a bucket at start, GB/s
 
 
 def _cli(flag: str) -> JsonDict:
@@ -124,6 +124,7 @@ class Plan:
     fallback: spot_math.Fallback | None = None
     reasons: list[str] = field(default_factory=list)
     value_of_time_usd_h: float = 0.0  # Constraints.value_of_time_usd_h, weighs the hours
+    output_gb: float = 0.0  # what the run hands back: the adapter, or the whole model
 
     @property
     def cost_usd(self) -> float:
@@ -482,6 +483,7 @@ def _price(
             storage,
             egress,
             value_of_time_usd_h=k.value_of_time_usd_h,
+            output_gb=output_gb,
         )
 
     out = []

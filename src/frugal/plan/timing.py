@@ -1,0 +1,352 @@
+"""Spot-price timing: a job with slack before its deadline can wait for a cheap window.
+
+* History. A price history records changes: the price in effect at time t is the last point
+  at or before t. Two formats are read. The JSON that `aws ec2 describe-spot-price-history`
+  prints: `{"SpotPriceHistory": [{"AvailabilityZone", "InstanceType", "ProductDescription",
+  "SpotPrice" (a string of $/hour), "Timestamp" (ISO 8601 UTC: "2014-01-06T07:10:55.000Z" in
+  AWS's example, "...+00:00" from CLI v2)}, ...]}` (AWS code library, "Use
+  DescribeSpotPriceHistory with a CLI", docs.aws.amazon.com/code-library/latest/ug/
+  ec2_example_ec2_DescribeSpotPriceHistory_section.html; the EC2 API reference adds that the
+  answer includes the last change before the start time, the price in effect then). Only
+  Linux/UNIX rows are kept ("Linux/UNIX" and "Linux/UNIX (Amazon VPC)"): SUSE, Red Hat and
+  Windows prices include a licence. The region is the zone without its trailing letter.
+  Or a CSV `time,provider,instance,region,spot_usd_h` (ISO 8601; naive times are UTC).
+  Prices are per instance-hour, as in the offer catalog.
+* Zones. AWS prices each availability zone; each zone keeps its own series, and for every
+  step of a run (an hour by default) the cheapest zone of the region over that step is taken,
+  as a launcher free to pick any zone of the region would. A run pinned to one zone can pay
+  more.
+* Model: a daily profile. The expected price at a future time is the median, over the days of
+  history, of the mean price in effect over the same step at the same time of day (UTC). The
+  expected cost of a start s is the sum of those over [s, s + run_h], piecewise constant by
+  step, so runs longer than a day wrap around the profile. Starts 0, step, 2 step, ... up to
+  the slack are tried; the cheapest wins and ties go to the earliest. The risk, p90, is the
+  90th percentile over the days of what the same window of the day actually cost (linear
+  interpolation between order statistics).
+* Limits. One profile for all days: weekday/weekend patterns, holidays and a trend (prices
+  drifting up or down over the history) are not modelled, so a history of the last one or
+  two weeks serves best. Prices only; interruptions are not in it (pass the expected wall
+  time on spot, spot.spot_run, as run_h). The last price is taken to hold after the last
+  point until `now`, for at most a day (an old file is not stretched further). A history of a
+  day or less cannot give a profile (an error says so); for a run longer than the whole
+  history, p90 is the sum of its steps' own p90s, a pessimistic bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from frugal.errors import FrugalError
+from frugal.hardware.csvdata import data_rows, header
+from frugal.hardware.offers import providers
+
+CSV_COLUMNS = ("time", "provider", "instance", "region", "spot_usd_h")
+LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+AWS_FIELDS = ("AvailabilityZone", "InstanceType", "ProductDescription", "SpotPrice", "Timestamp")
+FORMATS = "AWS describe-spot-price-history JSON or a CSV of " + ",".join(CSV_COLUMNS)
+
+
+@dataclass(frozen=True)
+class PricePoint:
+    """A spot price ($ per instance-hour) that took effect at `time` (UTC)."""
+
+    time: datetime
+    provider: str
+    instance: str
+    region: str
+    usd_h: float
+    zone: str = ""  # the AWS availability zone; "" for a CSV row (one series per region)
+
+
+@dataclass(frozen=True)
+class Window:
+    """When to start a run, what it is expected to cost then and now, and the risk."""
+
+    start_h: float  # hours from now the run should start
+    run_h: float
+    expected_usd: float  # expected cost of the run starting at start_h
+    now_usd: float  # expected cost of the run starting now
+    saving_usd: float  # now_usd - expected_usd
+    p90_usd: float  # 90th percentile over the days of what that window of the day cost
+    slack_left_h: float  # deadline slack left after waiting
+    days: int  # days of history behind the estimate (the fewest behind any of its steps)
+    reason: str
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _time(raw: str) -> datetime | None:
+    try:
+        return _utc(datetime.fromisoformat(raw.strip()))
+    except ValueError:
+        return None
+
+
+def _price(raw: object) -> float | None:
+    try:
+        value = float(str(raw).strip().lstrip("$"))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _read_aws(data: object, path: str) -> list[PricePoint]:
+    rows = data.get("SpotPriceHistory") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise FrugalError(f"{path}: no 'SpotPriceHistory' list; give {FORMATS}")
+    out, others = [], set()
+    for i, r in enumerate(rows):
+        at = f"{path}: SpotPriceHistory[{i}]"
+        missing = [f for f in AWS_FIELDS if not isinstance(r, dict) or f not in r]
+        if missing:
+            raise FrugalError(f"{at}: missing {', '.join(missing)}; each entry needs all of them")
+        if r["ProductDescription"] not in LINUX:
+            others.add(str(r["ProductDescription"]))
+            continue
+        t = _time(str(r["Timestamp"]))
+        if t is None:
+            raise FrugalError(f"{at}: Timestamp {r['Timestamp']!r} is not an ISO 8601 time")
+        price = _price(r["SpotPrice"])
+        if price is None:
+            raise FrugalError(f"{at}: SpotPrice {r['SpotPrice']!r} must be a number >= 0 ($/h)")
+        zone = str(r["AvailabilityZone"]).strip()
+        if not zone or not r["InstanceType"]:
+            raise FrugalError(f"{at}: AvailabilityZone and InstanceType must not be empty")
+        region = zone[:-1] if zone[-1].isalpha() else zone
+        out.append(PricePoint(t, "aws", str(r["InstanceType"]), region, price, zone))
+    if not out:
+        found = f" (found only: {', '.join(sorted(others))})" if others else ""
+        raise FrugalError(
+            f"{path}: no Linux/UNIX spot prices{found}; fetch them with "
+            "--product-descriptions Linux/UNIX"
+        )
+    return out
+
+
+def _read_csv(text: str, path: str) -> list[PricePoint]:
+    kept = [i + 1 for i, ln in enumerate(text.splitlines()) if ln.strip() and ln[0] != "#"]
+    if not kept:
+        raise FrugalError(f"{path}:1: no header and no prices; give {FORMATS}")
+    head_line = kept[0]
+    missing = [c for c in CSV_COLUMNS if c not in header(text)]
+    if missing:
+        raise FrugalError(
+            f"{path}:{head_line}: missing column(s) {', '.join(missing)}; give {FORMATS}"
+        )
+    known, out = providers(), []
+    for lineno, row in data_rows(text):
+        at, r = f"{path}:{lineno}", {c: (row.get(c) or "").strip() for c in CSV_COLUMNS}
+        t = _time(r["time"])
+        if t is None:
+            raise FrugalError(
+                f"{at}: column 'time': {r['time']!r} is not an ISO 8601 time "
+                "(e.g. 2026-11-20T03:00:00Z; naive times are UTC)"
+            )
+        provider = r["provider"].lower()
+        if provider not in known:
+            raise FrugalError(
+                f"{at}: column 'provider': unknown {r['provider']!r}; known: {', '.join(known)}"
+            )
+        if not r["instance"]:
+            raise FrugalError(f"{at}: column 'instance': empty; name the instance type")
+        price = _price(r["spot_usd_h"])
+        if price is None:
+            raise FrugalError(
+                f"{at}: column 'spot_usd_h': {r['spot_usd_h']!r}: a price must be a "
+                "number >= 0 ($/hour for the whole instance)"
+            )
+        out.append(PricePoint(t, provider, r["instance"], r["region"], price))
+    if not out:
+        raise FrugalError(f"{path}:{head_line}: no prices after the header; add rows of {FORMATS}")
+    return out
+
+
+def read_price_history(path: str) -> list[PricePoint]:
+    """The spot price history in `path` (AWS JSON or CSV, see the module), sorted by time."""
+    p = Path(path)
+    if not p.is_file():
+        raise FrugalError(f"price history {path} not found: give {FORMATS}")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise FrugalError(f"cannot read price history {path}: {e}") from None
+    if not text.strip():
+        raise FrugalError(f"{path}:1: empty price history; give {FORMATS}")
+    if text.lstrip()[0] in "{[":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FrugalError(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+        points = _read_aws(data, path)
+    else:
+        points = _read_csv(text, path)
+    return sorted(points, key=lambda q: q.time)
+
+
+class _Offer:
+    """One offer's history: a step series per zone, in hours since the epoch."""
+
+    def __init__(self, points: Sequence[PricePoint], now_h: float) -> None:
+        self.zones: dict[str, tuple[list[float], list[float]]] = {}
+        for q in sorted(points, key=lambda q: q.time):
+            times, prices = self.zones.setdefault(q.zone, ([], []))
+            times.append(q.time.timestamp() / 3600)
+            prices.append(q.usd_h)
+        self.first = min(ts[0] for ts, _ in self.zones.values())
+        last = max(ts[-1] for ts, _ in self.zones.values())
+        self.end = max(last, min(now_h, last + 24))
+
+    def at(self, t: float) -> float | None:
+        """The cheapest zone's price in effect at t (its last point at or before t)."""
+        now = [p[bisect.bisect_right(ts, t) - 1] for ts, p in self.zones.values() if ts[0] <= t]
+        return min(now, default=None)
+
+    def mean(self, t0: float, t1: float) -> float | None:
+        """Mean $/h over [t0, t1) in the cheapest zone priced since t0; None if none is."""
+        best = None
+        for times, prices in self.zones.values():
+            i = bisect.bisect_right(times, t0) - 1
+            if i < 0:
+                continue
+            usd, t = 0.0, t0
+            while t < t1:
+                seg = min(t1, times[i + 1]) if i + 1 < len(times) else t1
+                usd, t, i = usd + prices[i] * (seg - t), seg, i + 1
+            best = usd / (t1 - t0) if best is None else min(best, usd / (t1 - t0))
+        return best
+
+    def samples(self, t0: float, steps: Sequence[tuple[float, float]]) -> list[float]:
+        """What `steps` (offset from t0, hours) cost ($) at t0's time of day on each day."""
+        hours = steps[-1][0] + steps[-1][1]
+        out = []
+        for day in range(math.floor(self.first / 24), math.floor(self.end / 24) + 1):
+            a = day * 24 + t0 % 24
+            if a >= self.first and a + hours <= self.end:
+                means = [self.mean(a + off, a + off + h) for off, h in steps]
+                if None not in means:
+                    out.append(sum((m or 0.0) * h for m, (_, h) in zip(means, steps, strict=True)))
+        return out
+
+
+def _offer(
+    history: Sequence[PricePoint], provider: str, instance: str, region: str, now: datetime
+) -> _Offer | None:
+    key = (provider.lower(), instance.lower(), region.lower())
+    mine = [q for q in history if (q.provider.lower(), q.instance.lower(), q.region.lower()) == key]
+    return _Offer(mine, now.timestamp() / 3600) if mine else None
+
+
+def price_at(
+    history: Sequence[PricePoint], provider: str, instance: str, region: str, t: datetime
+) -> float | None:
+    """$/h in effect at t (naive = UTC): the last point at or before t, in the cheapest zone.
+
+    None before the offer's first point or when the history has nothing for it.
+    """
+    offer = _offer(history, provider, instance, region, _utc(t))
+    return offer.at(_utc(t).timestamp() / 3600) if offer else None
+
+
+def _p90(values: Sequence[float]) -> float:
+    s = sorted(values)
+    x = 0.9 * (len(s) - 1)
+    lo = math.floor(x)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (x - lo)
+
+
+def best_start(
+    history: Sequence[PricePoint],
+    provider: str,
+    instance: str,
+    region: str,
+    run_h: float,
+    slack_h: float,
+    now: datetime,
+    step_h: float = 1.0,
+) -> Window | None:
+    """The start within the slack that minimizes the expected cost (see the module's model).
+
+    None when the history has nothing for that offer. A start never passes the slack, so the
+    run still ends by the deadline; a job with less slack than a step starts at once.
+    """
+    if not (0 < run_h < math.inf and 0 < step_h < math.inf and math.isfinite(slack_h)):
+        raise FrugalError(
+            f"timing needs finite run_h > 0, step_h > 0 and slack_h (got {run_h}, {step_h}, "
+            f"{slack_h})"
+        )
+    now = _utc(now)
+    now_h = now.timestamp() / 3600
+    offer = _offer(history, provider, instance, region, now)
+    if offer is None:
+        return None
+    n = math.ceil(run_h / step_h - 1e-9)
+    pieces = [(k * step_h, min(step_h, run_h - k * step_h)) for k in range(n)]
+    starts = max(0, math.floor(slack_h / step_h + 1e-9))  # start <= slack: the deadline holds
+    cache: dict[tuple[int, float], list[float]] = {}
+
+    def piece(j: int, hours: float) -> list[float]:
+        if (j, hours) not in cache:
+            cache[(j, hours)] = offer.samples(now_h + j * step_h, [(0.0, hours)])
+            if not cache[(j, hours)]:
+                span = offer.end - offer.first
+                raise FrugalError(
+                    f"price history of {provider} {instance} {region} covers {span:.1f} h; "
+                    "timing needs more than a day of it: fetch a longer history"
+                )
+        return cache[(j, hours)]
+
+    costs = []
+    for i in range(starts + 1):
+        costs.append(sum(statistics.median(piece(i + k, h)) for k, (_, h) in enumerate(pieces)))
+    best = 0
+    for i, c in enumerate(costs):
+        if c < costs[best] - 1e-9 * max(1.0, costs[best]):
+            best = i
+    start = best * step_h
+    days = min(len(piece(best + k, h)) for k, (_, h) in enumerate(pieces))
+    whole = offer.samples(now_h + start, pieces)  # the whole window, day by day
+    # a run longer than the history has no whole window in it: bound it by its steps' p90s
+    p90 = _p90(whole) if whole else sum(_p90(piece(best + k, h)) for k, (_, h) in enumerate(pieces))
+    expected, now_usd = costs[best], costs[0]
+    saving = now_usd - expected
+    at = (now + timedelta(hours=start)).strftime("%H:%M UTC")
+    if start == 0:
+        why = (
+            f"slack of {max(slack_h, 0):.1f} h is less than a {step_h:g} h step"
+            if starts == 0
+            else f"no start within the {slack_h:.1f} h of slack is cheaper"
+        )
+        reason = (
+            f"{provider} {instance} {region}: start now ({at}): {why}; expected "
+            f"${expected:.2f} for {run_h:.1f} h, p90 ${p90:.2f} over {days} days of history"
+        )
+    else:
+        reason = (
+            f"{provider} {instance} {region}: start in {start:g} h ({at}): expected "
+            f"${expected:.2f} for {run_h:.1f} h vs ${now_usd:.2f} starting now, saving "
+            f"${saving:.2f} ({saving / now_usd:.0%}); p90 ${p90:.2f} over {days} days of "
+            f"history; {slack_h - start:.1f} h of slack left"
+        )
+    return Window(
+        start_h=start,
+        run_h=run_h,
+        expected_usd=expected,
+        now_usd=now_usd,
+        saving_usd=saving,
+        p90_usd=p90,
+        slack_left_h=max(slack_h, 0.0) - start,
+        days=days,
+        reason=reason,
+    )
