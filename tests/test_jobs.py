@@ -147,7 +147,7 @@ def test_write_gives_a_config_per_job_and_a_resumable_task_per_vm(
         ([{"name": "a", "deadline": "soon"}], "not a duration"),
         ([{"name": "a", "method": "dora"}], "job a: method"),
         ([{"name": "a", "tokens": "1M"}, {"name": "a", "tokens": "1M"}], "two jobs are named"),
-        ([{"name": "a", "tokens": "1M", "data": "s3://bucket"}], "PROVIDER:REGION"),
+        ([{"name": "a", "tokens": "1M", "data": "s3://bucket"}], "job a: data: "),
     ],
 )
 def test_bad_jobs_files_are_one_line(
@@ -165,3 +165,21 @@ def test_jobs_flags_are_refused_without_jobs(capsys: pytest.CaptureFixture[str])
     assert "add --jobs FILE" in err
     assert "drop MODEL" in run_error(capsys, "plan", "meta-llama/Llama-3.1-8B", "--jobs", JOBS)
     assert "give MODEL" in run_error(capsys, "plan", "--tokens", "1M")
+
+
+@pytest.mark.slow
+def test_a_single_plan_prices_its_data_and_stays_where_the_data_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["plan", "meta-llama/Llama-3.1-8B", "--tokens", "20M", "--json"]
+    free = run_json(capsys, *args)["recommendation"]
+    far = run_json(capsys, *args, "--data", "aws:us-east-1", "--data-gb", "300")["recommendation"]
+    assert (free["provider"], free["region"]) != ("aws", "us-east-1")
+    assert (far["provider"], far["region"]) == ("aws", "us-east-1")
+    assert any(r.startswith("data: dataset 300.0 GB") for r in far["reasons"])
+    assert any("runs where its data is cheaper to reach" in r for r in far["reasons"])
+    # elsewhere, the move is in the bill: the source cloud's egress for 300 GB
+    gcp = run_json(capsys, *args, "--data", "aws:us-east-1", "--data-gb", "300",
+                   "--providers", "gcp")["recommendation"]  # fmt: skip
+    assert gcp["cost_breakdown_usd"]["egress"] >= 300 * 0.09
+    assert "--data: data location 's3://x'" in run_error(capsys, *args, "--data", "s3://x")

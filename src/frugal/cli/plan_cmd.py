@@ -22,6 +22,7 @@ from frugal.plan.emit import hf_script, skypilot_task, to_run_config
 from frugal.plan.plot import check_plot_path, write_plot
 from frugal.plan.relax import Ask, explain
 from frugal.plan.search import Constraints, Infeasible, Result, search
+from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import TrainJob, make_job
 
 
@@ -80,6 +81,8 @@ def plan(
     tag: list[str] | None = typer.Option(
         None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
     ),
+    data: str = option(Constraints, "data"),
+    data_gb: float | None = option(Constraints, "data_gb", unset="measured from --dataset"),
     jobs: str | None = typer.Option(
         None, help="A jobs file (YAML): plan many fine-tunes as one bill on shared VMs."
     ),
@@ -141,7 +144,15 @@ def plan(
         per_epoch = parse_tokens(tokens or "", "--tokens")
     if spec.max_positions and seq > spec.max_positions:
         notes.append(f"--seq {seq} is beyond {spec.id}'s {spec.max_positions} positions")
+    try:
+        parse_location(data)  # a bad --data fails before the search
+    except FrugalError as e:
+        raise FrugalError(f"--data: {e}") from None
+    if data_gb is None:
+        data_gb = measure_gb(dataset) if dataset else 0.0
     k = Constraints.build(
+        data=data,
+        data_gb=data_gb,
         tokens=per_epoch * epochs,
         effective_batch=effective_batch,
         budget_usd=budget,

@@ -27,7 +27,7 @@ from frugal.hardware.gpus import GIB, GPU, MARGIN, memory_budget
 from frugal.hardware.offers import Offer
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
-from frugal.plan.transfer import DOWNLOAD_GBPS
+from frugal.plan.transfer import DOWNLOAD_GBPS, move_in, move_out, parse_location
 from frugal.step.job import Method, Optimizer, TrainJob
 
 SpotMode = Literal["auto", "only", "never"]
@@ -87,6 +87,13 @@ class Constraints(BaseModel):
         "ranks by cost + this x hours (0: dollars alone)",
         json_schema_extra=_cli("--value-of-time"),
     )
+    data: str = Field(
+        "local",
+        description="where the dataset is and results go: local, hub or PROVIDER:REGION",
+    )
+    data_gb: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="the dataset's size, GB (0: not priced)"
+    )
 
     @classmethod
     def build(cls, **values: Any) -> Constraints:
@@ -125,6 +132,7 @@ class Plan:
     reasons: list[str] = field(default_factory=list)
     value_of_time_usd_h: float = 0.0  # Constraints.value_of_time_usd_h, weighs the hours
     output_gb: float = 0.0  # what the run hands back: the adapter, or the whole model
+    data_note: str = ""  # the dataset's way in and the results' way out, with their dollars
 
     @property
     def cost_usd(self) -> float:
@@ -464,8 +472,13 @@ def _price(
     ckpt = prof.start_bytes("trainable_weights") + prof.start_bytes("optimizer_state")
     delta_h = (ckpt / (DISK_GBPS * 1e9) + 10) / 3600
     output_gb = ckpt / 1e9 if job.method == "full" else prof.trainable_params * 2 / 1e9
-    disk_gb = (weights + 2 * ckpt) / 1e9 + 1  # weights, two checkpoints, data
-    egress = output_gb * terms.egress_usd_gb
+    disk_gb = (weights + 2 * ckpt) / 1e9 + 1 + k.data_gb  # weights, two checkpoints, data
+    # the dataset onto the VM and the result back to where the data lives (transfer.py)
+    where = parse_location(k.data)
+    data_in, data_out = move_in(where, k.data_gb, offer), move_out(output_gb, offer, where)
+    setup_h += data_in.hours
+    egress = data_in.usd + data_out.usd
+    note = f"{data_in.reason}; {data_out.reason}" if k.data_gb else data_out.reason
 
     def plan(spot: bool, hours: float, compute: float) -> Plan:
         storage = disk_gb * terms.storage_usd_gb_month * hours / spot_math.HOURS_PER_MONTH
@@ -484,6 +497,7 @@ def _price(
             egress,
             value_of_time_usd_h=k.value_of_time_usd_h,
             output_gb=output_gb,
+            data_note=note,
         )
 
     out = []
@@ -537,6 +551,16 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         f"{best.speed.efficiency:.0%} of peak): {best.hours:.1f} h including "
         f"{best.setup_h * 60:.0f} min setup"
     )
+    if k.data != "local" or k.data_gb:
+        r.append(f"data: {best.data_note}")
+        dry = min(feasible, key=lambda p: (p.cost_usd - p.egress_usd, p.hours))
+        if dry.offer != best.offer and dry.egress_usd > best.egress_usd:
+            r.append(
+                f"runs where its data is cheaper to reach: {dry.label()} would save "
+                f"${best.cost_usd - best.egress_usd - (dry.cost_usd - dry.egress_usd):,.2f} "
+                f"in compute but move data for ${dry.egress_usd:,.2f} against "
+                f"${best.egress_usd:,.2f}"
+            )
     if k.objective == "cost" and k.value_of_time_usd_h:
         r.extend(_time_valued(best, feasible, k.value_of_time_usd_h))
     elif k.objective == "cost":

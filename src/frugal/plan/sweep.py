@@ -102,6 +102,10 @@ def read_jobs(path: str) -> list[JobSpec]:
             raise FrugalError(f"{path}: job {name}: {field}: {err['msg']}") from None
         if (spec.tokens is None) == (spec.dataset is None):
             raise FrugalError(f"{path}: job {spec.name}: give tokens or dataset (one of them)")
+        try:
+            parse_location(spec.data)
+        except FrugalError as e:
+            raise FrugalError(f"{path}: job {spec.name}: data: {e}") from None
         out.append(spec)
     names = [j.name for j in out]
     dup = next((n for n in names if names.count(n) > 1), None)
