@@ -17,9 +17,9 @@ JOBS = str(ROOT / "examples" / "jobs.yaml")
 NOW = "2026-11-20T18:00"
 
 
-def _history(path: Path, provider: str = "aws") -> Path:
+def _history(path: Path, provider: str = "aws", dip: float = 0.4) -> Path:
     """7 days of hourly spot prices for every spot offer of `provider`: the catalog's price
-    by day, 40% of it from 02:00 to 06:00 UTC."""
+    by day, `dip` of it from 02:00 to 06:00 UTC."""
     start = datetime(2026, 11, 13, 18, tzinfo=UTC)
     lines = ["time,provider,instance,region,spot_usd_h"]
     for o in bundled_offers():
@@ -27,7 +27,7 @@ def _history(path: Path, provider: str = "aws") -> Path:
             continue
         for h in range(7 * 24):
             t = start + timedelta(hours=h)
-            price = o.spot_usd_h * (0.4 if 2 <= t.hour < 6 else 1.0)
+            price = o.spot_usd_h * (dip if 2 <= t.hour < 6 else 1.0)
             lines.append(f"{t.isoformat()},{o.provider},{o.instance},{o.region},{price:.4f}")
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -183,3 +183,15 @@ def test_a_single_plan_prices_its_data_and_stays_where_the_data_is(
                    "--providers", "gcp")["recommendation"]  # fmt: skip
     assert gcp["cost_breakdown_usd"]["egress"] >= 300 * 0.09
     assert "--data: data location 's3://x'" in run_error(capsys, *args, "--data", "s3://x")
+
+
+@pytest.mark.slow
+def test_a_shallow_dip_is_not_worth_waiting_for(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    history = str(_history(tmp_path / "spot.csv", dip=0.98))
+    jobs = _jobs(tmp_path / "slack.yaml", [{"name": "a", "deadline": "36h"}])
+    out = run_json(capsys, "plan", "--jobs", jobs, "--providers", "aws", "--spot", "--now", NOW,
+                   "--price-history", history, "--json")  # fmt: skip
+    assert all(vm["start_h"] == 0 for vm in out["vms"])
+    assert any("under 5%" in n for n in out["notes"])

@@ -263,5 +263,12 @@ def time_spot(vms: list[VM], history: list[PricePoint] | None, now: datetime) ->
             continue
         if w.start_h > 0 and w.saving_usd >= MIN_SAVING * w.now_usd:
             vm.start_h, vm.window = w.start_h, w
-        notes.append(w.reason)
+            notes.append(w.reason)
+        elif w.start_h > 0:
+            notes.append(
+                f"{o.provider} {o.instance} {o.region}: starts now; waiting {w.start_h:g} h would "
+                f"save ${w.saving_usd:.2f}, under {MIN_SAVING:.0%} of ${w.now_usd:.2f}"
+            )
+        else:
+            notes.append(w.reason)
     return notes
