@@ -110,6 +110,7 @@ class Case:
     packing: bool = True
     accum: int = 1
     contrastive: bool = False
+    loss_chunks: int = 0
 
     @property
     def id(self) -> str:
@@ -120,6 +121,7 @@ class Case:
         ]
         bits += [f"accum{self.accum}"] if self.accum > 1 else []
         bits += ["contrastive"] if self.contrastive else []
+        bits += [f"chunks{self.loss_chunks}"] if self.loss_chunks else []
         return "-".join(bits)
 
 
@@ -137,6 +139,8 @@ CASES = [
     Case("moe", "full", "fp32", "adamw", False),
     Case("gemma", "lora", "bf16-mixed", "adamw", True),
     Case("gemma", "full", "bf16-true", "adafactor", False, packing=False),
+    Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, loss_chunks=4),  # issue 18
+    Case("llama", "full", "fp32", "adamw", False, contrastive=True, loss_chunks=3),
 ]
 MICRO, SEQ = 2, 96
 
@@ -172,6 +176,7 @@ def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
             "grad_checkpointing": case.checkpointing,
             "packing": case.packing,
             "loss": "ce+contrastive" if case.contrastive else "ce",
+            "loss_chunks": case.loss_chunks,
         },
         "data": {"path": str(data), "val_ratio": 0},
         "training": {

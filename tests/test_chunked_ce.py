@@ -228,3 +228,57 @@ def test_bytes_formula() -> None:
     assert chunked_ce_bytes(n, V, 4096, matmul_bytes=4) == 4096 * V * 4 + 24 * n
     assert chunked_ce_bytes(100, V, 4096) == 100 * V * 6 + 2400  # one short chunk
     assert n * V * 10 / chunked_ce_bytes(n, V, 4096) > 13
+
+
+def _tiny(vocab: int = 1000, **extra: object) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, **extra)  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+def test_the_steps_chunked_loss_is_the_plain_loss() -> None:
+    """loop.ce_of with --loss-chunks: the model gives no logits; the loss and every weight's
+    gradient equal the plain step's (fp32, 1e-5)."""
+    from frugal.step.loop import Loss, ce_of
+
+    model = _tiny()
+    ids = torch.randint(0, 1000, (2, 17))
+    labels = ids.clone()
+    labels[:, :5] = IGNORE  # a prompt
+    b = {"input_ids": ids, "labels": labels}
+    grads = []
+    for chunks in (0, 3):
+        model.zero_grad(set_to_none=True)
+        out, ce = ce_of(model, b, Loss(chunks=chunks))
+        ce.backward()
+        if chunks:
+            assert out.logits.shape[1] == 0  # the model materialized no logits
+        grads.append((ce.detach(), [p.grad.clone() for p in model.parameters()]))
+    (plain, g0), (chunked, g1) = grads
+    torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-6)
+    for a, c in zip(g0, g1, strict=True):
+        torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6)
+
+
+def test_soft_capped_logits_refuse_the_chunked_loss() -> None:
+    from frugal.errors import FrugalError
+    from frugal.step.loop import lm_head
+
+    model = _tiny()
+    model.config.final_logit_softcapping = 30.0  # Gemma 2's
+    with pytest.raises(FrugalError, match="soft-caps its logits"):
+        lm_head(model)
+
+
+def test_the_job_checks_its_loss_chunks() -> None:
+    from frugal.errors import FrugalError
+    from frugal.step.job import make_job
+
+    assert make_job(loss_chunks=16).loss_chunks == 16
+    with pytest.raises(FrugalError, match="--loss-chunks must be 0"):
+        make_job(loss_chunks=-1)
+    with pytest.raises(FrugalError, match="use --sharding ddp or zero2"):
+        make_job(loss_chunks=8, gpus=2, sharding="fsdp")

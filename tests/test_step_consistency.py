@@ -49,6 +49,7 @@ def test_the_matrix_covers_what_the_step_varies() -> None:
     for flag in ("checkpointing", "packing", "contrastive"):
         assert seen[flag] == {True, False}, flag
     assert seen["accum"] == {1, 2}
+    assert 0 in seen["loss_chunks"] and len(seen["loss_chunks"]) > 1
 
 
 # -- the suite fails when either side alone changes its step ----------------------------------

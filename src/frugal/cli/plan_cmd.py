@@ -49,6 +49,7 @@ def plan(
     attention: str = option(TrainJob, "attention"),
     packing: bool = option(TrainJob, "packing"),
     loss: str = option(TrainJob, "loss"),
+    loss_chunks: int = option(TrainJob, "loss_chunks"),
     budget: float | None = option(Constraints, "budget_usd"),
     deadline: str | None = option(Constraints, "deadline_h"),
     max_gpus: int = option(Constraints, "max_gpus"),
@@ -129,6 +130,7 @@ def plan(
         attention=attention,
         packing=packing,
         loss=loss,
+        loss_chunks=loss_chunks,
     )
     for m in method_list:
         make_job(method=m)  # names a bad method in --methods

@@ -64,7 +64,7 @@ def simulate(
     )
     vocab = int(config["vocab_size"])
     engine = PlainEngine(job.precision)
-    loss = Loss(contrastive=job.loss == "ce+contrastive")
+    loss = Loss.of(job)
     traces = []
     with cuda_kernels(), FakeTensorMode(allow_non_fake_inputs=False), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from frugal.config import PlanConfig, RunConfig
+from frugal.errors import FrugalError
 from frugal.hardware.offers import Offer
 from frugal.hardware.skypilot import CLOUDS, to_skypilot
 from frugal.models.specs import load_spec
@@ -71,6 +72,11 @@ def hf_script(cfg: RunConfig, step_time_s: float) -> str:
     from frugal.step.model import attention_kernel, weight_dtypes
 
     j, t = cfg.job, cfg.training
+    if j.loss_chunks:
+        raise FrugalError(
+            "--emit hf: the Trainer script computes the plain loss, whose logits the plan's "
+            "--loss-chunks avoids: train with `frugal train`, or plan with --loss-chunks 0"
+        )
     base_dtype, _ = weight_dtypes(j)
     dtype = str(base_dtype).removeprefix("torch.")
     compute = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[j.compute_dtype]

@@ -257,7 +257,7 @@ def device_step(run: Run, inp: StepInput) -> Sums:
         run.params,
         inp.batches,
         run.acc,
-        Loss(run.cfg.job.loss == "ce+contrastive", t.contrastive_weight, t.contrastive_margin),
+        Loss.of(run.cfg.job, t.contrastive_weight, t.contrastive_margin),
         ce_scale=run.world / max(inp.tokens, 1.0),
         cl_scale=run.world / max(inp.segments, 1.0),
         max_grad_norm=t.max_grad_norm,

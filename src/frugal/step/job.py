@@ -78,6 +78,11 @@ class TrainJob(BaseModel):
     loss: Loss = Field(
         "ce", description="training loss: cross-entropy, or with SimCTG's contrastive term"
     )
+    loss_chunks: int = Field(
+        0,
+        description="compute the cross-entropy from the last hidden states in this many "
+        "chunks of tokens, never holding the whole logits tensor (exact); 0: the plain loss",
+    )
     gpus: int = Field(1, description="number of GPUs")
     sharding: Sharding = Field("ddp", description="how state is split across GPUs")
     bitsandbytes: str | None = Field(
@@ -93,6 +98,12 @@ class TrainJob(BaseModel):
                 raise ValueError(f"{_flag(name)} must be at least 1")
         if self.bitsandbytes is not None:
             _version(self.bitsandbytes)
+        if self.loss_chunks < 0:
+            raise ValueError("--loss-chunks must be 0 (the plain loss) or a number of chunks")
+        if self.loss_chunks and self.sharding in ("fsdp", "zero3"):
+            raise ValueError(
+                "--loss-chunks reads the LM head's whole weight: use --sharding ddp or zero2"
+            )
         if self.method != "full":
             if self.lora_r < 1:
                 raise ValueError("--lora-r must be a positive rank (e.g. 8, 16, 64)")

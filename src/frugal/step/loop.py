@@ -21,8 +21,11 @@ from typing import Any, Protocol
 
 import torch
 
+from frugal.errors import FrugalError
 from frugal.step import marks
 from frugal.step.batch import model_inputs
+from frugal.step.chunked_ce import chunked_linear_cross_entropy
+from frugal.step.job import TrainJob
 from frugal.step.loss import causal_lm_loss, contrastive_loss
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
@@ -63,11 +66,49 @@ class PlainEngine:
 
 @dataclass(frozen=True)
 class Loss:
-    """The training loss: cross-entropy, plus SimCTG's contrastive term when `contrastive`."""
+    """The training loss: cross-entropy, plus SimCTG's contrastive term when `contrastive`;
+    with `chunks`, the cross-entropy is computed from the last hidden states in that many
+    chunks of tokens (`chunked_ce`), so the whole logits tensor never exists."""
 
     contrastive: bool = False
     weight: float = 1.0
     margin: float = 0.5
+    chunks: int = 0
+
+    @classmethod
+    def of(cls, job: TrainJob, weight: float = 1.0, margin: float = 0.5) -> Loss:
+        """The job's loss (the trainer and the estimator build it here)."""
+        return cls(job.loss == "ce+contrastive", weight, margin, job.loss_chunks)
+
+
+def lm_head(model: Any) -> Any:
+    """The LM head module under DDP's and PEFT's wrappers."""
+    inner = getattr(model, "module", model)  # DDP
+    head = inner.get_output_embeddings()
+    if head is None:
+        raise FrugalError("--loss-chunks needs a model with an LM head")
+    cap = getattr(getattr(inner, "config", None), "final_logit_softcapping", None)
+    if cap:
+        raise FrugalError(
+            f"--loss-chunks: this model soft-caps its logits ({cap:g}), which the chunked loss "
+            "does not: use --loss-chunks 0"
+        )
+    return head
+
+
+def ce_of(model: Any, b: dict[str, torch.Tensor], loss: Loss) -> tuple[Any, torch.Tensor]:
+    """The forward and its summed cross-entropy (plain, or chunked from the hidden states)."""
+    if not loss.chunks:
+        out = forward(model, b, hidden=loss.contrastive)
+        return out, causal_lm_loss(out.logits, b["labels"])[0]
+    head = lm_head(model)
+    # no position's logits from the model itself (an empty index): the loss makes its own
+    none = torch.empty(0, dtype=torch.long, device=b["labels"].device)
+    out = model(**model_inputs(b), output_hidden_states=True, use_cache=False, logits_to_keep=none)
+    hidden = out.hidden_states[-1]
+    per = -(-hidden.shape[0] * hidden.shape[1] // loss.chunks)  # tokens per chunk
+    ce, _ = chunked_linear_cross_entropy(hidden, head.weight, b["labels"], per, head.bias)
+    return out, ce
 
 
 @dataclass
@@ -112,8 +153,7 @@ def optimizer_step(
         sync = contextlib.nullcontext() if last or reduce_each else engine.no_sync(model)
         with sync:
             with engine.autocast():
-                out = forward(model, b, hidden=loss.contrastive)
-                ce_sum, _ = causal_lm_loss(out.logits, b["labels"])
+                out, ce_sum = ce_of(model, b, loss)
                 total = ce_sum * ce_scale
                 if loss.contrastive:
                     cl_sum, _ = contrastive_loss(
