@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import run_error, run_json
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -282,3 +283,17 @@ def test_the_job_checks_its_loss_chunks() -> None:
         make_job(loss_chunks=-1)
     with pytest.raises(FrugalError, match="use --sharding ddp or zero2"):
         make_job(loss_chunks=8, gpus=2, sharding="fsdp")
+
+
+@pytest.mark.slow
+def test_plan_turns_the_chunked_loss_on_where_the_plain_loss_does_not_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["plan", "meta-llama/Llama-3.1-8B", "--tokens", "20M", "--methods", "qlora",
+            "--seq", "16384", "--effective-batch", "8", "--local", "RTX 4090",
+            "--providers", "local"]  # fmt: skip
+    rec = run_json(capsys, *args, "--json")["recommendation"]
+    assert rec["device_total_gib"] <= rec["usable_gib"]
+    assert any("loss in 16 chunks" in r and "does not fit" in r for r in rec["reasons"])
+    # asked for the plain loss: no plan on a 24 GB card at this length
+    assert "nothing fits" in run_error(capsys, *args, "--loss-chunks", "0")

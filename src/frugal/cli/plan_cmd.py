@@ -49,7 +49,9 @@ def plan(
     attention: str = option(TrainJob, "attention"),
     packing: bool = option(TrainJob, "packing"),
     loss: str = option(TrainJob, "loss"),
-    loss_chunks: int = option(TrainJob, "loss_chunks"),
+    loss_chunks: int | None = option(
+        TrainJob, "loss_chunks", unset="0, or 16 where the plain loss does not fit"
+    ),
     budget: float | None = option(Constraints, "budget_usd"),
     deadline: str | None = option(Constraints, "deadline_h"),
     max_gpus: int = option(Constraints, "max_gpus"),
@@ -153,6 +155,7 @@ def plan(
     if data_gb is None:
         data_gb = measure_gb(dataset) if dataset else 0.0
     k = Constraints.build(
+        auto_loss_chunks=loss_chunks is None,
         data=data,
         data_gb=data_gb,
         tokens=per_epoch * epochs,

@@ -32,6 +32,9 @@ from frugal.step.job import Method, Optimizer, TrainJob
 
 SpotMode = Literal["auto", "only", "never"]
 NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
+# a set-up that does not fit with the plain loss is tried with the loss in this many chunks
+# (--loss-chunks): the logits never whole, for one more LM-head matmul in backward
+AUTO_LOSS_CHUNKS = 16
 DISK_GBPS = 1.0  # checkpoint write and weight read from local NVMe, GB/s
 
 
@@ -86,6 +89,11 @@ class Constraints(BaseModel):
         description="what an hour of waiting for the result is worth, USD: --optimize cost "
         "ranks by cost + this x hours (0: dollars alone)",
         json_schema_extra=_cli("--value-of-time"),
+    )
+    auto_loss_chunks: bool = Field(
+        True,
+        description="try the loss in chunks where the plain loss does not fit "
+        "(off when --loss-chunks is given)",
     )
     data: str = Field(
         "local",
@@ -389,7 +397,7 @@ def _best_config(
 ) -> tuple[TrainJob, Any, Speed, Profile] | Rejected:
     """The fastest fitting (checkpointing, optimizer, sharding, micro-batch) for one GPU
     set-up, or why none fits."""
-    key = (gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0)
+    key = (gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0, base.loss_chunks)
     if key in memo:
         return memo[key]
     precision = _precision_for(gpu, base.precision)
@@ -402,7 +410,7 @@ def _best_config(
     smallest_need = math.inf
     optimizers = k.optimizers if method == "full" else k.optimizers[:1]
     # the shardings `frugal train` runs: FSDP needs bf16 or fp32 and full or LoRA weights
-    fsdp_ok = n > 1 and method != "qlora" and precision != "fp16-mixed"
+    fsdp_ok = n > 1 and method != "qlora" and precision != "fp16-mixed" and not base.loss_chunks
     shardings = ("ddp", "fsdp") if fsdp_ok else ("ddp",)
     lora: dict[str, Any] = (
         {}
@@ -427,6 +435,7 @@ def _best_config(
                         "attention": base.attention,
                         "packing": base.packing,
                         "loss": base.loss,
+                        "loss_chunks": base.loss_chunks,
                         "gpus": n,
                         "sharding": sharding,
                         **lora,
@@ -444,6 +453,14 @@ def _best_config(
                     continue
                 if best is None or speed.tokens_per_s > best[2].tokens_per_s:
                     best = (fit.job, fit.memory, speed, fit.profile)
+    if best is None and not base.loss_chunks and k.auto_loss_chunks:  # the logits may not fit
+        chunked = base.model_copy(update={"loss_chunks": AUTO_LOSS_CHUNKS})
+        found = _best_config(
+            spec, chunked, gpu, n, per_node, nodes, method, k, profiles, sc, memo, node_gbps, ov
+        )
+        if not isinstance(found, Rejected):
+            memo[key] = found
+            return found
     if best is None:
         need, have = smallest_need / GIB, cap / GIB
         why = (
@@ -551,6 +568,12 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         f"{best.speed.efficiency:.0%} of peak): {best.hours:.1f} h including "
         f"{best.setup_h * 60:.0f} min setup"
     )
+    if j.loss_chunks:
+        r.append(
+            f"loss in {j.loss_chunks} chunks of tokens (--loss-chunks): the logits are never "
+            "whole, for one more LM-head matmul in backward"
+            + ("; without it this set-up does not fit" if j.loss_chunks == AUTO_LOSS_CHUNKS else "")
+        )
     if k.data != "local" or k.data_gb:
         r.append(f"data: {best.data_note}")
         dry = min(feasible, key=lambda p: (p.cost_usd - p.egress_usd, p.hours))
