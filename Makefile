@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/frugal estimate meta-llama/Llama-3.1-8B --method qlora --gpu "RTX 4090"
 	$(BIN)/frugal train examples/tiny-train.yaml --output-dir runs/demo --tag project=demo
 	$(BIN)/frugal costs report --by project
+	$(BIN)/frugal serve plan meta-llama/Llama-3.1-8B --rate 20 --input-len 1000 --output-len 200 --ttft-ms 500
 	@echo "the books in a browser: $(BIN)/frugal dashboard  (then open http://localhost:8050/api/docs)"
 
 test: $(STAMP)
