@@ -244,3 +244,17 @@ def skypilot_validator(name: str) -> Any:
     )
     schemas = Path(__file__).parent / "data" / "skypilot"
     return cls(json.loads((schemas / f"{name}.schema.json").read_text()))
+
+
+def load_benchmark(name: str) -> Any:
+    """A script of benchmarks/ as a module (tests hold its figures to their targets)."""
+    import importlib.util
+    import sys
+
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

@@ -6,17 +6,12 @@ under-predicted by more than 10% (an under-prediction is an OOM for the user).
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
-_path = Path(__file__).parents[1] / "benchmarks" / "estimate_accuracy.py"
-_spec = importlib.util.spec_from_file_location("estimate_accuracy", _path)
-assert _spec and _spec.loader
-acc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(acc)
+acc = load_benchmark("estimate_accuracy")
 
 CORE = [r for r in acc.rows() if r["scope"] == "core"]
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_error, run_json
+from conftest import load_benchmark, run_error, run_json
 
 from frugal.errors import FrugalError
 from frugal.hardware.gpus import GIB, find_gpu
@@ -164,12 +162,7 @@ def test_price_gives_dollars_per_token_and_request() -> None:
 
 
 def test_reference_rows_within_the_accuracy_targets() -> None:
-    path = Path(__file__).parents[1] / "benchmarks" / "serve_accuracy.py"
-    spec = importlib.util.spec_from_file_location("serve_accuracy", path)
-    assert spec and spec.loader
-    acc = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = acc  # its dataclasses look their module up
-    spec.loader.exec_module(acc)
+    acc = load_benchmark("serve_accuracy")
     rows = acc.rows()
     assert len(rows) >= 50
     med = acc.medians(acc.errors(rows))

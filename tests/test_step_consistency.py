@@ -10,19 +10,13 @@ tests show the suite fails when either side alone goes back to a different step.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_benchmark
 
-_path = Path(__file__).parents[1] / "benchmarks" / "step_consistency.py"
-_spec = importlib.util.spec_from_file_location("step_consistency", _path)
-assert _spec and _spec.loader
-sc = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = sc  # its dataclasses look their module up
-_spec.loader.exec_module(sc)
+sc = load_benchmark("step_consistency")
 
 Case = sc.Case
 

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 from pydantic import BaseModel
 
+from frugal.counts import parse_count
 from frugal.errors import FrugalError
 
 
@@ -52,13 +53,8 @@ JSON_HELP = "Print one JSON object."
 
 
 def parse_tokens(text: str, flag: str) -> float:
-    """A token count as people write it: 20M, 1.5B, 2e7, 20_000_000."""
-    mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
-    t = text.strip().lower().replace("_", "").replace(",", "")
+    """A token count as people write it (frugal.counts), or one line naming `flag`."""
     try:
-        v = float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
+        return parse_count(text)
     except ValueError:
-        v = -1
-    if not 0 < v < float("inf"):
-        raise FrugalError(f"{flag} {text!r}: give a positive count like 20M or 2e7")
-    return v
+        raise FrugalError(f"{flag} {text!r}: give a positive count like 20M or 2e7") from None

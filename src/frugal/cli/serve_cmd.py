@@ -19,10 +19,16 @@ from frugal.hardware.offers import select_offers
 from frugal.models.specs import load_spec
 from frugal.serve import compare, emit
 from frugal.serve.engines import find_engine
-from frugal.serve.estimate import Deployment, ServeEstimate, catalog_price, estimate
+from frugal.serve.estimate import (
+    Deployment,
+    ServeEstimate,
+    catalog_price,
+    check_request,
+    estimate,
+)
 from frugal.serve.plan import ServeAsk, ServePlan, plan
 from frugal.serve.speed import Load
-from frugal.serve.weights import KV_DTYPES, find_format
+from frugal.serve.weights import find_format
 
 app = typer.Typer(
     help="Serving: memory, throughput, latency and dollars per token; the cheapest way to "
@@ -166,23 +172,12 @@ def serve_ask(
         raise FrugalError("--peak-factor is peak / mean rate: give 1 or more")
     if not 0 <= response_cache_hit < 1:
         raise FrugalError("--response-cache-hit is a share of requests: give 0 <= H < 1")
-    if not 0 <= prefix_hit < 1:
-        raise FrugalError("--prefix-hit is a share of prompt tokens: give 0 <= F < 1")
     if offline and (ttft_ms or itl_ms):
         raise FrugalError("--offline has no latency targets: drop --ttft-ms / --itl-ms")
     _finite("--ttft-ms", ttft_ms)
     _finite("--itl-ms", itl_ms)
-    if input_len < 1 or output_len < 1:
-        raise FrugalError("--input-len and --output-len must be at least 1 token")
     spec = load_spec(model)
-    pos = spec.max_positions
-    if pos and input_len + output_len > pos:
-        raise FrugalError(
-            f"--input-len + --output-len = {input_len + output_len:,} is past {spec.id}'s "
-            f"{pos:,} positions: shorten the prompt or the output"
-        )
-    if kv_dtype.lower() not in KV_DTYPES:
-        raise FrugalError(f"--kv-dtype {kv_dtype!r}: use auto or fp8")
+    check_request(spec, input_len, output_len, prefix_hit, kv_dtype.lower())
     quants, engines = listed(quant) or (), listed(engine) or ()
     if not quants or not engines:
         raise FrugalError("--quant and --engine need at least one value, e.g. --quant bf16,fp8")

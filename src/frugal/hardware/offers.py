@@ -26,6 +26,7 @@ BUCKETS = ("<5%", "5-10%", "10-15%", "15-20%", ">20%")
 OFFER_COLUMNS = ("provider", "instance", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "region")
 KWH_USD = 0.17  # US residential average 2024, 16.5 c/kWh (EIA Electric Power Monthly)
 HOST_WATTS = 150.0  # CPU, RAM, disks and fans of a one-GPU workstation under load
+HOURS_PER_MONTH = 730.0  # 8,760 / 12: what clouds bill a month of (AWS pricing calculator)
 
 
 @dataclass(frozen=True)

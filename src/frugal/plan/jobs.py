@@ -48,9 +48,7 @@ class Run:
     model: str
     dataset: str  # a key: the same dataset is uploaded once per VM
     deadline_h: float | None
-    plan: Plan  # the job alone on this offer (its setup included)
-    data_in: Move
-    data_out: Move
+    plan: Plan  # the job alone on this offer (its setup and its data's moves included)
 
     @property
     def train_h(self) -> float:
@@ -58,8 +56,16 @@ class Run:
         return self.plan.hours - self.plan.setup_h
 
     @property
+    def data_in(self) -> Move:
+        return self.plan.data_in
+
+    @property
+    def data_out(self) -> Move:
+        return self.plan.data_out
+
+    @property
     def download_h(self) -> float:
-        return max(self.plan.setup_h - boot_h(self.plan.offer), 0.0)
+        return max(self.plan.setup_h - boot_h(self.plan.offer) - self.data_in.hours, 0.0)
 
     @property
     def price_h(self) -> float:
@@ -67,8 +73,7 @@ class Run:
 
     def alone_usd(self) -> float:
         """The job on a VM of its own: boot, download, upload, training, storage, data."""
-        hours = self.plan.hours + self.data_in.hours
-        return hours * self.price_h + self.plan.storage_usd + self.data_in.usd + self.data_out.usd
+        return self.plan.cost_usd
 
 
 def boot_h(o: Offer) -> float:
@@ -191,7 +196,7 @@ class Packing:
 
 
 def _cheapest_alone(runs: list[Run]) -> Run | None:
-    ok = [r for r in runs if r.deadline_h is None or r.plan.hours + r.data_in.hours <= r.deadline_h]
+    ok = [r for r in runs if r.deadline_h is None or r.plan.hours <= r.deadline_h]
     return min(ok, key=lambda r: r.alone_usd()) if ok else None
 
 

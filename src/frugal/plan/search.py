@@ -24,12 +24,13 @@ from frugal.estimate.overheads import Overheads, load_overheads
 from frugal.estimate.profile import Profile
 from frugal.estimate.throughput import Speed, SpeedConstants, load_speed_constants, step_time
 from frugal.hardware.gpus import GIB, GPU, MARGIN, memory_budget
-from frugal.hardware.offers import Offer
+from frugal.hardware.offers import HOURS_PER_MONTH, Offer
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
-from frugal.plan.transfer import DOWNLOAD_GBPS, move_in, move_out, parse_location
+from frugal.plan.transfer import DOWNLOAD_GBPS, Move, move_in, move_out, parse_location
 from frugal.step.job import Method, Optimizer, TrainJob
 
+NO_MOVE = Move(0.0, 0.0, "")
 SpotMode = Literal["auto", "only", "never"]
 NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
 # a set-up that does not fit with the plain loss is tried with the loss in this many chunks
@@ -140,11 +141,20 @@ class Plan:
     reasons: list[str] = field(default_factory=list)
     value_of_time_usd_h: float = 0.0  # Constraints.value_of_time_usd_h, weighs the hours
     output_gb: float = 0.0  # what the run hands back: the adapter, or the whole model
-    data_note: str = ""  # the dataset's way in and the results' way out, with their dollars
+    data_in: Move = NO_MOVE  # the dataset onto the machine (in egress_usd and setup_h)
+    data_out: Move = NO_MOVE  # the result back to where the data lives (in egress_usd)
 
     @property
     def cost_usd(self) -> float:
         return self.compute_usd + self.storage_usd + self.egress_usd
+
+    @property
+    def data_note(self) -> str:
+        return (
+            f"{self.data_in.reason}; {self.data_out.reason}"
+            if self.data_in.reason
+            else (self.data_out.reason)
+        )
 
     @property
     def time_value_usd(self) -> float:
@@ -495,10 +505,11 @@ def _price(
     data_in, data_out = move_in(where, k.data_gb, offer), move_out(output_gb, offer, where)
     setup_h += data_in.hours
     egress = data_in.usd + data_out.usd
-    note = f"{data_in.reason}; {data_out.reason}" if k.data_gb else data_out.reason
+    if not k.data_gb:  # no dataset size: its way in is not priced, nor said
+        data_in = NO_MOVE
 
     def plan(spot: bool, hours: float, compute: float) -> Plan:
-        storage = disk_gb * terms.storage_usd_gb_month * hours / spot_math.HOURS_PER_MONTH
+        storage = disk_gb * terms.storage_usd_gb_month * hours / HOURS_PER_MONTH
         return Plan(
             offer,
             nodes,
@@ -514,7 +525,8 @@ def _price(
             egress,
             value_of_time_usd_h=k.value_of_time_usd_h,
             output_gb=output_gb,
-            data_note=note,
+            data_in=data_in,
+            data_out=data_out,
         )
 
     out = []
@@ -576,14 +588,9 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         )
     if k.data != "local" or k.data_gb:
         r.append(f"data: {best.data_note}")
-        dry = min(feasible, key=lambda p: (p.cost_usd - p.egress_usd, p.hours))
-        if dry.offer != best.offer and dry.egress_usd > best.egress_usd:
-            r.append(
-                f"runs where its data is cheaper to reach: {dry.label()} would save "
-                f"${best.cost_usd - best.egress_usd - (dry.cost_usd - dry.egress_usd):,.2f} "
-                f"in compute but move data for ${dry.egress_usd:,.2f} against "
-                f"${best.egress_usd:,.2f}"
-            )
+        why = data_reason(best, feasible)
+        if why:
+            r.append(why)
     if k.objective == "cost" and k.value_of_time_usd_h:
         r.extend(_time_valued(best, feasible, k.value_of_time_usd_h))
     elif k.objective == "cost":
@@ -619,6 +626,19 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
             f"fastest on the frontier: {fastest.label()} {fastest.hours:.1f} h for "
             f"${fastest.cost_usd:,.2f}"
         )
+
+
+def data_reason(best: Plan, others: list[Plan]) -> str | None:
+    """When the offer beside the data beats cheaper compute elsewhere: both sides' dollars."""
+    dry = min(others, key=lambda p: (p.cost_usd - p.egress_usd, p.hours))
+    if dry.offer == best.offer or dry.egress_usd <= best.egress_usd:
+        return None
+    saved = best.cost_usd - best.egress_usd - (dry.cost_usd - dry.egress_usd)
+    return (
+        f"runs where its data is cheaper to reach: {dry.label()} would save ${saved:,.2f} in "
+        f"compute but moving it would cost ${dry.egress_usd:,.2f} against "
+        f"${best.egress_usd:,.2f} ({dry.data_in.reason or dry.data_out.reason})"
+    )
 
 
 def _more(a: float, b: float) -> str:

@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass
 
 from frugal.errors import FrugalError
+from frugal.hardware.offers import HOURS_PER_MONTH
 
-HOURS_PER_MONTH = 730.0
 DEFAULT_CHECKPOINT_MIN = 30.0  # checkpoint interval of a run whose config has no plan
 BUCKET_P = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.30}
 

@@ -23,15 +23,16 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from frugal.counts import parse_count
 from frugal.data.count import count_tokens
 from frugal.durations import Hours
 from frugal.errors import FrugalError
 from frugal.hardware.offers import Offer
 from frugal.models.specs import load_spec
-from frugal.plan.jobs import Packing, Run, offer_key, pack, time_spot
-from frugal.plan.search import Constraints, Infeasible, search
+from frugal.plan.jobs import Packing, Run, pack, time_spot
+from frugal.plan.search import Constraints, Infeasible, data_reason, search
 from frugal.plan.timing import PricePoint
-from frugal.plan.transfer import DataSource, measure_gb, move_in, move_out, parse_location
+from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import Method, make_job
 
 BYTES_PER_TOKEN = 4.0  # a dataset known only by its tokens: ~4 bytes of JSONL text per token
@@ -39,14 +40,7 @@ BYTES_PER_TOKEN = 4.0  # a dataset known only by its tokens: ~4 bytes of JSONL t
 
 def _count(v: Any) -> Any:
     """20M, 1.5B, 2e7 as a number (None stays None)."""
-    if v is None or isinstance(v, int | float):
-        return v
-    t = str(v).strip().lower().replace("_", "").replace(",", "")
-    mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
-    try:
-        return float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
-    except ValueError:
-        raise ValueError(f"{v!r} is not a token count: write 20M, 1.5B or 2e7") from None
+    return v if v is None else parse_count(v)
 
 
 class JobSpec(BaseModel):
@@ -121,7 +115,6 @@ class Planned:
     per_epoch: float
     size_gb: float  # the dataset's size
     size_note: str
-    source: DataSource
 
 
 def _size(job: JobSpec, per_epoch: float) -> tuple[float, str]:
@@ -132,18 +125,19 @@ def _size(job: JobSpec, per_epoch: float) -> tuple[float, str]:
     return per_epoch * BYTES_PER_TOKEN / 1e9, f"estimated at {BYTES_PER_TOKEN:g} B per token"
 
 
-def _alone(
-    job: JobSpec, tokens: float, offers: list[Offer], spot: str, memo: dict[Any, Any]
-) -> list[Any]:
-    """Every single-machine plan of the job alone, no deadline (jobs that differ only in
-    name, deadline, data or overrides share one search)."""
-    key = (job.model, job.method, job.seq, job.lora_r, tokens)
+def _alone(p: Planned, offers: list[Offer], spot: str, memo: dict[Any, Any]) -> list[Any]:
+    """Every single-machine plan of the job alone, no deadline, its data's moves priced by
+    the search (jobs that differ only in name, deadline or overrides share one search)."""
+    job = p.job
+    key = (job.model, job.method, job.seq, job.lora_r, p.tokens, job.data, p.size_gb)
     if key not in memo:
         base = make_job(method=job.method, seq=job.seq, lora_r=job.lora_r)
-        k = Constraints.build(tokens=tokens, methods=(job.method,), spot=spot)
+        k = Constraints.build(
+            tokens=p.tokens, methods=(job.method,), spot=spot, data=job.data, data_gb=p.size_gb
+        )
         try:
-            memo[key] = [p for p in search(load_spec(job.model), base, offers, k).plans
-                         if p.nodes == 1]  # fmt: skip
+            memo[key] = [x for x in search(load_spec(job.model), base, offers, k).plans
+                         if x.nodes == 1]  # fmt: skip
         except Infeasible:
             memo[key] = []
     return list(memo[key])
@@ -151,21 +145,10 @@ def _alone(
 
 def runs_of(p: Planned, offers: list[Offer], spot: str, memo: dict[Any, Any]) -> list[Run]:
     """The job alone on every single-machine offer, on-demand and spot, with its data."""
-    job, spec = p.job, load_spec(p.job.model)
-    out = []
-    for plan in _alone(job, p.tokens, offers, spot, memo):
-        out.append(
-            Run(
-                job=job.name,
-                model=spec.id,
-                dataset=job.dataset or f"{job.name} (tokens)",
-                deadline_h=job.deadline,
-                plan=plan,
-                data_in=move_in(p.source, p.size_gb, plan.offer),
-                data_out=move_out(plan.output_gb, plan.offer, p.source),
-            )
-        )
-    return out
+    job, model = p.job, load_spec(p.job.model).id
+    dataset = job.dataset or f"{job.name} (tokens)"
+    return [Run(job.name, model, dataset, job.deadline, plan)
+            for plan in _alone(p, offers, spot, memo)]  # fmt: skip
 
 
 def plan_jobs(
@@ -187,7 +170,7 @@ def plan_jobs(
         else:
             per_epoch = float(job.tokens or 0)
         size, how = _size(job, per_epoch)
-        p = Planned(job, per_epoch * job.epochs, per_epoch, size, how, parse_location(job.data))
+        p = Planned(job, per_epoch * job.epochs, per_epoch, size, how)
         planned.append(p)
         by_job[job.name] = runs_of(p, offers, spot, memo)
     packing = pack(by_job)
@@ -206,19 +189,8 @@ def _data_reasons(by_job: dict[str, list[Run]], packing: Packing) -> list[str]:
     """Where moving a job's data changed its offer: the dollars on each side."""
     out = []
     for name, chosen in packing.alone.items():
-        ok = [r for r in by_job[name] if r.deadline_h is None or r.plan.hours <= r.deadline_h]
-        cheapest = min(ok, key=lambda r: r.alone_usd() - r.data_in.usd - r.data_out.usd)
-        if offer_key(cheapest.plan.offer) == offer_key(chosen.plan.offer):
-            continue
-        moved = cheapest.data_in.usd + cheapest.data_out.usd
-        stays = chosen.data_in.usd + chosen.data_out.usd
-        compute = (chosen.alone_usd() - stays) - (cheapest.alone_usd() - moved)
-        if moved > stays:
-            o = cheapest.plan.offer
-            out.append(
-                f"{name}: runs where its data is cheaper to reach; on {o.provider} "
-                f"{o.instance} ({o.region}) moving it would cost ${moved:,.2f} against "
-                f"${stays:,.2f}, more than the ${compute:,.2f} that offer saves in compute "
-                f"({cheapest.data_in.reason})"
-            )
+        ok = [r.plan for r in by_job[name] if r.deadline_h is None or r.plan.hours <= r.deadline_h]
+        why = data_reason(chosen.plan, ok)
+        if why:
+            out.append(f"{name}: {why}")
     return out

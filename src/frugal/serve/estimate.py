@@ -136,9 +136,10 @@ class ServeEstimate:
         return out
 
 
-def check(d: Deployment, input_len: int, output_len: int) -> list[str]:
-    """Refuse what the engine or the model cannot do, naming the fix; return notes."""
-    spec, notes = d.spec, []
+def check_request(
+    spec: ModelSpec, input_len: int, output_len: int, prefix_hit: float, kv_dtype: str
+) -> None:
+    """Refuse a request the model cannot take, naming the fix (before any deployment)."""
     if input_len < 1 or output_len < 1:
         raise FrugalError("--input-len and --output-len must be at least 1 token")
     pos = spec.max_positions
@@ -147,6 +148,16 @@ def check(d: Deployment, input_len: int, output_len: int) -> list[str]:
             f"--input-len + --output-len = {input_len + output_len:,} is past {spec.id}'s "
             f"{pos:,} positions: shorten the prompt or the output"
         )
+    if not 0 <= prefix_hit < 1:
+        raise FrugalError("--prefix-hit is a share of prompt tokens: give 0 <= F < 1")
+    if kv_dtype not in KV_DTYPES:
+        raise FrugalError(f"--kv-dtype {kv_dtype!r}: use auto or fp8")
+
+
+def check(d: Deployment, input_len: int, output_len: int, prefix_hit: float = 0.0) -> list[str]:
+    """Refuse what the engine or the model cannot do, naming the fix; return notes."""
+    check_request(d.spec, input_len, output_len, prefix_hit, d.kv_dtype)
+    spec, notes = d.spec, []
     if d.fmt.name not in ENGINE_FORMATS[d.engine.name]:
         ok = [e for e, f in ENGINE_FORMATS.items() if d.fmt.name in f]
         raise FrugalError(
@@ -180,8 +191,6 @@ def check(d: Deployment, input_len: int, output_len: int) -> list[str]:
             f"{d.gpu.name} has no {d.fmt.compute} tensor cores: GEMMs run in "
             f"{compute_dtype(d.fmt, d.gpu)}"
         )
-    if d.kv_dtype not in KV_DTYPES:
-        raise FrugalError(f"--kv-dtype {d.kv_dtype!r}: use auto or fp8")
     return notes
 
 
@@ -216,11 +225,9 @@ def estimate(
     price: tuple[float, str] | None = None,
 ) -> ServeEstimate:
     """Memory, speed and (with a price for the whole server, $/hour) dollars of `d`."""
-    notes = check(d, input_len, output_len)
-    if not 0 <= prefix_hit < 1:
-        raise FrugalError("--prefix-hit is a fraction of prompt tokens: give 0 <= F < 1")
+    notes = check(d, input_len, output_len, prefix_hit)
     st, p, kv, w_gpu = steps(d)
-    mem = memory(d, input_len + output_len)
+    mem = memory(d, input_len + output_len, (kv, w_gpu))
     if mem.max_concurrency < 1:
         raise FrugalError(
             f"{d.spec.id} in {d.fmt.name} does not fit {d.tp}x {d.gpu.name} with room for one "
@@ -243,9 +250,12 @@ def estimate(
     )  # fmt: skip
 
 
-def memory(d: Deployment, seq_tokens: int) -> ServeMemory:
-    """The engine's memory on each GPU of `d` for requests of `seq_tokens` tokens."""
-    _, _, kv, w_gpu = steps(d)
+def memory(
+    d: Deployment, seq_tokens: int, kv_weights: tuple[KVLayout, float] | None = None
+) -> ServeMemory:
+    """The engine's memory on each GPU of `d` for requests of `seq_tokens` tokens
+    (`kv_weights`: the KV layout and weight GiB per GPU when `steps` already gave them)."""
+    kv, w_gpu = kv_weights or steps(d)[2:]
     return serve_memory(
         d.spec, d.engine, d.gpu.usable_gib, w_gpu, kv, d.tp, seq_tokens, d.batched, d.seqs,
         d.memory_fraction,

@@ -39,8 +39,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from frugal.errors import FrugalError
+from frugal.hardware.offers import HOURS_PER_MONTH
 
-HOURS_PER_MONTH = 730.0
 MAX_HOURS_PER_MONTH = 744.0  # 31 days
 
 
