@@ -1,9 +1,16 @@
-"""The longest sequence that fits: Llama-3.1-8B QLoRA r32 on all linear layers, batch 1, by
-GPU memory, with the plain loss and with the loss in chunks (`--loss-chunks`), beside the
-published Hugging Face + FA2 and Unsloth figures (issue 18).
+"""Long context on small GPUs (issue 18): what each memory technique of the step buys.
 
-The estimator's `max_seq` for a card of that many GB (usable memory = the GB in GiB less the
-5% margin every plan keeps). Usage: python benchmarks/long_context.py [--write docs/estimate.md]
+1. The longest sequence that fits: Llama-3.1-8B QLoRA r32 on all linear layers, batch 1, by
+   GPU memory, with the plain step, each technique alone (the loss in 16 chunks, the layer
+   inputs offloaded to host memory, the 8-bit optimizer) and all together, beside the
+   published Hugging Face + FA2 and Unsloth figures. The estimator's `max_seq` for a card of
+   that many GB (usable memory = the GB in GiB, less the 5% margin every plan keeps), with
+   the tokens/s each technique costs at 16K on an RTX 4090.
+2. The plan of a 32K-context 8B QLoRA job (20M tokens, effective batch 8) before (plain step:
+   `--loss-chunks 0 --no-offload-activations`) and after (the plan turns techniques on),
+   on AWS on-demand and on your own RTX 4090 at 24K.
+
+Usage: python benchmarks/long_context.py [--write docs/estimate.md]
 """
 
 from __future__ import annotations
@@ -11,9 +18,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
+from frugal.errors import FrugalError
 from frugal.estimate.core import estimate
+from frugal.hardware.gpus import find_gpu
+from frugal.hardware.offers import select_offers
 from frugal.models.specs import load_spec
+from frugal.plan.search import Constraints, search
 from frugal.step.job import make_job
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -24,38 +36,124 @@ GBS = (12, 16, 24, 40, 48, 80)
 # Unsloth's blog (unsloth.ai/blog/llama3-3, Dec 2024): Llama 3.1 (8B), QLoRA r32 on all
 # linear layers, batch 1, sequences padded to length; only the figures carried in issue 18
 PUBLISHED = {24: ("5,789", "78,475"), 80: ("28,454", "342,733")}
+CHUNKS = {"loss_chunks": 16}
+OFFLOAD = {"offload_activations": True}
+EIGHT_BIT = {"optimizer": "adamw-8bit"}
+TECHNIQUES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "--loss-chunks 16": CHUNKS,
+    "--offload-activations": OFFLOAD,
+    "--optimizer adamw-8bit": EIGHT_BIT,
+    "all three": {**CHUNKS, **OFFLOAD, **EIGHT_BIT},
+}
 
 
-def longest(gb: int, chunks: int) -> int:
-    job = make_job(method="qlora", lora_r=32, batch=1, seq=2048, loss_chunks=chunks)
-    return int(estimate(load_spec(MODEL), job, gpu_memory_gib=gb * 1e9 / 2**30).max_seq or 0)
+def _job(**extra: Any) -> Any:
+    return make_job(method="qlora", lora_r=32, batch=1, **{"seq": 2048, **extra})
 
 
-def table() -> str:
+def longest(gb: int, **extra: Any) -> int:
+    return int(
+        estimate(load_spec(MODEL), _job(**extra), gpu_memory_gib=gb * 1e9 / 2**30).max_seq or 0
+    )
+
+
+def longest_table() -> str:
+    names = list(TECHNIQUES)
     lines = [
         f"Longest sequence that fits, {MODEL} QLoRA r32 all-linear, batch 1 "
         "(`python benchmarks/long_context.py`):",
         "",
-        "| GPU memory | frugal, plain loss | frugal, --loss-chunks 16 | ratio | "
-        "published HF + FA2 | published Unsloth |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| GPU memory | " + " | ".join(names) + " | all / plain | published HF + FA2 | "
+        "published Unsloth |",
+        "|---:|" + "---:|" * (len(names) + 3),
     ]
     for gb in GBS:
-        plain, chunked = longest(gb, 0), longest(gb, 16)
+        got = [longest(gb, **TECHNIQUES[n]) for n in names]
         hf, us = PUBLISHED.get(gb, ("-", "-"))
-        ratio = f"{chunked / plain:.1f}x" if plain else "-"
-        lines.append(f"| {gb} GB | {plain:,} | {chunked:,} | {ratio} | {hf} | {us} |")
+        ratio = f"{got[-1] / got[0]:.1f}x" if got[0] else "-"
+        cells = " | ".join(f"{x:,}" for x in got)
+        lines.append(f"| {gb} GB | {cells} | {ratio} | {hf} | {us} |")
+    card = find_gpu("RTX 4090")
+    speed = {
+        n: estimate(load_spec(MODEL), _job(seq=16384, **CHUNKS, **t), gpu=card)
+        for n, t in {"--loss-chunks 16": {}, "+ offload": OFFLOAD, "+ 8-bit": EIGHT_BIT}.items()
+    }
+    base = speed["--loss-chunks 16"]
+    assert base.tokens_per_s is not None
+    lines += [
+        "",
+        "What each costs in time at 16K tokens on an RTX 4090 (plan's throughput model):",
+        "",
+    ]
+    lines += ["| step | device total GiB | host GiB | tokens/s | vs chunked loss alone |"]
+    lines += ["|---|---:|---:|---:|---:|"]
+    for name, e in speed.items():
+        t = e.tokens_per_s or 0.0
+        lines.append(
+            f"| {name} | {e.memory.device_total / 2**30:.1f} | {e.memory.host / 2**30:.1f} | "
+            f"{t:,.0f} | {t / base.tokens_per_s - 1:+.1%} |"
+        )
+    return "\n".join(lines)
+
+
+def _plan_row(label: str, seq: int, before: bool, **where: Any) -> str:
+    spec = load_spec(MODEL)
+    pinned = {"loss_chunks": 0} if before else {}
+    base = make_job(method="qlora", lora_r=32, seq=seq, **pinned)
+    k = Constraints(
+        tokens=20e6, effective_batch=8, methods=("qlora",), spot=where.pop("spot", "auto"),
+        auto_loss_chunks=not before, auto_offload=not before,
+    )  # fmt: skip
+    try:
+        p = search(spec, base, select_offers(**where), k).recommendation
+    except FrugalError:
+        return f"| {label} | {'before' if before else 'after'} | nothing fits | | | | |"
+    j = p.job
+    on = [f"loss in {j.loss_chunks} chunks"] if j.loss_chunks else []
+    on += [f"offload ({p.host_offload_gib:.1f} GiB host)"] if j.offload_activations else []
+    return (
+        f"| {label} | {'before' if before else 'after'} | {p.offer.provider} {p.offer.instance} "
+        f"({j.gpus}x {p.offer.gpu.name}) | {', '.join(on) or 'plain'} | "
+        f"{p.device_total_gib:.1f} | {p.hours:.2f} | ${p.cost_usd:.2f} |"
+    )
+
+
+def plan_table() -> str:
+    lines = [
+        f"Plans for {MODEL} QLoRA r32, 20M tokens, effective batch 8: before (the plain step, "
+        "`--loss-chunks 0 --no-offload-activations`) and after (`frugal plan` turns the "
+        "techniques on where they make a plan feasible or faster):",
+        "",
+        "| job | | plan | techniques | GiB per GPU | hours | cost |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for before in (True, False):
+        lines.append(
+            _plan_row("32K tokens, AWS on-demand", 32768, before, providers_csv="aws", spot="never")
+        )
+    for before in (True, False):
+        lines.append(
+            _plan_row(
+                "24K tokens, your RTX 4090",
+                24576,
+                before,
+                local=["RTX 4090"],
+                providers_csv="local",
+            )
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--write", type=Path, help="markdown file whose long-context block to replace")
+    ap.add_argument("--write", type=Path, help="markdown file whose long-context blocks to replace")
     args = ap.parse_args()
-    text = table()
-    print(text)
+    longest_text, plans = longest_table(), plan_table()
+    print(longest_text + "\n\n" + plans)
     if args.write:
-        write_block(args.write, "long-context", text)
+        write_block(args.write, "long-context", longest_text)
+        write_block(args.write, "long-context-plans", plans)
     return 0
 
 

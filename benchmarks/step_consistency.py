@@ -31,7 +31,7 @@ from unittest.mock import patch
 import numpy as np
 
 from frugal.config import RunConfig, validate_run_config
-from frugal.estimate.categories import CATEGORIES, SEGMENTS
+from frugal.estimate.categories import CATEGORIES, DEVICE, SEGMENTS, peak_row
 from frugal.estimate.core import get_profile
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
@@ -111,6 +111,7 @@ class Case:
     accum: int = 1
     contrastive: bool = False
     loss_chunks: int = 0
+    offload: bool = False
 
     @property
     def id(self) -> str:
@@ -122,6 +123,7 @@ class Case:
         bits += [f"accum{self.accum}"] if self.accum > 1 else []
         bits += ["contrastive"] if self.contrastive else []
         bits += [f"chunks{self.loss_chunks}"] if self.loss_chunks else []
+        bits += ["offload"] if self.offload else []
         return "-".join(bits)
 
 
@@ -141,6 +143,8 @@ CASES = [
     Case("gemma", "full", "bf16-true", "adafactor", False, packing=False),
     Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, loss_chunks=4),  # issue 18
     Case("llama", "full", "fp32", "adamw", False, contrastive=True, loss_chunks=3),
+    Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, loss_chunks=4, offload=True),
+    Case("llama", "full", "bf16-mixed", "adamw", True, accum=2, contrastive=True, offload=True),
 ]
 MICRO, SEQ = 2, 96
 
@@ -177,6 +181,7 @@ def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
             "packing": case.packing,
             "loss": "ce+contrastive" if case.contrastive else "ce",
             "loss_chunks": case.loss_chunks,
+            "offload_activations": case.offload,
         },
         "data": {"path": str(data), "val_ratio": 0},
         "training": {
@@ -199,12 +204,11 @@ def segment_peaks(tracker: StepTracker, micro_steps: int) -> np.ndarray:
     """Category bytes at the peak of each segment, as `profile.LayerFit.peaks` reads a
     simulated trace (micro-steps past the simulated ones do not count)."""
     live, segs, micro = tracker.timeline(), tracker.segments(), tracker.micro_steps()
-    total = live.sum(axis=1)
     out = np.zeros((len(SEGMENTS), len(CATEGORIES)))
     for k, name in enumerate(SEGMENTS):
         idx = np.flatnonzero((segs == name) & ((micro <= micro_steps) | (segs == "opt")))
         if len(idx):
-            out[k] = live[idx[np.argmax(total[idx])]]
+            out[k] = peak_row(live, idx)
     return out
 
 
@@ -259,7 +263,7 @@ def mismatches(real: np.ndarray, sim: np.ndarray) -> Iterator[str]:
             if abs(s - r) > tol + 0.5:
                 rel = s / max(r, 1.0) - 1
                 yield f"{seg}/{cat}: trainer {r:,.0f} B, estimate {s:,.0f} B ({rel:+.2%})"
-    r_peak, s_peak = real.sum(axis=1).max(), sim.sum(axis=1).max()
+    r_peak, s_peak = real[:, DEVICE].sum(axis=1).max(), sim[:, DEVICE].sum(axis=1).max()
     if abs(s_peak / r_peak - 1) > TRANSIENT_TOL:
         yield f"peak: trainer {r_peak:,.0f} B, estimate {s_peak:,.0f} B"
 
@@ -271,7 +275,7 @@ def deviations(real: np.ndarray, sim: np.ndarray) -> dict[str, float]:
     for c, cat in enumerate(CATEGORIES):
         devs = [abs(sim[k, c] - real[k, c]) / max(real[k, c], 1.0) for k in live]
         out[cat] = max(devs, default=0.0)
-    out["peak"] = abs(sim.sum(axis=1).max() / real.sum(axis=1).max() - 1)
+    out["peak"] = abs(sim[:, DEVICE].sum(axis=1).max() / real[:, DEVICE].sum(axis=1).max() - 1)
     return out
 
 

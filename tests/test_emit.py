@@ -115,3 +115,22 @@ def test_skypilot_task_passes_skypilots_schema(tiny_llama: ModelSpec) -> None:
     bad["resources"]["use_spot"] = "often"
     with pytest.raises(jsonschema.ValidationError):
         resources_schema.validate(bad["resources"])
+
+
+@pytest.mark.parametrize(
+    ("technique", "fix"),
+    [({"loss_chunks": 8}, "--loss-chunks 0"), ({"offload_activations": True}, "--no-offload")],
+)
+def test_hf_script_refuses_what_the_trainer_cannot_run(
+    tiny_llama: ModelSpec, technique: dict[str, Any], fix: str
+) -> None:
+    """The Trainer script has neither the chunked loss nor offloading: one line naming both
+    ways out, rather than a script that runs out of memory where the plan said it fits."""
+    from frugal.errors import FrugalError
+
+    k = Constraints(tokens=1e7)
+    plan = search(tiny_llama, make_job(seq=128), catalog(), k).recommendation
+    cfg = to_run_config(tiny_llama.id, plan, k, "data.jsonl", 1e7, 2.0)
+    cfg = cfg.model_copy(update={"job": cfg.job.model_copy(update=technique)})
+    with pytest.raises(FrugalError, match=f"train with `frugal train`.*{fix}"):
+        hf_script(cfg, plan.speed.step_time_s)

@@ -40,7 +40,7 @@ def test_the_matrix_covers_what_the_step_varies() -> None:
     assert seen["method"] == {"full", "lora"}
     assert seen["precision"] == {"fp32", "bf16-true", "bf16-mixed"}
     assert seen["optimizer"] == {"adamw", "sgd", "adafactor"}
-    for flag in ("checkpointing", "packing", "contrastive"):
+    for flag in ("checkpointing", "packing", "contrastive", "offload"):
         assert seen[flag] == {True, False}, flag
     assert seen["accum"] == {1, 2}
     assert 0 in seen["loss_chunks"] and len(seen["loss_chunks"]) > 1
@@ -81,3 +81,21 @@ def test_an_estimate_without_sgd_momentum_is_caught(
         sim = sc.predicted(cfg)
     problems = list(sc.mismatches(real.peaks, sim))
     assert any("/optimizer_state" in p for p in problems), problems
+
+
+@pytest.mark.slow
+def test_a_trainer_that_does_not_offload_is_caught(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer whose layer inputs stay on the device while the estimate offloads them."""
+    import frugal.step.offload as offload
+
+    case = Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, offload=True)
+    cfg = sc.make_cfg(case, workdir, tmp_path)
+    sim = sc.predicted(cfg)
+    with monkeypatch.context() as m:
+        m.setattr(offload, "_pack", lambda t: t)
+        real = sc.measure(cfg)
+    problems = list(sc.mismatches(real.peaks, sim))
+    assert any("/offloaded_activations" in p for p in problems), problems
+    assert any("/activations" in p for p in problems), problems

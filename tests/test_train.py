@@ -172,12 +172,12 @@ def test_oom_backs_off_and_keeps_the_effective_batch(
     recipe.train(make_cfg(ref, "job.batch=2", *over), quiet=True)
     real = loop.forward
 
-    def small_gpu(model: Any, batch: dict[str, torch.Tensor], hidden: bool = False) -> Any:
+    def small_gpu(model: Any, batch: dict[str, torch.Tensor]) -> Any:
         if batch["input_ids"].shape[0] > 2 and torch.is_grad_enabled():
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         if batch["input_ids"].shape[0] > 1 and not torch.is_grad_enabled():
             raise torch.OutOfMemoryError("CUDA out of memory in eval (simulated)")
-        return real(model, batch, hidden)
+        return real(model, batch)
 
     monkeypatch.setattr(loop, "forward", small_gpu)  # the training step's
     monkeypatch.setattr(recipe, "forward", small_gpu)  # evaluation's

@@ -34,6 +34,7 @@ def estimate(
     packing: bool = option(TrainJob, "packing"),
     loss: str = option(TrainJob, "loss"),
     loss_chunks: int = option(TrainJob, "loss_chunks"),
+    offload_activations: bool = option(TrainJob, "offload_activations"),
     gpus: int = option(TrainJob, "gpus"),
     sharding: str = option(TrainJob, "sharding"),
     bitsandbytes: str | None = option(TrainJob, "bitsandbytes"),
@@ -59,6 +60,7 @@ def estimate(
         packing=packing,
         loss=loss,
         loss_chunks=loss_chunks,
+        offload_activations=offload_activations,
         gpus=gpus,
         sharding=sharding,
         bitsandbytes=bitsandbytes,
@@ -116,7 +118,9 @@ def render(d: dict[str, Any]) -> None:
         f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']} · "
         f"batch {j['batch']} x seq {j['seq']} {'packed' if j['packing'] else 'padded'} · "
         f"checkpointing {'on' if j['grad_checkpointing'] else 'off'} · {j['attention']}"
-        f"{' · ' + j['loss'] if j['loss'] != 'ce' else ''}{par}"
+        f"{' · ' + j['loss'] if j['loss'] != 'ce' else ''}"
+        f"{' · loss in ' + str(j['loss_chunks']) + ' chunks' if j['loss_chunks'] else ''}"
+        f"{' · activations offloaded' if j['offload_activations'] else ''}{par}"
     )
     share = d["trainable_params"] / d["total_params"] if d["total_params"] else 0
     c.print(
@@ -134,6 +138,10 @@ def render(d: dict[str, Any]) -> None:
     )
     t.add_row("[bold]peak reserved[/] (max_memory_reserved)", f"[bold]{d['peak_reserved_gib']:.2f}")
     t.add_row("[bold]device total[/] (nvidia-smi)", f"[bold]{d['device_total_gib']:.2f}")
+    if d["host_offload_gib"]:
+        t.add_row(
+            "offloaded to pinned host memory (not on the GPU)", f"{d['host_offload_gib']:.2f}"
+        )
     c.print(t)
     f = d["flops_per_step"]
     c.print(

@@ -52,6 +52,9 @@ def plan(
     loss_chunks: int | None = option(
         TrainJob, "loss_chunks", unset="0, or 16 where the plain loss does not fit"
     ),
+    offload_activations: bool | None = option(
+        TrainJob, "offload_activations", unset="off, or on where nothing else fits"
+    ),
     budget: float | None = option(Constraints, "budget_usd"),
     deadline: str | None = option(Constraints, "deadline_h"),
     max_gpus: int = option(Constraints, "max_gpus"),
@@ -133,6 +136,7 @@ def plan(
         packing=packing,
         loss=loss,
         loss_chunks=loss_chunks,
+        offload_activations=offload_activations,
     )
     for m in method_list:
         make_job(method=m)  # names a bad method in --methods
@@ -156,6 +160,7 @@ def plan(
         data_gb = measure_gb(dataset) if dataset else 0.0
     k = Constraints.build(
         auto_loss_chunks=loss_chunks is None,
+        auto_offload=offload_activations is None,
         data=data,
         data_gb=data_gb,
         tokens=per_epoch * epochs,

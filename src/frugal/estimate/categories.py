@@ -1,5 +1,7 @@
 """Names shared by the simulation and the torch-free evaluation of cached profiles."""
 
+from typing import Any
+
 CATEGORIES = (
     "frozen_weights",
     "trainable_weights",
@@ -8,9 +10,22 @@ CATEGORIES = (
     "activations",
     "logits_and_loss",
     "temporaries",
+    "offloaded_activations",  # in host memory (--offload-activations), not on the device
 )
 CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+HOST = CAT_INDEX["offloaded_activations"]
+DEVICE = [i for i, c in enumerate(CATEGORIES) if i != HOST]
 # segments of one step: forward; backward through loss and LM head, through the decoder
 # layers, through the embeddings; optimizer (clipping, step, zero_grad)
 SEGMENTS = ("fwd", "bwd_head", "bwd_layers", "bwd_tail", "opt")
 PHASES = ("forward", "backward", "recompute")
+
+
+def peak_row(live: Any, idx: Any) -> Any:
+    """The category bytes at the device peak among ops `idx` of a (ops, categories) timeline,
+    with the host column at its own largest value over those ops (host memory peaks at the
+    end of the forward, the device usually in backward)."""
+    total = live[idx][:, DEVICE].sum(axis=1)
+    row = live[idx[int(total.argmax())]].copy()
+    row[HOST] = live[idx, HOST].max()
+    return row

@@ -9,7 +9,7 @@ import numpy as np
 
 from frugal.errors import FrugalError
 from frugal.estimate import cache
-from frugal.estimate.categories import CATEGORIES, SEGMENTS
+from frugal.estimate.categories import CATEGORIES, DEVICE, HOST, SEGMENTS
 from frugal.estimate.overheads import MIB, Overheads, load_overheads
 from frugal.estimate.profile import LayerFit, Profile, grid
 from frugal.estimate.throughput import step_time
@@ -17,7 +17,6 @@ from frugal.hardware.gpus import GIB, GPU, memory_budget
 from frugal.models.specs import ModelSpec
 from frugal.step.job import TrainJob
 
-BREAKDOWN = (*CATEGORIES, "cuda_context_and_workspace", "allocator_reserve")
 TRANSIENT = ("activations", "logits_and_loss", "temporaries")
 MAX_BATCH = 1 << 16
 
@@ -32,6 +31,7 @@ class Memory:
     device_total: float
     peak_at: str
     paged: float = 0.0  # optimizer state in CUDA unified memory (paged optimizers)
+    host: float = 0.0  # offloaded activations in pinned host memory, at their peak
 
 
 @dataclass
@@ -67,6 +67,7 @@ class Estimate:
             "breakdown_gib": {k: round(v / GIB, 3) for k, v in m.breakdown.items()},
             "peak_at": m.peak_at,
             "paged_optimizer_gib": round(m.paged / GIB, 3),
+            "host_offload_gib": round(m.host / GIB, 3),
             "total_params": self.total_params,
             "trainable_params": self.trainable_params,
             "flops_per_step": {k: float(f"{v:.6g}") for k, v in self.flops_per_step.items()},
@@ -123,7 +124,13 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
         return prof
     from frugal.estimate.simulate import distinct_layer_kinds, simulate
 
-    k = min(distinct_layer_kinds(spec.config), spec.num_layers)
+    k = distinct_layer_kinds(spec.config)
+    if job.offload_activations:
+        # the decoder holds the embeddings' output (the first layer's input) through the
+        # whole forward, so what offloading leaves on the device grows linearly from the
+        # second layer on: fit the line there
+        k += 1
+    k = min(k, spec.num_layers)
     depths = (k, k + 1) if k < spec.num_layers else (k - 1, k)
     depths = (max(depths[0], 1), max(depths[1], 2))
     shapes = grid(s0)
@@ -183,9 +190,10 @@ def memory_at(
     if job.optimizer == "paged-adamw-8bit":
         paged = float(seg[0, opt_i])  # lives in unified memory, outside the allocator
         seg[:, opt_i] = 0.0
-    totals = seg.sum(axis=1)
+    host = float(seg[:, HOST].max())
+    totals = seg[:, DEVICE].sum(axis=1)
     k = int(np.argmax(totals))
-    cats = dict(zip(CATEGORIES, (float(x) for x in seg[k]), strict=True))
+    cats = {CATEGORIES[i]: float(seg[k, i]) for i in DEVICE}
     sim_peak = float(totals[k])
     workspace = ov.cublas_workspace_mib * MIB + ov.kernel_slack * sim_peak
     allocated = sim_peak + workspace
@@ -198,7 +206,8 @@ def memory_at(
         "cuda_context_and_workspace": workspace + context,
         "allocator_reserve": reserve,
     }
-    return Memory(breakdown, allocated, reserved, reserved + context + paged, SEGMENTS[k], paged)
+    total = reserved + context + paged
+    return Memory(breakdown, allocated, reserved, total, SEGMENTS[k], paged, host)
 
 
 # -- the public entry point ----------------------------------------------------------
@@ -235,6 +244,11 @@ def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str],
         notes.append(
             "MoE experts are fused 3D parameters in transformers 5; see lora_targets for "
             "what PEFT adapted (memory follows transformers' grouped-GEMM path)"
+        )
+    if job.offload_activations:
+        notes.append(
+            "offloaded layer inputs wait for backward in pinned host memory (host_offload_gib "
+            "per GPU, outside device_total_gib); their copies add host-link time to each step"
         )
     if job.optimizer == "paged-adamw-8bit":
         notes.append(

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from frugal.estimate.categories import CATEGORIES, PHASES, SEGMENTS
+from frugal.estimate.categories import CATEGORIES, HOST, PHASES, SEGMENTS, peak_row
 
 
 def features(b: int, s: int) -> np.ndarray:
@@ -120,14 +120,14 @@ class LayerFit:
         return cls(n_layers, coef, segs, flop_coef, attn, ref.total_params, ref.trainable_params)
 
     def peaks(self, phi: np.ndarray) -> np.ndarray:
-        """Category bytes at the peak of each segment: (segments, categories)."""
+        """Category bytes at the (device) peak of each segment: (segments, categories); host
+        bytes at their own peak within the segment."""
         live = self.coef @ phi  # (ops, categories)
-        total = live.sum(axis=1)
         out = np.zeros((len(SEGMENTS), len(CATEGORIES)))
         for k in range(len(SEGMENTS)):
             idx = np.flatnonzero(self.segments == k)
             if len(idx):
-                out[k] = live[idx[np.argmax(total[idx])]]
+                out[k] = peak_row(live, idx)
         return out
 
     def flops(self, phi: np.ndarray, b: int, s: int) -> np.ndarray:
@@ -157,6 +157,10 @@ class Profile:
             lo, hi = (f.peaks(phi) for f in self.fits)
             self._memo[batch, seq] = np.maximum(self._extrapolate(lo, hi), 0.0)
         return self._memo[batch, seq].copy()
+
+    def host_bytes(self, batch: int, seq: int) -> float:
+        """Bytes a micro-step offloads to host memory (--offload-activations), at their peak."""
+        return float(self.segment_peaks(batch, seq)[:, HOST].max())
 
     def flops(self, batch: int, seq: int) -> dict[str, float]:
         """FLOPs of one micro-step (forward, backward, recompute) for the full depth."""

@@ -10,7 +10,10 @@ Per GPU and micro-step (the estimator gives the FLOPs, the profile the bytes):
                 is why fast-FLOPs GPUs such as the H100 reach a lower share of their peak)
     dequant   = 4-bit weights x passes x (0.5 B read + 2 B write) / (bandwidth x dequant_eff)
     overhead  = layers x launch_s_per_layer          (Python and kernel launches, eager mode)
-    micro     = max(compute, memory) + elementw + dequant + overhead
+    offload   = 2 x offloaded bytes / (host link x host_link_eff)
+                (--offload-activations: each checkpointed layer input to pinned host memory
+                in forward and back in backward, on the compute stream, so not hidden)
+    micro     = max(compute, memory) + elementw + dequant + overhead + offload
 
 and per optimizer step (grad_accum micro-steps):
 
@@ -53,6 +56,9 @@ class SpeedConstants:
     overlap: float = 0.14  # share of compute time that hides communication
     elem_bytes: float = 84.0  # bytes moved per hidden unit, token and layer (fwd + bwd)
     step_fixed_s: float = 0.28  # per optimizer step: zero_grad, clipping, scheduler, logging
+    # pinned copies reach about 80% of the PCIe rate (128b/130b encoding, packet headers);
+    # a prior, not yet measured by frugal (GPU_CHECKS)
+    host_link_eff: float = 0.8
 
 
 def load_speed_constants(gpu: str | None = None, method: str | None = None) -> SpeedConstants:
@@ -109,7 +115,8 @@ def step_time(
         dequant = q_params * passes * 2.5 / (bw * c.dequant_eff)
     overhead = prof.n_layers * c.launch_s_per_layer * passes / 3
     elementwise = tokens * prof.n_layers * hidden * c.elem_bytes * passes / 3 / bw
-    micro = max(compute, memory) + elementwise + dequant + overhead
+    offload = 2 * prof.host_bytes(job.batch, job.seq) / (gpu.host_link_gbps * 1e9 * c.host_link_eff)
+    micro = max(compute, memory) + elementwise + dequant + overhead + offload
 
     opt_bytes = prof.start_bytes("optimizer_state")
     optimizer = 2 * (opt_bytes + 3 * trainable) / bw / (n if job.sharding != "ddp" else 1)
@@ -139,6 +146,7 @@ def step_time(
         "elementwise": job.grad_accum * elementwise,
         "dequant": job.grad_accum * dequant,
         "overhead": job.grad_accum * overhead,
+        "offload": job.grad_accum * offload,
         "optimizer": optimizer,
         "comm_exposed": exposed,
     }

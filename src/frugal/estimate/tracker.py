@@ -131,6 +131,7 @@ class StepTracker(TorchDispatchMode):
         self.attn_flops = dict.fromkeys(PHASES, 0)  # fused attention, grows with b x s^2
         self.forward_region = 0  # >0 inside a custom autograd Function's forward
         self.temp_depth = 0  # >0 inside a dequantize / weight-cast region
+        self.host_depth = 0  # >0 while offloading activations to host memory
         self.param_storages: set[int] = set()
         self.count_flops = True
 
@@ -170,6 +171,15 @@ class StepTracker(TorchDispatchMode):
             yield
         finally:
             self.temp_depth -= 1
+
+    @contextmanager
+    def on_host(self) -> Iterator[None]:
+        """Storages made inside are in host memory (offloaded activations)."""
+        self.host_depth += 1
+        try:
+            yield
+        finally:
+            self.host_depth -= 1
 
     @contextmanager
     def in_forward(self) -> Iterator[None]:
@@ -237,6 +247,8 @@ class StepTracker(TorchDispatchMode):
                 else:
                     book["backward"] += n
         kind = "temporaries" if self.temp_depth or self.segment == "opt" else "activations"
+        if self.host_depth:
+            kind = "offloaded_activations"
         if func in (aten._to_copy.default, aten.clone.default) and args:
             src = args[0]
             if isinstance(src, torch.Tensor) and id(src.untyped_storage()) in self.param_storages:

@@ -46,6 +46,7 @@ class GPU:
     link_gbps: float = 32.0  # GB/s per direction per GPU
     tdp_w: float = 300.0
     fp8_tflops: float | None = None  # dense FP8 tensor rate; None: no FP8 tensor cores
+    host_link_gbps: float = 32.0  # PCIe to the host, GB/s per direction
 
     def peak_tflops(self, compute_dtype: str) -> float | None:
         """Dense tensor TFLOPS for the compute dtype; None when the GPU cannot run it."""
@@ -71,6 +72,7 @@ class GPU:
             "tier": self.tier,
             "interconnect": self.link,
             "interconnect_gbps": self.link_gbps,
+            "host_link_gbps": self.host_link_gbps,
             "tdp_w": self.tdp_w,
             "source": self.source,
         }
@@ -100,6 +102,7 @@ def gpus() -> tuple[GPU, ...]:
             link_gbps=float(r["link_gbps"]),
             tdp_w=float(r["tdp_w"]),
             fp8_tflops=_num(r["fp8_tflops"]),
+            host_link_gbps=float(r["host_link_gbps"]),
         )
         for r in rows
     )

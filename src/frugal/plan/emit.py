@@ -77,6 +77,12 @@ def hf_script(cfg: RunConfig, step_time_s: float) -> str:
             "--emit hf: the Trainer script computes the plain loss, whose logits the plan's "
             "--loss-chunks avoids: train with `frugal train`, or plan with --loss-chunks 0"
         )
+    if j.offload_activations:
+        raise FrugalError(
+            "--emit hf: the Trainer script keeps activations on the GPU, which the plan's "
+            "--offload-activations avoids: train with `frugal train`, or plan with "
+            "--no-offload-activations"
+        )
     base_dtype, _ = weight_dtypes(j)
     dtype = str(base_dtype).removeprefix("torch.")
     compute = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[j.compute_dtype]

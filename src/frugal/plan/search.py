@@ -33,8 +33,10 @@ from frugal.step.job import Method, Optimizer, TrainJob
 NO_MOVE = Move(0.0, 0.0, "")
 SpotMode = Literal["auto", "only", "never"]
 NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
-# a set-up that does not fit with the plain loss is tried with the loss in this many chunks
-# (--loss-chunks): the logits never whole, for one more LM-head matmul in backward
+# a set-up that does not fit is tried again with the memory techniques of the step, one more
+# at a time, the cheapest in time first: the loss in this many chunks (--loss-chunks; the
+# logits never whole, for one more LM-head matmul in backward), then the checkpointed
+# layers' inputs offloaded to host memory (--offload-activations; two host-link copies)
 AUTO_LOSS_CHUNKS = 16
 DISK_GBPS = 1.0  # checkpoint write and weight read from local NVMe, GB/s
 
@@ -96,6 +98,11 @@ class Constraints(BaseModel):
         description="try the loss in chunks where the plain loss does not fit "
         "(off when --loss-chunks is given)",
     )
+    auto_offload: bool = Field(
+        True,
+        description="try offloading activations to host memory where nothing else fits "
+        "(off when --offload-activations is given)",
+    )
     data: str = Field(
         "local",
         description="where the dataset is and results go: local, hub or PROVIDER:REGION",
@@ -143,6 +150,8 @@ class Plan:
     output_gb: float = 0.0  # what the run hands back: the adapter, or the whole model
     data_in: Move = NO_MOVE  # the dataset onto the machine (in egress_usd and setup_h)
     data_out: Move = NO_MOVE  # the result back to where the data lives (in egress_usd)
+    host_offload_gib: float = 0.0  # pinned host memory per GPU (--offload-activations)
+    why_on: dict[str, str] = field(default_factory=dict)  # techniques the plan turned on, why
 
     @property
     def cost_usd(self) -> float:
@@ -208,6 +217,9 @@ class Plan:
             "grad_checkpointing": j.grad_checkpointing,
             "optimizer": j.optimizer,
             "seq": j.seq,
+            "loss_chunks": j.loss_chunks,
+            "offload_activations": j.offload_activations,
+            "host_offload_gib": round(self.host_offload_gib, 2),
             "est_hours": round(self.hours, 3),
             "est_cost_usd": round(self.cost_usd, 2),
             "cost_breakdown_usd": {
@@ -361,8 +373,7 @@ def search(
                     rejected.append(Rejected(label, found.why, found.kind, None, None,
                                              found.need_gib, found.have_gib))  # fmt: skip
                     continue
-                job, mem, speed, prof = found
-                plans.extend(_price(offer, nodes, job, mem, speed, prof, k))
+                plans.extend(_price(offer, nodes, found, k))
     feasible, over = [], []
     for p in plans:
         why = None
@@ -404,10 +415,14 @@ def _best_config(
     memo: dict[tuple[Any, ...], Any],
     node_gbps: float,
     ov: Overheads,
-) -> tuple[TrainJob, Any, Speed, Profile] | Rejected:
+) -> Config | Rejected:
     """The fastest fitting (checkpointing, optimizer, sharding, micro-batch) for one GPU
-    set-up, or why none fits."""
-    key = (gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0, base.loss_chunks)
+    set-up, or why none fits. Where nothing fits, or only with gradient accumulation, the
+    next memory technique (`_next_technique`) is tried too, and kept if it is faster."""
+    key = (
+        gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0,
+        base.loss_chunks, base.offload_activations,
+    )  # fmt: skip
     if key in memo:
         return memo[key]
     precision = _precision_for(gpu, base.precision)
@@ -416,7 +431,7 @@ def _best_config(
         return memo[key]
     cap = memory_budget(gpu.usable_gib, k.margin)
     share = k.effective_batch // n  # search() only tries GPU counts that divide it
-    best: tuple[TrainJob, Any, Speed, Profile] | None = None
+    best: Config | None = None
     smallest_need = math.inf
     optimizers = k.optimizers if method == "full" else k.optimizers[:1]
     # the shardings `frugal train` runs: FSDP needs bf16 or fp32 and full or LoRA weights
@@ -432,7 +447,7 @@ def _best_config(
             "lora_dropout": base.lora_dropout,
         }
     )
-    for ckpt in (True, False):
+    for ckpt in (True,) if base.offload_activations else (True, False):
         for opt in optimizers:
             for sharding in shardings:
                 job = TrainJob.model_validate(
@@ -446,6 +461,7 @@ def _best_config(
                         "packing": base.packing,
                         "loss": base.loss,
                         "loss_chunks": base.loss_chunks,
+                        "offload_activations": base.offload_activations,
                         "gpus": n,
                         "sharding": sharding,
                         **lora,
@@ -461,20 +477,32 @@ def _best_config(
                 )  # fmt: skip
                 if speed is None:
                     continue
-                if best is None or speed.tokens_per_s > best[2].tokens_per_s:
-                    best = (fit.job, fit.memory, speed, fit.profile)
-    if best is None and not base.loss_chunks and k.auto_loss_chunks:  # the logits may not fit
-        chunked = base.model_copy(update={"loss_chunks": AUTO_LOSS_CHUNKS})
+                if best is None or speed.tokens_per_s > best.speed.tokens_per_s:
+                    best = Config(fit.job, fit.memory, speed, fit.profile)
+    more = _next_technique(base, k)
+    if more is not None and (best is None or best.job.batch < share):
+        # what frees memory may make it fit, or raise the micro-batch (fewer passes)
         found = _best_config(
-            spec, chunked, gpu, n, per_node, nodes, method, k, profiles, sc, memo, node_gbps, ov
+            spec, more, gpu, n, per_node, nodes, method, k, profiles, sc, memo, node_gbps, ov
         )
-        if not isinstance(found, Rejected):
+        if best is None or (
+            not isinstance(found, Rejected) and found.speed.tokens_per_s > best.speed.tokens_per_s
+        ):
+            if not isinstance(found, Rejected):
+                added = "loss_chunks" if more.loss_chunks != base.loss_chunks else "offload"
+                found = found.turned_on(
+                    added,
+                    "without it this set-up does not fit"
+                    if best is None
+                    else f"without it micro-batch {best.job.batch}, "
+                    f"{best.speed.tokens_per_s:,.0f} tokens/s",
+                )
             memo[key] = found
             return found
     if best is None:
         need, have = smallest_need / GIB, cap / GIB
         why = (
-            f"does not fit: needs {need:.1f} GiB per GPU at micro-batch 1, "
+            f"does not fit{_even_with(base)}: needs {need:.1f} GiB per GPU at micro-batch 1, "
             f"{gpu.name} has {have:.1f} usable with the margin"
         )
         memo[key] = Rejected("", why, "fit", need_gib=need, have_gib=have)
@@ -483,10 +511,40 @@ def _best_config(
     return memo[key]
 
 
-def _price(
-    offer: Offer, nodes: int, job: TrainJob, mem: Any, speed: Speed, prof: Profile, k: Constraints
-) -> list[Plan]:
+@dataclass
+class Config:
+    """The fastest fitting configuration of one GPU set-up."""
+
+    job: TrainJob
+    memory: Any
+    speed: Speed
+    profile: Profile
+    why_on: dict[str, str] = field(default_factory=dict)  # technique -> why the plan chose it
+
+    def turned_on(self, technique: str, why: str) -> Config:
+        """This configuration, saying why the plan turned `technique` on."""
+        why_on = {**self.why_on, technique: why}
+        return Config(self.job, self.memory, self.speed, self.profile, why_on)
+
+
+def _even_with(job: TrainJob) -> str:
+    on = [f"the loss in {job.loss_chunks} chunks"] if job.loss_chunks else []
+    on += ["offloaded activations"] if job.offload_activations else []
+    return f" even with {' and '.join(on)}" if on else ""
+
+
+def _next_technique(job: TrainJob, k: Constraints) -> TrainJob | None:
+    """`job` with the next memory technique the plan may turn on, or None."""
+    if k.auto_loss_chunks and not job.loss_chunks:
+        return job.model_copy(update={"loss_chunks": AUTO_LOSS_CHUNKS})
+    if k.auto_offload and not job.offload_activations and job.sharding not in ("fsdp", "zero3"):
+        return job.model_copy(update={"offload_activations": True, "grad_checkpointing": True})
+    return None
+
+
+def _price(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
     """The on-demand and spot plans of one configuration on one offer."""
+    job, mem, speed, prof = cfg.job, cfg.memory, cfg.speed, cfg.profile
     terms = offer.terms
     solve_h = k.tokens / speed.tokens_per_s / 3600
     weights = prof.start_bytes("frozen_weights") + prof.start_bytes("trainable_weights")
@@ -527,6 +585,8 @@ def _price(
             output_gb=output_gb,
             data_in=data_in,
             data_out=data_out,
+            host_offload_gib=mem.host / GIB,
+            why_on=cfg.why_on,
         )
 
     out = []
@@ -580,11 +640,22 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         f"{best.speed.efficiency:.0%} of peak): {best.hours:.1f} h including "
         f"{best.setup_h * 60:.0f} min setup"
     )
+
+    def turned_on(technique: str) -> str:
+        why = best.why_on.get(technique)
+        return f"; the plan turned it on: {why}" if why else ""
+
     if j.loss_chunks:
         r.append(
             f"loss in {j.loss_chunks} chunks of tokens (--loss-chunks): the logits are never "
-            "whole, for one more LM-head matmul in backward"
-            + ("; without it this set-up does not fit" if j.loss_chunks == AUTO_LOSS_CHUNKS else "")
+            "whole, for one more LM-head matmul in backward" + turned_on("loss_chunks")
+        )
+    if j.offload_activations:
+        cost = best.speed.parts_s.get("offload", 0.0) / best.speed.step_time_s
+        r.append(
+            f"layer inputs offloaded to host memory (--offload-activations): "
+            f"{best.host_offload_gib:.1f} GiB pinned per GPU, {cost:.1%} of the step in copies"
+            + turned_on("offload")
         )
     if k.data != "local" or k.data_gb:
         r.append(f"data: {best.data_note}")

@@ -69,6 +69,11 @@ class TrainJob(BaseModel):
     seq: int = Field(2048, description="sequence length in tokens")
     grad_accum: int = Field(1, description="gradient accumulation steps")
     grad_checkpointing: bool = Field(True, description="recompute activations in backward")
+    offload_activations: bool = Field(
+        False,
+        description="keep each checkpointed layer's input in host memory until backward "
+        "(needs gradient checkpointing; costs two host-link copies of them per step)",
+    )
     attention: Attention = Field("sdpa", description="attention kernel: sdpa (flash) or eager")
     packing: bool = Field(
         True,
@@ -103,6 +108,11 @@ class TrainJob(BaseModel):
         if self.loss_chunks and self.sharding in ("fsdp", "zero3"):
             raise ValueError(
                 "--loss-chunks reads the LM head's whole weight: use --sharding ddp or zero2"
+            )
+        if self.offload_activations and not self.grad_checkpointing:
+            raise ValueError(
+                "--offload-activations offloads the checkpointed layers' inputs: "
+                "turn on --grad-checkpointing"
             )
         if self.method != "full":
             if self.lora_r < 1:

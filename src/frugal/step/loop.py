@@ -15,7 +15,7 @@ one process. The marks (`marks.py`) tell a watching memory tracker where the ste
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,19 +96,43 @@ def lm_head(model: Any) -> Any:
     return head
 
 
-def ce_of(model: Any, b: dict[str, torch.Tensor], loss: Loss) -> tuple[Any, torch.Tensor]:
-    """The forward and its summed cross-entropy (plain, or chunked from the hidden states)."""
-    if not loss.chunks:
-        out = forward(model, b, hidden=loss.contrastive)
-        return out, causal_lm_loss(out.logits, b["labels"])[0]
-    head = lm_head(model)
-    # no position's logits from the model itself (an empty index): the loss makes its own
-    none = torch.empty(0, dtype=torch.long, device=b["labels"].device)
-    out = model(**model_inputs(b), output_hidden_states=True, use_cache=False, logits_to_keep=none)
-    hidden = out.hidden_states[-1]
-    per = -(-hidden.shape[0] * hidden.shape[1] // loss.chunks)  # tokens per chunk
-    ce, _ = chunked_linear_cross_entropy(hidden, head.weight, b["labels"], per, head.bias)
-    return out, ce
+@contextlib.contextmanager
+def last_hidden(model: Any, wanted: bool = True) -> Iterator[list[torch.Tensor]]:
+    """Collects the decoder's output (the last hidden states, after the final norm) of the
+    forward run inside. A hook rather than `output_hidden_states`, whose tuple would hold
+    every layer's input on the device until the loss is computed."""
+    box: list[torch.Tensor] = []
+    if not wanted:
+        yield box
+        return
+    decoder = getattr(model, "module", model).get_decoder()  # under DDP's and PEFT's wrappers
+    hook = decoder.register_forward_hook(lambda m, args, out: box.append(out[0]))
+    try:
+        yield box
+    finally:
+        hook.remove()
+
+
+def ce_of(
+    model: Any, b: dict[str, torch.Tensor], loss: Loss
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The forward and its summed cross-entropy (plain, or chunked from the hidden states);
+    with the contrastive term, also the last hidden states."""
+    with last_hidden(model, bool(loss.chunks or loss.contrastive)) as box:
+        if not loss.chunks:
+            ce = causal_lm_loss(forward(model, b).logits, b["labels"])[0]
+        else:
+            head = lm_head(model)
+            # no position's logits from the model itself (an empty index): the loss makes
+            # its own, chunk by chunk
+            none = torch.empty(0, dtype=torch.long, device=b["labels"].device)
+            model(**model_inputs(b), use_cache=False, logits_to_keep=none)
+    hidden = box[0] if box else None
+    if loss.chunks:
+        assert hidden is not None
+        per = -(-hidden.shape[0] * hidden.shape[1] // loss.chunks)  # tokens per chunk
+        ce, _ = chunked_linear_cross_entropy(hidden, head.weight, b["labels"], per, head.bias)
+    return (hidden if loss.contrastive else None), ce
 
 
 @dataclass
@@ -120,8 +144,8 @@ class Sums:
     grad_norm: torch.Tensor
 
 
-def forward(model: Any, batch: dict[str, torch.Tensor], hidden: bool = False) -> Any:
-    return model(**model_inputs(batch), output_hidden_states=hidden, use_cache=False)
+def forward(model: Any, batch: dict[str, torch.Tensor]) -> Any:
+    return model(**model_inputs(batch), use_cache=False)
 
 
 def optimizer_step(
@@ -153,15 +177,13 @@ def optimizer_step(
         sync = contextlib.nullcontext() if last or reduce_each else engine.no_sync(model)
         with sync:
             with engine.autocast():
-                out, ce_sum = ce_of(model, b, loss)
+                hidden, ce_sum = ce_of(model, b, loss)
                 total = ce_sum * ce_scale
-                if loss.contrastive:
-                    cl_sum, _ = contrastive_loss(
-                        out.hidden_states[-1], b["labels"], b["segment_ids"], loss.margin
-                    )
+                if hidden is not None:
+                    cl_sum, _ = contrastive_loss(hidden, b["labels"], b["segment_ids"], loss.margin)
                     total = total + cl_sum * (cl_scale * loss.weight)
                     cl_total += cl_sum.detach()
-            del out
+            del hidden
             marks.phase("bwd_head")
             engine.backward(total)
         ce_total += ce_sum.detach()

@@ -2,9 +2,10 @@
 
 The step (`frugal.step.run`) says which phase it is in (forward, backward, optimizer) and
 which accumulation micro-step; the 4-bit stand-in says which of its storages are
-temporaries. With no tracker watching, each mark is one empty-list check, so
-`frugal train` runs the very same code at no measurable cost; the estimator's simulation
-and the self-consistency tests watch it with `frugal.estimate.tracker.StepTracker`.
+temporaries, and activation offloading which live in host memory. With no tracker
+watching, each mark is one empty-list check, so `frugal train` runs the very same code at
+no measurable cost; the estimator's simulation and the self-consistency tests watch it
+with `frugal.estimate.tracker.StepTracker`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Observer(Protocol):
     def begin_micro(self, index: int) -> None: ...
     def temporary(self) -> Any: ...  # a context manager
     def in_forward(self) -> Any: ...  # a context manager
+    def on_host(self) -> Any: ...  # a context manager
 
 
 _OBSERVERS: list[Observer] = []
@@ -39,6 +41,11 @@ def micro_step(index: int) -> None:
 def temporaries() -> Any:
     """Storages made inside are temporaries (4-bit dequantization buffers)."""
     return _OBSERVERS[-1].temporary() if _OBSERVERS else nullcontext()
+
+
+def host_memory() -> Any:
+    """Storages made inside live in host memory (offloaded activations), not the device's."""
+    return _OBSERVERS[-1].on_host() if _OBSERVERS else nullcontext()
 
 
 def function_forward() -> Any:

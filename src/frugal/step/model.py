@@ -4,8 +4,8 @@
 (`pretrained`), random initialization (`random`), the meta device with real buffers for an
 FSDP process that receives its shards (`empty`), or the meta device with the 4-bit
 stand-in for the estimate's fake tensors (`meta`). Everything else is the same code:
-attention kernel, dtypes, 4-bit quantization, activation checkpointing, LoRA adapters and
-input gradients.
+attention kernel, dtypes, 4-bit quantization, activation checkpointing (and offloading), LoRA
+adapters and input gradients.
 
 Dtypes (`weight_dtypes`), the lean and standard choice of each method:
 
@@ -143,7 +143,7 @@ def build_model(
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             quantize(model, compute_dtype(job), device)
     if job.grad_checkpointing:
-        enable_checkpointing(model)
+        enable_checkpointing(model, job.offload_activations)
     model.config.use_cache = False
     if job.method == "full":
         for p in model.parameters():
@@ -166,13 +166,18 @@ def build_model(
     return model
 
 
-def enable_checkpointing(model: Any) -> None:
-    """Non-reentrant activation checkpointing of every decoder layer."""
+def enable_checkpointing(model: Any, offload: bool = False) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer; with `offload`, each
+    layer's saved input waits for backward in host memory (`offload.py`)."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if offload:
+        from frugal.step.offload import offload_checkpointed_inputs
+
+        offload_checkpointed_inputs(model)
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:
