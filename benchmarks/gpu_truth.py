@@ -9,8 +9,13 @@ the same step (same micro-batch and accumulation) and its error. A config that f
 row with its error; the matrix never stops early. One CSV row per config, plus the
 environment (GPU, driver, library versions) in a JSON file beside it.
 
-    python benchmarks/gpu_truth.py --out DIR [--matrix core|full] [--steps 6] [--only SUBSTR]
-    python benchmarks/gpu_truth.py --out DIR --smoke     # one tiny config, CPU is enough
+    python benchmarks/gpu_truth.py --out DIR [--matrix core|long|full] [--steps 6] [--only SUBSTR]
+    python benchmarks/gpu_truth.py --out DIR --smoke     # two tiny configs, CPU is enough
+
+`--matrix long` (issue 18): Llama-3.1-8B QLoRA r32 at batch 1 with the plain step and the
+memory techniques (--loss-chunks 16, --offload-activations, --optimizer adamw-8bit) at 16K
+tokens, for the memory and tokens/s each costs, then all of them at 0.9x and 1.1x the
+estimator's longest sequence on this GPU: the first should run, the second run out of memory.
 
 Commit the CSV under benchmarks/data/ with the date and GPU in its name.
 """
@@ -34,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "examples" / "tiny-llama"
 FIELDS = (
     "id", "model", "method", "precision", "checkpointing", "seq", "micro_batch", "grad_accum",
+    "lora_r", "optimizer", "loss_chunks", "offload", "estimated_max_seq",
+    "measured_host_gib", "estimated_host_gib",
     "measured_allocated_gib", "measured_reserved_gib", "measured_device_gib",
     "measured_tokens_per_s", "estimated_allocated_gib", "estimated_reserved_gib",
     "estimated_device_gib", "estimated_tokens_per_s", "error_allocated", "error_reserved",
@@ -49,19 +56,51 @@ class Config:
     checkpointing: bool
     seq: int
     micro: int | None  # None: the estimator's largest micro-batch (auto_micro_batch)
+    lora_r: int = 16
+    optimizer: str = "adamw"
+    loss_chunks: int = 0
+    offload: bool = False
+    max_seq_share: float = 0.0  # > 0: seq is this share of the estimator's longest sequence
+    effective: int | None = None  # sequences per step (None: --effective-batch)
 
     @property
     def id(self) -> str:
         short = self.model.split("/")[-1]
         ckpt = "ckpt" if self.checkpointing else "nockpt"
         mb = "auto" if self.micro is None else f"mb{self.micro}"
-        return f"{short}-{self.method}-{self.precision}-{ckpt}-s{self.seq}-{mb}"
+        seq = f"s{self.seq}" if not self.max_seq_share else f"max{self.max_seq_share:g}"
+        out = f"{short}-{self.method}-{self.precision}-{ckpt}-{seq}-{mb}"
+        out += f"-r{self.lora_r}" if self.lora_r != 16 else ""
+        out += f"-{self.optimizer}" if self.optimizer != "adamw" else ""
+        out += f"-chunks{self.loss_chunks}" if self.loss_chunks else ""
+        return out + ("-offload" if self.offload else "")
 
 
 def matrix(name: str) -> list[Config]:
     """`core`: 16 configs, about 15 minutes on an H100; `full`: the whole cross product."""
     if name == "smoke":
-        return [Config("HuggingFaceTB/SmolLM2-135M", "lora", "fp32", False, 64, 2)]
+        small = "HuggingFaceTB/SmolLM2-135M"
+        return [
+            Config(small, "lora", "fp32", False, 64, 2),
+            Config(small, "lora", "fp32", True, 64, 2, loss_chunks=4, offload=True),
+        ]
+    if name == "long":
+        m, q = "meta-llama/Llama-3.1-8B", "qlora"
+        techniques: list[dict[str, Any]] = [
+            {},
+            {"loss_chunks": 16},
+            {"loss_chunks": 16, "offload": True},
+            {"loss_chunks": 16, "offload": True, "optimizer": "adamw-8bit"},
+        ]
+        at_16k = [
+            Config(m, q, "bf16-mixed", True, 16384, 1, 32, effective=1, **t) for t in techniques
+        ]
+        every = techniques[-1]
+        edges = [
+            Config(m, q, "bf16-mixed", True, 0, 1, 32, max_seq_share=share, effective=1, **every)
+            for share in (0.9, 1.1)
+        ]
+        return at_16k + edges
     if name == "core":
         c = Config
         return [
@@ -118,23 +157,39 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     from frugal.hardware.gpus import lookup_gpu
     from frugal.models.specs import load_spec
     from frugal.run import recipe
+    from frugal.step.job import make_job
 
     cuda = torch.cuda.is_available()
     micro = cfg.micro or 1
+    effective = cfg.effective or effective
+    gpu = lookup_gpu(torch.cuda.get_device_name()) if cuda else None
+    spec = load_spec(cfg.model)
+    job_fields = {
+        "method": cfg.method,
+        "precision": cfg.precision,
+        "batch": micro,
+        "seq": cfg.seq or 2048,
+        "grad_checkpointing": cfg.checkpointing,
+        "optimizer": cfg.optimizer,
+        "loss_chunks": cfg.loss_chunks,
+        "offload_activations": cfg.offload,
+        **({"lora_r": cfg.lora_r} if cfg.method != "full" else {}),
+    }
+    max_seq = None
+    if cfg.max_seq_share:
+        max_seq = estimate(spec, make_job(**job_fields), gpu=gpu).max_seq
+        if not max_seq:
+            raise RuntimeError("the estimator has no longest sequence without a known GPU")
+        job_fields["seq"] = int(max_seq * cfg.max_seq_share)
+    seq = int(job_fields["seq"])
     data = work / "data.jsonl"
-    _data(data, rows=effective * (steps + 1), seq=cfg.seq)
+    _data(data, rows=effective * (steps + 1), seq=seq)
     run_cfg = validate_run_config(
         {
             "model": cfg.model,
             "tokenizer": str(TOKENIZER),
             "init": "random",
-            "job": {
-                "method": cfg.method,
-                "precision": cfg.precision,
-                "batch": micro,
-                "seq": cfg.seq,
-                "grad_checkpointing": cfg.checkpointing,
-            },
+            "job": job_fields,
             "data": {"path": str(data), "val_ratio": 0, "epochs": 1},
             "training": {
                 "effective_batch": effective,
@@ -156,10 +211,13 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     s = recipe.train(run_cfg, dry_run=steps, on_step=on_step, quiet=True)
     job = run_cfg.job.model_copy(update={"batch": s.micro_batch, "grad_accum": s.grad_accum})
-    gpu = lookup_gpu(torch.cuda.get_device_name()) if cuda else None
-    est = estimate(load_spec(cfg.model), job, gpu=gpu).to_json()
+    est = estimate(spec, job, gpu=gpu).to_json()
     a = s.actual
     row = {
+        "seq": seq,
+        "estimated_max_seq": max_seq,
+        "measured_host_gib": _pinned_peak_gib(),
+        "estimated_host_gib": est["host_offload_gib"],
         "micro_batch": s.micro_batch,
         "grad_accum": s.grad_accum,
         "measured_allocated_gib": a.peak_allocated_gib,
@@ -177,6 +235,16 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
         e = row[f"estimated_{key}" if key == "tokens_per_s" else f"estimated_{key}_gib"]
         row[f"error_{key}"] = round(e / m - 1, 4) if m and e else None
     return row
+
+
+def _pinned_peak_gib() -> float | None:
+    """Peak bytes of PyTorch's pinned host allocator (where offloaded inputs wait), GiB."""
+    import torch
+
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if stats is None or not torch.cuda.is_available():
+        return None
+    return round(stats().get("active_bytes.peak", 0) / 2**30, 3)
 
 
 def _child(cfg: Config, steps: int, effective: int, queue: Any) -> None:
@@ -218,8 +286,8 @@ def environment() -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for the CSV and env JSON")
-    ap.add_argument("--matrix", default="core", choices=("core", "full"))
-    ap.add_argument("--smoke", action="store_true", help="one tiny config (CPU is enough)")
+    ap.add_argument("--matrix", default="core", choices=("core", "long", "full"))
+    ap.add_argument("--smoke", action="store_true", help="two tiny configs (CPU is enough)")
     ap.add_argument("--steps", type=int, default=6, help="dry-run steps per config")
     ap.add_argument("--effective-batch", type=int, default=16)
     ap.add_argument("--only", default="", help="run the configs whose id contains this")
@@ -247,7 +315,8 @@ def main() -> int:
                 res = queue.get() if not queue.empty() else {"error": f"exit {p.exitcode}"}
             row = {"id": cfg.id, **asdict(cfg), **res}
             row["checkpointing"] = cfg.checkpointing
-            row.pop("micro", None)
+            for key in ("micro", "max_seq_share", "effective"):
+                row.pop(key, None)
             w.writerow({k: row.get(k) for k in FIELDS})
             f.flush()
             print(json.dumps({k: row.get(k) for k in FIELDS if row.get(k) is not None}))
