@@ -77,7 +77,11 @@ def longest_table() -> str:
     card = find_gpu("RTX 4090")
     speed = {
         n: estimate(load_spec(MODEL), _job(seq=16384, **CHUNKS, **t), gpu=card)
-        for n, t in {"--loss-chunks 16": {}, "+ offload": OFFLOAD, "+ 8-bit": EIGHT_BIT}.items()
+        for n, t in {
+            "--loss-chunks 16": {},
+            "chunks + offload": OFFLOAD,
+            "chunks + adamw-8bit": EIGHT_BIT,
+        }.items()
     }
     base = speed["--loss-chunks 16"]
     assert base.tokens_per_s is not None

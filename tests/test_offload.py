@@ -126,3 +126,56 @@ def test_four_times_the_plain_context_at_24_gb(capsys: pytest.CaptureFixture[str
     assert off["device_total_gib"] < kept["device_total_gib"] - 3
     extra = off["step_time_s"] - kept["step_time_s"]
     assert extra == pytest.approx(2 * host / (32e9 * 0.8), rel=0.02)
+
+
+def test_offloading_is_not_run_under_sharded_weights() -> None:
+    from frugal.errors import FrugalError
+
+    with pytest.raises(FrugalError, match="use --sharding ddp or zero2"):
+        make_job(offload_activations=True, gpus=2, sharding="fsdp")
+    assert make_job(offload_activations=True, gpus=2, sharding="zero2").offload_activations
+
+
+@pytest.mark.slow
+def test_plan_offloads_where_nothing_else_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    """24K tokens of 8B QLoRA on your own RTX 4090: the chunked loss alone does not fit, with
+    the layer inputs offloaded it does; the reasons say so, with the host memory and the
+    share of the step the copies take."""
+    args = ["plan", "meta-llama/Llama-3.1-8B", "--tokens", "20M", "--methods", "qlora",
+            "--lora-r", "32", "--seq", "24576", "--effective-batch", "8",
+            "--local", "RTX 4090", "--providers", "local"]  # fmt: skip
+    rec = run_json(capsys, *args, "--json")["recommendation"]
+    assert rec["offload_activations"] and rec["loss_chunks"] == 16
+    assert rec["host_offload_gib"] == pytest.approx(32 * 24576 * 4096 * 2 / 2**30, rel=1e-3)
+    why = [r for r in rec["reasons"] if "--offload-activations" in r]
+    assert why and "GiB pinned" in why[0] and "does not fit" in why[0]
+    err = run_error(capsys, *args, "--no-offload-activations")
+    assert "nothing fits" in err and "without --no-offload-activations (local your" in err
+    # longer still: AdamW's states in 8 bits too
+    longer = run_json(capsys, *args[:-8], "--seq", "31000", *args[-6:], "--json")
+    rec = longer["recommendation"]
+    assert rec["optimizer"] == "adamw-8bit" and rec["offload_activations"]
+    assert any("AdamW's states in 8 bits" in r and "does not fit" in r for r in rec["reasons"])
+
+
+def test_the_plans_techniques_come_one_at_a_time_cheapest_in_time_first() -> None:
+    from frugal.plan.search import Constraints, _next_technique
+
+    k = Constraints(tokens=1e6)
+    job, seen = make_job(method="qlora"), []
+    while (nxt := _next_technique(job, k, "qlora")) is not None:
+        seen.append(
+            {f: getattr(nxt, f) for f in ("loss_chunks", "offload_activations", "optimizer")}
+        )
+        job = nxt
+    assert seen == [
+        {"loss_chunks": 16, "offload_activations": False, "optimizer": "adamw"},
+        {"loss_chunks": 16, "offload_activations": True, "optimizer": "adamw"},
+        {"loss_chunks": 16, "offload_activations": True, "optimizer": "adamw-8bit"},
+    ]
+    # full fine-tuning tries every optimizer anyway; pinned or unlisted techniques stay off
+    assert _next_technique(job.model_copy(update={"optimizer": "adamw"}), k, "full") is None
+    pinned = Constraints(tokens=1e6, auto_loss_chunks=False, optimizers=("adamw",))
+    only = _next_technique(make_job(method="qlora"), pinned, "qlora")
+    assert only is not None and only.offload_activations and not only.loss_chunks
+    assert _next_technique(only, pinned, "qlora") is None

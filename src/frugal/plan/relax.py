@@ -5,10 +5,11 @@ search with one constraint relaxed at a time and offers a change only when that 
 finds a plan, saying what the plan would be. The changes, in the order a user would rather
 make them:
 
-* nothing fits the GPUs: a shorter `--seq` (the longest that fits, halving), another
-  `--methods` (QLoRA, then LoRA), a memory-lean optimizer for full fine-tuning, more GPUs
-  (`--max-gpus`), every provider (`--providers`), and the largest smaller model of the
-  same family (same organisation and architecture) that fits;
+* nothing fits the GPUs: the step's memory techniques the command pinned off
+  (`--loss-chunks 0`, `--no-offload-activations`), a shorter `--seq` (the longest that
+  fits, halving), another `--methods` (QLoRA, then LoRA), a memory-lean optimizer for full
+  fine-tuning, more GPUs (`--max-gpus`), every provider (`--providers`), and the largest
+  smaller model of the same family (same organisation and architecture) that fits;
 * no plan meets the deadline: the fastest plan's hours as `--deadline`, more GPUs, every
   provider, LoRA instead of QLoRA;
 * no plan meets the budget: the cheapest plan's cost as `--budget`, the cheapest plan's
@@ -92,6 +93,7 @@ def suggest(e: Infeasible, ask: Ask, every_offer: list[Offer] | None = None) -> 
     wider = every_offer if every_offer and len(every_offer) > len(ask.offers) else None
     more_gpus = max((o.gpus * 4 for o in (every_offer or ask.offers)), default=0)
     if not e.plans:  # nothing fits
+        tried(_unpinned(ask))
         tried(_shorter_seqs(ask), first_only=True)
         tried([_Trial({"--methods": m}, _with(ask, methods=(m,)))
                for m in ("qlora", "lora") if m not in k.methods
@@ -148,6 +150,17 @@ def _leaner(method: str, current: tuple[str, ...]) -> bool:
 def _with(ask: Ask, **change: Any) -> Ask:
     """`ask` with some of its constraints changed."""
     return replace(ask, k=ask.k.model_copy(update=change))
+
+
+def _unpinned(ask: Ask) -> list[_Trial]:
+    """The plan's memory techniques, where the command pinned them off."""
+    flags: dict[str, str | None] = {}
+    change: dict[str, bool] = {}
+    if not ask.k.auto_loss_chunks and not ask.base.loss_chunks:
+        flags["--loss-chunks"], change["auto_loss_chunks"] = None, True
+    if not ask.k.auto_offload and not ask.base.offload_activations:
+        flags["--no-offload-activations"], change["auto_offload"] = None, True
+    return [_Trial(flags, _with(ask, **change))] if flags else []
 
 
 def _shorter_seqs(ask: Ask) -> list[_Trial]:

@@ -34,10 +34,15 @@ NO_MOVE = Move(0.0, 0.0, "")
 SpotMode = Literal["auto", "only", "never"]
 NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
 # a set-up that does not fit is tried again with the memory techniques of the step, one more
-# at a time, the cheapest in time first: the loss in this many chunks (--loss-chunks; the
-# logits never whole, for one more LM-head matmul in backward), then the checkpointed
-# layers' inputs offloaded to host memory (--offload-activations; two host-link copies)
+# at a time, the cheapest in time first: the loss in this
+# many chunks (--loss-chunks; the logits never whole, for one more LM-head matmul in
+# backward), then the checkpointed layers' inputs offloaded to host memory
+# (--offload-activations; two host-link copies)
 AUTO_LOSS_CHUNKS = 16
+LOGITS_SHARE = 0.2  # logits this share of the peak: the chunked loss may raise the micro-batch
+# and last, for LoRA, AdamW's states in 8 bits where --optimizers lists it after another
+EIGHT_BIT = "adamw-8bit"
+TECHNIQUES = ("loss_chunks", "offload_activations", "optimizer")  # job fields, in that order
 DISK_GBPS = 1.0  # checkpoint write and weight read from local NVMe, GB/s
 
 
@@ -95,13 +100,13 @@ class Constraints(BaseModel):
     )
     auto_loss_chunks: bool = Field(
         True,
-        description="try the loss in chunks where the plain loss does not fit "
-        "(off when --loss-chunks is given)",
+        description="try the loss in chunks where a set-up does not fit, or where the logits "
+        "hold its micro-batch down (off when --loss-chunks is given)",
     )
     auto_offload: bool = Field(
         True,
-        description="try offloading activations to host memory where nothing else fits "
-        "(off when --offload-activations is given)",
+        description="then try offloading activations to host memory where it still does "
+        "not fit (off when --[no-]offload-activations is given)",
     )
     data: str = Field(
         "local",
@@ -417,11 +422,12 @@ def _best_config(
     ov: Overheads,
 ) -> Config | Rejected:
     """The fastest fitting (checkpointing, optimizer, sharding, micro-batch) for one GPU
-    set-up, or why none fits. Where nothing fits, or only with gradient accumulation, the
-    next memory technique (`_next_technique`) is tried too, and kept if it is faster."""
+    set-up, or why none fits. Where nothing fits, the next memory technique
+    (`_next_technique`) is tried too; where the logits hold the micro-batch below the GPU's
+    share, the chunked loss, kept if it fits a larger micro-batch that is faster."""
     key = (
         gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0,
-        base.loss_chunks, base.offload_activations,
+        base.loss_chunks, base.offload_activations, base.optimizer,
     )  # fmt: skip
     if key in memo:
         return memo[key]
@@ -433,9 +439,19 @@ def _best_config(
     share = k.effective_batch // n  # search() only tries GPU counts that divide it
     best: Config | None = None
     smallest_need = math.inf
-    optimizers = k.optimizers if method == "full" else k.optimizers[:1]
+    floor = math.inf  # the least any memory technique could bring the step down to
+    # full fine-tuning tries every optimizer; LoRA the first, or the 8-bit one as a technique
+    lean = base.optimizer == EIGHT_BIT and EIGHT_BIT in k.optimizers[1:]
+    optimizers = (
+        k.optimizers if method == "full" else (base.optimizer,) if lean else k.optimizers[:1]
+    )
     # the shardings `frugal train` runs: FSDP needs bf16 or fp32 and full or LoRA weights
-    fsdp_ok = n > 1 and method != "qlora" and precision != "fp16-mixed" and not base.loss_chunks
+    fsdp_ok = (
+        n > 1
+        and method != "qlora"
+        and precision != "fp16-mixed"
+        and not (base.loss_chunks or base.offload_activations)
+    )
     shardings = ("ddp", "fsdp") if fsdp_ok else ("ddp",)
     lora: dict[str, Any] = (
         {}
@@ -470,6 +486,7 @@ def _best_config(
                 fit, at_one = largest_micro_batch(job, cap, profiles.get, share, ov)
                 if fit is None:
                     smallest_need = min(smallest_need, at_one.device_total)
+                    floor = min(floor, _floor(at_one))
                     continue
                 speed = step_time(
                     fit.profile, fit.job, gpu, spec.hidden_size, per_node,
@@ -479,17 +496,28 @@ def _best_config(
                     continue
                 if best is None or speed.tokens_per_s > best.speed.tokens_per_s:
                     best = Config(fit.job, fit.memory, speed, fit.profile)
-    more = _next_technique(base, k)
-    if more is not None and (best is None or best.job.batch < share):
-        # what frees memory may make it fit, or raise the micro-batch (fewer passes)
+    more = _next_technique(base, k, method)
+    # a technique may make the set-up fit; the chunked loss, which costs little time, may also
+    # raise a micro-batch the logits hold down (fewer micro-steps: fewer weight passes)
+    logits_bound = (
+        best is not None
+        and best.job.batch < share
+        and more is not None
+        and more.loss_chunks != base.loss_chunks
+        and best.memory.breakdown["logits_and_loss"] >= LOGITS_SHARE * best.memory.peak_allocated
+    )
+    hopeless = best is None and floor > cap  # the weights alone do not fit: no technique helps
+    if more is not None and not hopeless and (best is None or logits_bound):
         found = _best_config(
             spec, more, gpu, n, per_node, nodes, method, k, profiles, sc, memo, node_gbps, ov
         )
-        if best is None or (
-            not isinstance(found, Rejected) and found.speed.tokens_per_s > best.speed.tokens_per_s
+        if best is None or (  # kept where the memory it frees buys a larger, faster micro-batch
+            not isinstance(found, Rejected)
+            and found.job.batch > best.job.batch
+            and found.speed.tokens_per_s > best.speed.tokens_per_s
         ):
             if not isinstance(found, Rejected):
-                added = "loss_chunks" if more.loss_chunks != base.loss_chunks else "offload"
+                added = next(t for t in TECHNIQUES if getattr(more, t) != getattr(base, t))
                 found = found.turned_on(
                     added,
                     "without it this set-up does not fit"
@@ -527,18 +555,28 @@ class Config:
         return Config(self.job, self.memory, self.speed, self.profile, why_on)
 
 
+def _floor(m: Any) -> float:
+    """A lower bound on the step's device memory with every technique on: no activations, no
+    logits, no reserve for them, a quarter of the optimizer state."""
+    b = m.breakdown
+    gone = b["activations"] + b["logits_and_loss"] + b["allocator_reserve"]
+    return float(m.device_total - gone - 0.75 * b["optimizer_state"])
+
+
 def _even_with(job: TrainJob) -> str:
     on = [f"the loss in {job.loss_chunks} chunks"] if job.loss_chunks else []
     on += ["offloaded activations"] if job.offload_activations else []
     return f" even with {' and '.join(on)}" if on else ""
 
 
-def _next_technique(job: TrainJob, k: Constraints) -> TrainJob | None:
+def _next_technique(job: TrainJob, k: Constraints, method: str) -> TrainJob | None:
     """`job` with the next memory technique the plan may turn on, or None."""
     if k.auto_loss_chunks and not job.loss_chunks:
         return job.model_copy(update={"loss_chunks": AUTO_LOSS_CHUNKS})
-    if k.auto_offload and not job.offload_activations and job.sharding not in ("fsdp", "zero3"):
+    if k.auto_offload and not job.offload_activations:
         return job.model_copy(update={"offload_activations": True, "grad_checkpointing": True})
+    if method != "full" and job.optimizer != EIGHT_BIT and EIGHT_BIT in k.optimizers[1:]:
+        return job.model_copy(update={"optimizer": EIGHT_BIT})  # full tries it anyway
     return None
 
 
@@ -655,7 +693,12 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         r.append(
             f"layer inputs offloaded to host memory (--offload-activations): "
             f"{best.host_offload_gib:.1f} GiB pinned per GPU, {cost:.1%} of the step in copies"
-            + turned_on("offload")
+            + turned_on("offload_activations")
+        )
+    if best.why_on.get("optimizer"):
+        r.append(
+            f"AdamW's states in 8 bits (--optimizers {EIGHT_BIT}): a quarter of their bytes"
+            + turned_on("optimizer")
         )
     if k.data != "local" or k.data_gb:
         r.append(f"data: {best.data_note}")

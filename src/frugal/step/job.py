@@ -109,6 +109,11 @@ class TrainJob(BaseModel):
             raise ValueError(
                 "--loss-chunks reads the LM head's whole weight: use --sharding ddp or zero2"
             )
+        if self.offload_activations and self.sharding in ("fsdp", "zero3"):
+            raise ValueError(
+                "--offload-activations is not run under sharded weights yet: "
+                "use --sharding ddp or zero2"
+            )
         if self.offload_activations and not self.grad_checkpointing:
             raise ValueError(
                 "--offload-activations offloads the checkpointed layers' inputs: "
