@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,31 +164,25 @@ class StepTracker(TorchDispatchMode):
                 rec.kind = kind
 
     @contextmanager
-    def temporary(self) -> Iterator[None]:
+    def _within(self, depth: str) -> Iterator[None]:
+        """Count one level deeper into the region whose depth attribute is `depth`."""
+        setattr(self, depth, getattr(self, depth) + 1)
+        try:
+            yield
+        finally:
+            setattr(self, depth, getattr(self, depth) - 1)
+
+    def temporary(self) -> AbstractContextManager[None]:
         """Storages made inside are temporaries (dequantization buffers)."""
-        self.temp_depth += 1
-        try:
-            yield
-        finally:
-            self.temp_depth -= 1
+        return self._within("temp_depth")
 
-    @contextmanager
-    def on_host(self) -> Iterator[None]:
+    def on_host(self) -> AbstractContextManager[None]:
         """Storages made inside are in host memory (offloaded activations)."""
-        self.host_depth += 1
-        try:
-            yield
-        finally:
-            self.host_depth -= 1
+        return self._within("host_depth")
 
-    @contextmanager
-    def in_forward(self) -> Iterator[None]:
+    def in_forward(self) -> AbstractContextManager[None]:
         """Ops inside a custom autograd Function's forward (grad mode is off there)."""
-        self.forward_region += 1
-        try:
-            yield
-        finally:
-            self.forward_region -= 1
+        return self._within("forward_region")
 
     def set_segment(self, name: str) -> None:
         self.segment = name
