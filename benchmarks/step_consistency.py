@@ -112,6 +112,7 @@ class Case:
     contrastive: bool = False
     loss_chunks: int = 0
     offload: bool = False
+    in_backward: bool = False
 
     @property
     def id(self) -> str:
@@ -124,6 +125,7 @@ class Case:
         bits += ["contrastive"] if self.contrastive else []
         bits += [f"chunks{self.loss_chunks}"] if self.loss_chunks else []
         bits += ["offload"] if self.offload else []
+        bits += ["in-backward"] if self.in_backward else []
         return "-".join(bits)
 
 
@@ -145,6 +147,8 @@ CASES = [
     Case("llama", "full", "fp32", "adamw", False, contrastive=True, loss_chunks=3),
     Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, loss_chunks=4, offload=True),
     Case("llama", "full", "bf16-mixed", "adamw", True, accum=2, contrastive=True, offload=True),
+    Case("llama", "full", "bf16-mixed", "adamw", True, in_backward=True),
+    Case("moe", "full", "fp32", "adafactor", False, loss_chunks=2, in_backward=True),
 ]
 MICRO, SEQ = 2, 96
 
@@ -182,11 +186,13 @@ def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
             "loss": "ce+contrastive" if case.contrastive else "ce",
             "loss_chunks": case.loss_chunks,
             "offload_activations": case.offload,
+            "optimizer_in_backward": case.in_backward,
         },
         "data": {"path": str(data), "val_ratio": 0},
         "training": {
             "effective_batch": MICRO * case.accum,
             "auto_micro_batch": False,
+            "max_grad_norm": 0.0 if case.in_backward else 1.0,
             "loggers": ["jsonl"],
         },
         "output_dir": str(out),

@@ -130,6 +130,34 @@ def make_cfg(out: Path, *overrides: str) -> RunConfig:
     return validate_run_config(apply_overrides(base, list(overrides)), "test")
 
 
+def weights(out: Path) -> dict[str, Any]:
+    """The trained weights a run saved (the adapter's, or the whole model's)."""
+    from safetensors.torch import load_file
+
+    final = out / "final"
+    name = (
+        "adapter_model.safetensors"
+        if (final / "adapter_config.json").exists()
+        else ("model.safetensors")
+    )
+    return load_file(str(final / name))
+
+
+def assert_same_weights(a: Path, b: Path, tol: float = 1e-6) -> None:
+    """Two runs' saved weights agree to `tol` (largest absolute difference)."""
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and wa
+    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    assert worst <= tol, f"weights differ by {worst}"
+
+
+def losses(out: Path) -> dict[int, float]:
+    """Each step's training loss, from the run's metrics log."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(ln) for ln in lines]
+    return {d["step"]: d["loss"] for d in rows if "loss" in d}  # eval lines have eval_loss
+
+
 @pytest.fixture
 def one_second_steps(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     """A clock on which every training step takes exactly one second (and nothing else

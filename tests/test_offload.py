@@ -157,7 +157,7 @@ def test_plan_offloads_where_nothing_else_fits(capsys: pytest.CaptureFixture[str
 
 
 def test_the_plans_techniques_come_one_at_a_time_cheapest_in_time_first() -> None:
-    from frugal.plan.search import Constraints, _next_technique
+    from frugal.plan.search import TECHNIQUES, Constraints, _next_technique
 
     k = Constraints(tokens=1e6)
     job, seen = make_job(method="qlora"), []
@@ -171,8 +171,14 @@ def test_the_plans_techniques_come_one_at_a_time_cheapest_in_time_first() -> Non
         {"loss_chunks": 16, "offload_activations": True, "optimizer": "adamw"},
         {"loss_chunks": 16, "offload_activations": True, "optimizer": "adamw-8bit"},
     ]
-    # full fine-tuning tries every optimizer anyway; pinned or unlisted techniques stay off
-    assert _next_technique(job.model_copy(update={"optimizer": "adamw"}), k, "full") is None
+    # full fine-tuning: the optimizer in backward before offloading (it costs no time), and
+    # no 8-bit rung (every listed optimizer is tried anyway)
+    job, seen = make_job(method="full"), []
+    while (nxt := _next_technique(job, k, "full")) is not None:
+        seen.append(next(f for f in TECHNIQUES if getattr(nxt, f) != getattr(job, f)))
+        job = nxt
+    assert seen == ["loss_chunks", "optimizer_in_backward", "offload_activations"]
+    # pinned or unlisted techniques stay off
     pinned = Constraints(tokens=1e6, auto_loss_chunks=False, optimizers=("adamw",))
     only = _next_technique(make_job(method="qlora"), pinned, "qlora")
     assert only is not None and only.offload_activations and not only.loss_chunks

@@ -40,7 +40,7 @@ def test_the_matrix_covers_what_the_step_varies() -> None:
     assert seen["method"] == {"full", "lora"}
     assert seen["precision"] == {"fp32", "bf16-true", "bf16-mixed"}
     assert seen["optimizer"] == {"adamw", "sgd", "adafactor"}
-    for flag in ("checkpointing", "packing", "contrastive", "offload"):
+    for flag in ("checkpointing", "packing", "contrastive", "offload", "in_backward"):
         assert seen[flag] == {True, False}, flag
     assert seen["accum"] == {1, 2}
     assert 0 in seen["loss_chunks"] and len(seen["loss_chunks"]) > 1
@@ -99,3 +99,21 @@ def test_a_trainer_that_does_not_offload_is_caught(
     problems = list(sc.mismatches(real.peaks, sim))
     assert any("/offloaded_activations" in p for p in problems), problems
     assert any("/activations" in p for p in problems), problems
+
+
+@pytest.mark.slow
+def test_a_trainer_that_keeps_every_gradient_to_the_end_is_caught(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer whose optimizer steps after backward while the estimate's steps in it."""
+    import frugal.step.optim as optim
+
+    case = Case("llama", "full", "bf16-mixed", "adamw", True, in_backward=True)
+    cfg = sc.make_cfg(case, workdir, tmp_path)
+    sim = sc.predicted(cfg)
+    whole = optim.make_optimizer
+    with monkeypatch.context() as m:
+        m.setattr(optim, "make_optimizer", lambda *a, in_backward=False, **k: whole(*a, **k))
+        real = sc.measure(cfg)
+    problems = list(sc.mismatches(real.peaks, sim))
+    assert any("/gradients" in p for p in problems), problems

@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import DATA, ROOT, TINY, make_cfg, run_error, run_json
-from safetensors.torch import load_file
+from conftest import DATA, ROOT, TINY, assert_same_weights, losses, make_cfg, run_error, run_json
 
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import FrugalError
@@ -33,29 +32,6 @@ from frugal.step import loop
 def write_cfg(path: Path, cfg: RunConfig) -> Path:
     cfg.write(path)
     return path
-
-
-def weights(out: Path) -> dict[str, torch.Tensor]:
-    final = out / "final"
-    name = (
-        "adapter_model.safetensors"
-        if (final / "adapter_config.json").exists()
-        else ("model.safetensors")
-    )
-    return load_file(str(final / name))
-
-
-def assert_same_weights(a: Path, b: Path, tol: float = 1e-6) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys() and wa
-    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
-    assert worst <= tol, f"weights differ by {worst}"
-
-
-def losses(out: Path) -> dict[int, float]:
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    rows = [json.loads(ln) for ln in lines]
-    return {d["step"]: d["loss"] for d in rows if "loss" in d}  # eval lines have eval_loss
 
 
 def test_loss_goes_down(tmp_path: Path) -> None:

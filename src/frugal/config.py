@@ -139,6 +139,16 @@ class RunConfig(Strict):
                 f"of job.batch x job.gpus = {per_step}"
             )
         job = self.job
+        if job.optimizer_in_backward and self.training.effective_batch != job.batch:
+            raise ValueError(
+                "job.optimizer_in_backward runs each step as one micro-batch: set job.batch "
+                f"to training.effective_batch ({self.training.effective_batch})"
+            )
+        if job.optimizer_in_backward and self.training.max_grad_norm > 0:
+            raise ValueError(
+                "job.optimizer_in_backward applies each gradient before the global norm is "
+                "known: set training.max_grad_norm=0 (no clipping)"
+            )
         if job.sharding in ("zero2", "zero3"):
             raise ValueError(
                 f"job.sharding={job.sharding}: frugal train shards with PyTorch FSDP, not "

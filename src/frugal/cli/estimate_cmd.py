@@ -22,6 +22,7 @@ def estimate(
     method: str = option(TrainJob, "method"),
     precision: str = option(TrainJob, "precision"),
     optimizer: str = option(TrainJob, "optimizer"),
+    optimizer_in_backward: bool = option(TrainJob, "optimizer_in_backward"),
     lora_r: int | None = option(TrainJob, "lora_r", unset=True),
     lora_alpha: int | None = option(TrainJob, "lora_alpha"),
     lora_targets: str | None = option(TrainJob, "lora_targets", unset=True),
@@ -48,6 +49,7 @@ def estimate(
         method=method,
         precision=precision,
         optimizer=optimizer,
+        optimizer_in_backward=optimizer_in_backward,
         lora_r=lora_r,
         lora_alpha=lora_alpha,
         lora_targets=lora_targets,
@@ -115,7 +117,8 @@ def render(d: dict[str, Any]) -> None:
         what += f" r{j['lora_r']}/α{alpha} on {j['lora_targets']}"
     par = f" · {j['gpus']} GPUs {j['sharding']}" if j["gpus"] > 1 else ""
     c.print(
-        f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']} · "
+        f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']}"
+        f"{' in backward' if j['optimizer_in_backward'] else ''} · "
         f"batch {j['batch']} x seq {j['seq']} {'packed' if j['packing'] else 'padded'} · "
         f"checkpointing {'on' if j['grad_checkpointing'] else 'off'} · {j['attention']}"
         f"{' · ' + j['loss'] if j['loss'] != 'ce' else ''}"

@@ -55,6 +55,11 @@ def plan(
     offload_activations: bool | None = option(
         TrainJob, "offload_activations", unset="off, or on where nothing else fits"
     ),
+    optimizer_in_backward: bool | None = option(
+        TrainJob,
+        "optimizer_in_backward",
+        unset="off, or on for full fine-tuning on one GPU where nothing else fits",
+    ),
     budget: float | None = option(Constraints, "budget_usd"),
     deadline: str | None = option(Constraints, "deadline_h"),
     max_gpus: int = option(Constraints, "max_gpus"),
@@ -137,6 +142,7 @@ def plan(
         loss=loss,
         loss_chunks=loss_chunks,
         offload_activations=offload_activations,
+        optimizer_in_backward=optimizer_in_backward,
     )
     for m in method_list:
         make_job(method=m)  # names a bad method in --methods
@@ -161,6 +167,7 @@ def plan(
     k = Constraints.build(
         auto_loss_chunks=loss_chunks is None,
         auto_offload=offload_activations is None,
+        auto_in_backward=optimizer_in_backward is None,
         data=data,
         data_gb=data_gb,
         tokens=per_epoch * epochs,

@@ -344,8 +344,9 @@ def largest_micro_batch(
     it and accumulation makes up the rest, so the effective batch stays exactly what was
     asked (what `frugal train` needs); every divisor is tried, since the last one, without
     accumulation, needs no gradients kept through the next forward. Without a share, any
-    micro-batch up to MAX_BATCH at the job's accumulation. `profile_of(job)` gives the
-    profile of a trial job. Returns the fit, or None, and the memory at micro-batch 1."""
+    micro-batch up to MAX_BATCH at the job's accumulation; the optimizer in backward, which
+    cannot accumulate, only the whole share. `profile_of(job)` gives the profile of a trial
+    job. Returns the fit, or None, and the memory at the smallest micro-batch tried."""
     ov = ov or load_overheads(job.method)
 
     def at(b: int) -> Fit:
@@ -356,14 +357,14 @@ def largest_micro_batch(
         prof = profile_of(trial)
         return Fit(trial, memory_at(prof, trial, b, job.seq, ov), prof)
 
-    first = at(1)
+    first = at(share if share is not None and job.optimizer_in_backward else 1)
     if first.memory.device_total > budget:
         return None, first.memory
     if share is None:
         b = _largest(lambda n: at(n).memory.device_total <= budget, 1, MAX_BATCH)
         return at(b), first.memory
     best = first
-    for b in range(2, share + 1):
+    for b in range(first.job.batch + 1, share + 1):
         if share % b == 0:
             f = at(b)
             if f.memory.device_total <= budget:

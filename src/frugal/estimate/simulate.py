@@ -65,13 +65,16 @@ def simulate(
     vocab = int(config["vocab_size"])
     engine = PlainEngine(job.precision)
     loss = Loss.of(job)
+    clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
     traces = []
     with cuda_kernels(), FakeTensorMode(allow_non_fake_inputs=False), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _materialize(model)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = make_optimizer(job.optimizer, params, stand_in=True)
+        opt = make_optimizer(
+            job.optimizer, params, stand_in=True, in_backward=job.optimizer_in_backward
+        )
         for p in params:  # the first step creates the optimizer state
             p.grad = torch.zeros_like(p)
         opt.step()
@@ -82,7 +85,7 @@ def simulate(
             hooks = tracker.watch(model, opt)
             try:
                 with tracking(tracker):
-                    optimizer_step(model, opt, params, micro, engine, loss, 1.0, 1.0, 1.0)
+                    optimizer_step(model, opt, params, micro, engine, loss, 1.0, 1.0, clip)
             finally:
                 for h in hooks:
                     h.remove()

@@ -38,7 +38,11 @@ def to_run_config(
             "model": model,
             "job": plan.job,
             "data": {"path": dataset, "tokens": int(tokens_per_epoch), "epochs": epochs},
-            "training": {"effective_batch": k.effective_batch},
+            "training": {
+                "effective_batch": k.effective_batch,
+                # each gradient is applied before the global norm exists
+                **({"max_grad_norm": 0.0} if plan.job.optimizer_in_backward else {}),
+            },
             "plan": {f: p[f] for f in PlanConfig.model_fields if f in p},
             "budget_usd": k.budget_usd,
         }
@@ -82,6 +86,12 @@ def hf_script(cfg: RunConfig, step_time_s: float) -> str:
             "--emit hf: the Trainer script keeps activations on the GPU, which the plan's "
             "--offload-activations avoids: train with `frugal train`, or plan with "
             "--no-offload-activations"
+        )
+    if j.optimizer_in_backward:
+        raise FrugalError(
+            "--emit hf: the Trainer steps the optimizer after backward, which the plan's "
+            "--optimizer-in-backward avoids: train with `frugal train`, or plan with "
+            "--no-optimizer-in-backward"
         )
     base_dtype, _ = weight_dtypes(j)
     dtype = str(base_dtype).removeprefix("torch.")

@@ -6,10 +6,11 @@ finds a plan, saying what the plan would be. The changes, in the order a user wo
 make them:
 
 * nothing fits the GPUs: the step's memory techniques the command pinned off
-  (`--loss-chunks 0`, `--no-offload-activations`), a shorter `--seq` (the longest that
-  fits, halving), another `--methods` (QLoRA, then LoRA), a memory-lean optimizer for full
-  fine-tuning, more GPUs (`--max-gpus`), every provider (`--providers`), and the largest
-  smaller model of the same family (same organisation and architecture) that fits;
+  (`--loss-chunks 0`, `--no-offload-activations`, `--no-optimizer-in-backward`), a shorter
+  `--seq` (the longest that fits, halving), another `--methods` (QLoRA, then LoRA), a
+  memory-lean optimizer for full fine-tuning, more GPUs (`--max-gpus`), every provider
+  (`--providers`), and the largest smaller model of the same family (same organisation
+  and architecture) that fits;
 * no plan meets the deadline: the fastest plan's hours as `--deadline`, more GPUs, every
   provider, LoRA instead of QLoRA;
 * no plan meets the budget: the cheapest plan's cost as `--budget`, the cheapest plan's
@@ -160,6 +161,9 @@ def _unpinned(ask: Ask) -> list[_Trial]:
         flags["--loss-chunks"], change["auto_loss_chunks"] = None, True
     if not ask.k.auto_offload and not ask.base.offload_activations:
         flags["--no-offload-activations"], change["auto_offload"] = None, True
+    in_backward_helps = "full" in ask.k.methods and not ask.base.optimizer_in_backward
+    if not ask.k.auto_in_backward and in_backward_helps:
+        flags["--no-optimizer-in-backward"], change["auto_in_backward"] = None, True
     return [_Trial(flags, _with(ask, **change))] if flags else []
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -42,7 +42,8 @@ AUTO_LOSS_CHUNKS = 16
 LOGITS_SHARE = 0.2  # logits this share of the peak: the chunked loss may raise the micro-batch
 # and last, for LoRA, AdamW's states in 8 bits where --optimizers lists it after another
 EIGHT_BIT = "adamw-8bit"
-TECHNIQUES = ("loss_chunks", "offload_activations", "optimizer")  # job fields, in that order
+# job fields, in the order the plan tries them
+TECHNIQUES = ("loss_chunks", "optimizer_in_backward", "offload_activations", "optimizer")
 DISK_GBPS = 1.0  # checkpoint write and weight read from local NVMe, GB/s
 
 
@@ -107,6 +108,11 @@ class Constraints(BaseModel):
         True,
         description="then try offloading activations to host memory where it still does "
         "not fit (off when --[no-]offload-activations is given)",
+    )
+    auto_in_backward: bool = Field(
+        True,
+        description="for full fine-tuning on one GPU, try the optimizer in backward after "
+        "the chunked loss (off when --[no-]optimizer-in-backward is given)",
     )
     data: str = Field(
         "local",
@@ -221,6 +227,7 @@ class Plan:
             "grad_accum": j.grad_accum,
             "grad_checkpointing": j.grad_checkpointing,
             "optimizer": j.optimizer,
+            "optimizer_in_backward": j.optimizer_in_backward,
             "seq": j.seq,
             "loss_chunks": j.loss_chunks,
             "offload_activations": j.offload_activations,
@@ -265,8 +272,9 @@ class Rejected:
     kind: str  # fit | deadline | budget | dtype | batch
     cost_usd: float | None = None
     hours: float | None = None
-    need_gib: float | None = None  # fit: per GPU at micro-batch 1, and what the GPU offers
+    need_gib: float | None = None  # fit: per GPU at micro-batch need_batch, what the GPU offers
     have_gib: float | None = None
+    need_batch: int = 1  # the least micro-batch the job can run (no accumulation: all of it)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -375,8 +383,7 @@ def search(
                     f"{offer.provider} {f'{nodes}x ' if nodes > 1 else ''}{offer.instance} {method}"
                 )
                 if isinstance(found, Rejected):
-                    rejected.append(Rejected(label, found.why, found.kind, None, None,
-                                             found.need_gib, found.have_gib))  # fmt: skip
+                    rejected.append(replace(found, label=label))
                     continue
                 plans.extend(_price(offer, nodes, found, k))
     feasible, over = [], []
@@ -427,11 +434,15 @@ def _best_config(
     share, the chunked loss, kept if it fits a larger micro-batch that is faster."""
     key = (
         gpu.name, n, per_node, method, node_gbps if nodes > 1 else 0.0,
-        base.loss_chunks, base.offload_activations, base.optimizer,
+        base.loss_chunks, base.offload_activations, base.optimizer, base.optimizer_in_backward,
     )  # fmt: skip
     if key in memo:
         return memo[key]
     precision = _precision_for(gpu, base.precision)
+    if base.optimizer_in_backward and not _in_backward_runs(n, precision):
+        why = f"the optimizer in backward needs one GPU and no fp16 loss scaling ({gpu.name})"
+        memo[key] = Rejected("", why, "fit")
+        return memo[key]
     if gpu.peak_tflops(base.model_copy(update={"precision": precision}).compute_dtype) is None:
         memo[key] = Rejected("", f"{gpu.name} cannot run {base.precision}", "dtype")
         return memo[key]
@@ -478,13 +489,14 @@ def _best_config(
                         "loss": base.loss,
                         "loss_chunks": base.loss_chunks,
                         "offload_activations": base.offload_activations,
+                        "optimizer_in_backward": base.optimizer_in_backward,
                         "gpus": n,
                         "sharding": sharding,
                         **lora,
                     }
                 )
                 fit, at_one = largest_micro_batch(job, cap, profiles.get, share, ov)
-                if fit is None:
+                if fit is None:  # at_one: at the least micro-batch the job can run
                     smallest_need = min(smallest_need, at_one.device_total)
                     floor = min(floor, _floor(at_one))
                     continue
@@ -497,6 +509,8 @@ def _best_config(
                 if best is None or speed.tokens_per_s > best.speed.tokens_per_s:
                     best = Config(fit.job, fit.memory, speed, fit.profile)
     more = _next_technique(base, k, method)
+    if more is not None and more.optimizer_in_backward and not _in_backward_runs(n, precision):
+        more = _next_technique(more, k, method)  # a technique this set-up cannot run: skip it
     # a technique may make the set-up fit; the chunked loss, which costs little time, may also
     # raise a micro-batch the logits hold down (fewer micro-steps: fewer weight passes)
     logits_bound = (
@@ -529,11 +543,12 @@ def _best_config(
             return found
     if best is None:
         need, have = smallest_need / GIB, cap / GIB
+        least = share if base.optimizer_in_backward else 1
         why = (
-            f"does not fit{_even_with(base)}: needs {need:.1f} GiB per GPU at micro-batch 1, "
-            f"{gpu.name} has {have:.1f} usable with the margin"
+            f"does not fit{_even_with(base)}: needs {need:.1f} GiB per GPU at micro-batch "
+            f"{least}, {gpu.name} has {have:.1f} usable with the margin"
         )
-        memo[key] = Rejected("", why, "fit", need_gib=need, have_gib=have)
+        memo[key] = Rejected("", why, "fit", need_gib=need, have_gib=have, need_batch=least)
     else:
         memo[key] = best
     return memo[key]
@@ -566,18 +581,29 @@ def _floor(m: Any) -> float:
 def _even_with(job: TrainJob) -> str:
     on = [f"the loss in {job.loss_chunks} chunks"] if job.loss_chunks else []
     on += ["offloaded activations"] if job.offload_activations else []
+    on += ["the optimizer in backward"] if job.optimizer_in_backward else []
     return f" even with {' and '.join(on)}" if on else ""
 
 
 def _next_technique(job: TrainJob, k: Constraints, method: str) -> TrainJob | None:
-    """`job` with the next memory technique the plan may turn on, or None."""
+    """`job` with the next memory technique the plan may turn on, or None: cheapest in time
+    first, the chunked loss (one more LM-head matmul), the optimizer in backward (no time,
+    but no clipping; full fine-tuning, one GPU), offloading (host-link copies), AdamW in 8
+    bits (LoRA; full fine-tuning tries every listed optimizer anyway)."""
     if k.auto_loss_chunks and not job.loss_chunks:
         return job.model_copy(update={"loss_chunks": AUTO_LOSS_CHUNKS})
+    if method == "full" and k.auto_in_backward and not job.optimizer_in_backward:
+        return job.model_copy(update={"optimizer_in_backward": True})  # LoRA's gradients: small
     if k.auto_offload and not job.offload_activations:
         return job.model_copy(update={"offload_activations": True, "grad_checkpointing": True})
     if method != "full" and job.optimizer != EIGHT_BIT and EIGHT_BIT in k.optimizers[1:]:
         return job.model_copy(update={"optimizer": EIGHT_BIT})  # full tries it anyway
     return None
+
+
+def _in_backward_runs(gpus: int, precision: str) -> bool:
+    """Where the optimizer in backward can run (`TrainJob`'s rule)."""
+    return gpus == 1 and precision != "fp16-mixed"
 
 
 def _price(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
@@ -695,6 +721,13 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
             f"{best.host_offload_gib:.1f} GiB pinned per GPU, {cost:.1%} of the step in copies"
             + turned_on("offload_activations")
         )
+    if j.optimizer_in_backward:
+        r.append(
+            "optimizer in backward (--optimizer-in-backward): each weight updated as its "
+            "gradient completes, so the step never holds all the gradients (the trainable "
+            "weights' size); no clipping (max_grad_norm 0), no accumulation"
+            + turned_on("optimizer_in_backward")
+        )
     if best.why_on.get("optimizer"):
         r.append(
             f"AdamW's states in 8 bits (--optimizers {EIGHT_BIT}): a quarter of their bytes"
@@ -799,7 +832,7 @@ def _closest_miss(plans: list[Plan], rejected: list[Rejected], k: Constraints) -
         near = min(fits, key=lambda r: (r.need_gib or 0) - (r.have_gib or 0))
         return (
             f"nothing fits: the closest, {near.label}, needs {near.need_gib:.1f} GiB per GPU "
-            f"at micro-batch 1 and has {near.have_gib:.1f} usable with the margin"
+            f"at micro-batch {near.need_batch} and has {near.have_gib:.1f} usable with the margin"
         )
     fastest = min(plans, key=lambda p: p.hours)
     if k.deadline_h is not None and fastest.hours > k.deadline_h:

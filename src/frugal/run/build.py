@@ -126,7 +126,13 @@ def make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter]) -> Any:
     name, t = cfg.job.optimizer, cfg.training
     if name in ("adamw-8bit", "paged-adamw-8bit") and not torch.cuda.is_available():
         raise FrugalError(f"job.optimizer={name} needs CUDA (bitsandbytes): use adamw on CPU")
-    return make(name, params, lr=t.learning_rate, weight_decay=t.weight_decay)
+    return make(
+        name,
+        params,
+        lr=t.learning_rate,
+        weight_decay=t.weight_decay,
+        in_backward=cfg.job.optimizer_in_backward,
+    )
 
 
 def auto_micro_batch(cfg: RunConfig, per_rank: int) -> tuple[int, str]:

@@ -758,6 +758,12 @@ def _back_off(run: Run, progress: Progress) -> None:
             "run again with --resume auto"
         )
     _free_memory(run)
+    if run.cfg.job.optimizer_in_backward:
+        raise FrugalError(
+            f"out of memory at micro-batch {run.micro}, which the optimizer in backward cannot "
+            "split: lower training.effective_batch and job.batch, or turn off "
+            "job.optimizer_in_backward"
+        )
     if run.micro == 1:
         raise FrugalError(
             "out of memory at micro-batch 1: turn on job.grad_checkpointing, lower job.seq, "

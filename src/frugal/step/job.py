@@ -59,6 +59,11 @@ class TrainJob(BaseModel):
         "bf16-true: everything in bf16; fp32: no autocast",
     )
     optimizer: Optimizer = Field("adamw", description="optimizer whose state is counted")
+    optimizer_in_backward: bool = Field(
+        False,
+        description="update each weight as soon as its gradient is complete, then free the "
+        "gradient (one GPU, no accumulation, no clipping, no fp16 loss scaling)",
+    )
     lora_r: int = Field(16, description="LoRA rank")
     lora_alpha: int | None = Field(None, description="LoRA alpha (default: 2 x rank)")
     lora_targets: str = Field(
@@ -119,6 +124,8 @@ class TrainJob(BaseModel):
                 "--offload-activations offloads the checkpointed layers' inputs: "
                 "turn on --grad-checkpointing"
             )
+        if self.optimizer_in_backward:
+            _check_in_backward(self)
         if self.method != "full":
             if self.lora_r < 1:
                 raise ValueError("--lora-r must be a positive rank (e.g. 8, 16, 64)")
@@ -185,6 +192,25 @@ class TrainJob(BaseModel):
         key["keeps_4bit_input"] = self.keeps_4bit_input
         key["grad_accum"] = min(self.grad_accum, 2)
         return key
+
+
+def _check_in_backward(job: TrainJob) -> None:
+    """Where each weight's gradient is final as it arrives, so it can be applied at once."""
+    if job.gpus > 1:
+        raise ValueError(
+            "--optimizer-in-backward updates each weight before the GPUs could average its "
+            "gradient: use --gpus 1"
+        )
+    if job.grad_accum > 1:
+        raise ValueError(
+            "--optimizer-in-backward updates each weight from one micro-batch's gradient: "
+            "use --grad-accum 1 (a larger --batch for the same step)"
+        )
+    if job.precision == "fp16-mixed":
+        raise ValueError(
+            "--optimizer-in-backward cannot skip a step whose fp16 gradients overflowed: "
+            "use --precision bf16-mixed"
+        )
 
 
 def _flag(field: str) -> str:

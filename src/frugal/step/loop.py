@@ -5,7 +5,9 @@ For each micro-batch: forward under the engine's autocast, the loss (`loss.py`: 
 token cross-entropy, plus the contrastive term when configured) scaled to its share of the
 step, backward (gradients reduced after the last micro-batch under DDP, after each under
 FSDP). Then gradient clipping (or just the norm), the optimizer update and
-`zero_grad(set_to_none=True)`, which frees the gradients before the next forward.
+`zero_grad(set_to_none=True)`, which frees the gradients before the next forward. With the
+optimizer in backward (`optim.PerParameter`), each weight is updated during the backward as
+its gradient completes, and the step after it has nothing left to update.
 
 The engine is accelerate's `Accelerator` in `frugal train` (loss scaling for fp16, DDP's
 no_sync) and `PlainEngine` in the estimate: the same autocast, backward and clipping on
@@ -27,6 +29,7 @@ from frugal.step.batch import model_inputs
 from frugal.step.chunked_ce import chunked_linear_cross_entropy
 from frugal.step.job import TrainJob
 from frugal.step.loss import causal_lm_loss, contrastive_loss
+from frugal.step.optim import PerParameter
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -169,27 +172,39 @@ def optimizer_step(
     batches = list(batches)
     zero = torch.zeros((), device=engine.device)
     ce_total, cl_total = zero.clone(), zero.clone()  # on the device: no sync per micro-batch
-    for i, b in enumerate(batches, start=1):
-        marks.micro_step(i)
-        marks.phase("fwd")
-        b = {k: v.to(engine.device, non_blocking=True) for k, v in b.items()}
-        last = i == len(batches)
-        sync = contextlib.nullcontext() if last or reduce_each else engine.no_sync(model)
-        with sync:
-            with engine.autocast():
-                hidden, ce_sum = ce_of(model, b, loss)
-                total = ce_sum * ce_scale
-                if hidden is not None:
-                    cl_sum, _ = contrastive_loss(hidden, b["labels"], b["segment_ids"], loss.margin)
-                    total = total + cl_sum * (cl_scale * loss.weight)
-                    cl_total += cl_sum.detach()
-            del hidden
-            marks.phase("bwd_head")
-            engine.backward(total)
-        ce_total += ce_sum.detach()
-        del total, ce_sum, b
+    fused = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+    fused = fused if isinstance(fused, PerParameter) else None
+    if fused is not None and (len(batches) > 1 or max_grad_norm > 0):
+        raise FrugalError(
+            "the optimizer in backward updates each weight from one micro-batch's gradient, "
+            "unclipped: run the step as one micro-batch with max_grad_norm 0"
+        )
+    with fused.in_backward() if fused is not None else contextlib.nullcontext():
+        for i, b in enumerate(batches, start=1):
+            marks.micro_step(i)
+            marks.phase("fwd")
+            b = {k: v.to(engine.device, non_blocking=True) for k, v in b.items()}
+            last = i == len(batches)
+            sync = contextlib.nullcontext() if last or reduce_each else engine.no_sync(model)
+            with sync:
+                with engine.autocast():
+                    hidden, ce_sum = ce_of(model, b, loss)
+                    total = ce_sum * ce_scale
+                    if hidden is not None:
+                        cl_sum, _ = contrastive_loss(
+                            hidden, b["labels"], b["segment_ids"], loss.margin
+                        )
+                        total = total + cl_sum * (cl_scale * loss.weight)
+                        cl_total += cl_sum.detach()
+                del hidden
+                marks.phase("bwd_head")
+                engine.backward(total)
+            ce_total += ce_sum.detach()
+            del total, ce_sum, b
     marks.phase("opt")
-    if max_grad_norm > 0:
+    if fused is not None:
+        norm = fused.grad_norm(engine.device)
+    elif max_grad_norm > 0:
         norm = engine.clip_grad_norm_(params, max_grad_norm)
     else:
         grads = [p.grad for p in params if p.grad is not None]
