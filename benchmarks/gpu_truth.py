@@ -10,12 +10,13 @@ row with its error; the matrix never stops early. One CSV row per config, plus t
 environment (GPU, driver, library versions) in a JSON file beside it.
 
     python benchmarks/gpu_truth.py --out DIR [--matrix core|long|full] [--steps 6] [--only SUBSTR]
-    python benchmarks/gpu_truth.py --out DIR --smoke     # two tiny configs, CPU is enough
+    python benchmarks/gpu_truth.py --out DIR --smoke     # three tiny configs, CPU is enough
 
 `--matrix long` (issue 18): Llama-3.1-8B QLoRA r32 at batch 1 with the plain step and the
 memory techniques (--loss-chunks 16, --offload-activations, --optimizer adamw-8bit) at 16K
 tokens, for the memory and tokens/s each costs, then all of them at 0.9x and 1.1x the
-estimator's longest sequence on this GPU: the first should run, the second run out of memory.
+estimator's longest sequence on this GPU: the first should run, the second run out of memory;
+and Llama-3.2-1B full fine-tuning with the optimizer after backward and in it.
 
 Commit the CSV under benchmarks/data/ with the date and GPU in its name.
 """
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "examples" / "tiny-llama"
 FIELDS = (
     "id", "model", "method", "precision", "checkpointing", "seq", "micro_batch", "grad_accum",
-    "lora_r", "optimizer", "loss_chunks", "offload", "estimated_max_seq",
+    "lora_r", "optimizer", "loss_chunks", "offload", "in_backward", "estimated_max_seq",
     "measured_host_gib", "estimated_host_gib",
     "measured_allocated_gib", "measured_reserved_gib", "measured_device_gib",
     "measured_tokens_per_s", "estimated_allocated_gib", "estimated_reserved_gib",
@@ -60,6 +61,7 @@ class Config:
     optimizer: str = "adamw"
     loss_chunks: int = 0
     offload: bool = False
+    in_backward: bool = False  # the optimizer in backward (one micro-batch, no clipping)
     max_seq_share: float = 0.0  # > 0: seq is this share of the estimator's longest sequence
     effective: int | None = None  # sequences per step (None: --effective-batch)
 
@@ -73,7 +75,8 @@ class Config:
         out += f"-r{self.lora_r}" if self.lora_r != 16 else ""
         out += f"-{self.optimizer}" if self.optimizer != "adamw" else ""
         out += f"-chunks{self.loss_chunks}" if self.loss_chunks else ""
-        return out + ("-offload" if self.offload else "")
+        out += "-offload" if self.offload else ""
+        return out + ("-inbwd" if self.in_backward else "")
 
 
 def matrix(name: str) -> list[Config]:
@@ -83,6 +86,7 @@ def matrix(name: str) -> list[Config]:
         return [
             Config(small, "lora", "fp32", False, 64, 2),
             Config(small, "lora", "fp32", True, 64, 2, loss_chunks=4, offload=True),
+            Config(small, "full", "fp32", True, 64, 2, loss_chunks=4, in_backward=True),
         ]
     if name == "long":
         m, q = "meta-llama/Llama-3.1-8B", "qlora"
@@ -100,7 +104,13 @@ def matrix(name: str) -> list[Config]:
             Config(m, q, "bf16-mixed", True, 0, 1, 32, max_seq_share=share, effective=1, **every)
             for share in (0.9, 1.1)
         ]
-        return at_16k + edges
+        # full fine-tuning, gradients freed in backward: the same step after backward and in it
+        full = [
+            Config("meta-llama/Llama-3.2-1B", "full", "bf16-mixed", True, 2048, 4, effective=4,
+                   loss_chunks=16, in_backward=b)
+            for b in (False, True)
+        ]  # fmt: skip
+        return at_16k + edges + full
     if name == "core":
         c = Config
         return [
@@ -173,6 +183,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
         "optimizer": cfg.optimizer,
         "loss_chunks": cfg.loss_chunks,
         "offload_activations": cfg.offload,
+        "optimizer_in_backward": cfg.in_backward,
         **({"lora_r": cfg.lora_r} if cfg.method != "full" else {}),
     }
     max_seq = None
@@ -194,6 +205,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
             "training": {
                 "effective_batch": effective,
                 "auto_micro_batch": cfg.micro is None,
+                "max_grad_norm": 0.0 if cfg.in_backward else 1.0,  # in backward: no clipping
                 "loggers": ["jsonl"],
             },
             "output_dir": str(work / "run"),
@@ -287,7 +299,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for the CSV and env JSON")
     ap.add_argument("--matrix", default="core", choices=("core", "long", "full"))
-    ap.add_argument("--smoke", action="store_true", help="two tiny configs (CPU is enough)")
+    ap.add_argument("--smoke", action="store_true", help="three tiny configs (CPU is enough)")
     ap.add_argument("--steps", type=int, default=6, help="dry-run steps per config")
     ap.add_argument("--effective-batch", type=int, default=16)
     ap.add_argument("--only", default="", help="run the configs whose id contains this")

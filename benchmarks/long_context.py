@@ -9,6 +9,10 @@
 2. The plan of a 32K-context 8B QLoRA job (20M tokens, effective batch 8) before (plain step:
    `--loss-chunks 0 --no-offload-activations`) and after (the plan turns techniques on),
    on AWS on-demand and on your own RTX 4090 at 24K.
+3. Full fine-tuning with the optimizer in backward: device memory of one step (8 x 512
+   tokens, the loss in 16 chunks, checkpointing) with the optimizer after backward and in
+   it, by model and precision; and the plan of Qwen3-0.6B in bf16 on a 6 GB laptop GPU
+   before (`--no-optimizer-in-backward`) and after.
 
 Usage: python benchmarks/long_context.py [--write docs/estimate.md]
 """
@@ -149,15 +153,88 @@ def plan_table() -> str:
     return "\n".join(lines)
 
 
+IN_BACKWARD_ROWS = (
+    ("Qwen/Qwen2.5-0.5B", "bf16-mixed"),
+    ("Qwen/Qwen3-0.6B", "bf16-true"),
+    ("meta-llama/Llama-3.2-1B", "bf16-mixed"),
+    ("meta-llama/Llama-3.2-1B", "bf16-true"),
+    ("meta-llama/Llama-3.2-1B", "fp32"),
+)
+
+
+def in_backward_table() -> str:
+    lines = [
+        "Full fine-tuning, AdamW, one step of 8 x 512 tokens with the loss in 16 chunks and "
+        "checkpointing: device memory with the optimizer after backward and in it:",
+        "",
+        "| model | precision | gradients GiB | after backward GiB | in backward GiB | saved GiB "
+        "| saved bytes / param | its peak at |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for model, precision in IN_BACKWARD_ROWS:
+        spec = load_spec(model)
+        est = {}
+        for fused in (False, True):
+            job = make_job(
+                method="full", precision=precision, batch=8, seq=512, loss_chunks=16,
+                optimizer_in_backward=fused,
+            )  # fmt: skip
+            est[fused] = estimate(spec, job).to_json()
+        saved = est[False]["device_total_gib"] - est[True]["device_total_gib"]
+        per_param = saved * 2**30 / est[True]["trainable_params"]
+        lines.append(
+            f"| {model} | {precision} | {est[False]['breakdown_gib']['gradients']:.2f} | "
+            f"{est[False]['device_total_gib']:.2f} | {est[True]['device_total_gib']:.2f} | "
+            f"{saved:.2f} | {per_param:.1f} | {est[True]['peak_at']} |"
+        )
+    lines += ["", _in_backward_plans()]
+    return "\n".join(lines)
+
+
+def _in_backward_plans() -> str:
+    spec = load_spec("Qwen/Qwen3-0.6B")
+    rows = [
+        "Plans for Qwen/Qwen3-0.6B full fine-tuning in bf16-true, AdamW, 5M tokens of 512, "
+        "effective batch 8, on your RTX 4050 Laptop (6 GB):",
+        "",
+        "| | plan | techniques | GiB per GPU | tokens/s | hours | cost |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for before in (True, False):
+        base = make_job(method="full", precision="bf16-true", seq=512)
+        k = Constraints(
+            tokens=5e6, effective_batch=8, methods=("full",), optimizers=("adamw",),
+            auto_in_backward=not before,
+        )  # fmt: skip
+        offers = select_offers(local=["RTX 4050 Laptop"], providers_csv="local")
+        label = "before" if before else "after"
+        try:
+            p = search(spec, base, offers, k).recommendation
+        except FrugalError:
+            rows.append(f"| {label} | nothing fits | | | | | |")
+            continue
+        j = p.job
+        on = [f"loss in {j.loss_chunks} chunks"] if j.loss_chunks else []
+        on += ["optimizer in backward"] if j.optimizer_in_backward else []
+        on += ["offload"] if j.offload_activations else []
+        rows.append(
+            f"| {label} | micro-batch {j.batch} x accum {j.grad_accum} | {', '.join(on)} | "
+            f"{p.device_total_gib:.1f} | {p.speed.tokens_per_s:,.0f} | {p.hours:.2f} | "
+            f"${p.cost_usd:.2f} |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--write", type=Path, help="markdown file whose long-context blocks to replace")
     args = ap.parse_args()
-    longest_text, plans = longest_table(), plan_table()
-    print(longest_text + "\n\n" + plans)
+    longest_text, plans, fused = longest_table(), plan_table(), in_backward_table()
+    print(longest_text + "\n\n" + plans + "\n\n" + fused)
     if args.write:
         write_block(args.write, "long-context", longest_text)
         write_block(args.write, "long-context-plans", plans)
+        write_block(args.write, "in-backward", fused)
     return 0
 
 

@@ -24,7 +24,12 @@ from frugal.models.specs import ModelSpec, load_spec
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     old = os.environ.get("FRUGAL_CACHE_DIR")
-    os.environ["FRUGAL_CACHE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
+    # one profile cache for the whole run: under pytest-xdist the workers' temp dirs share a
+    # parent, and a profile is written atomically, so a worker reuses what another simulated
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    (shared / "profiles").mkdir(exist_ok=True)
+    os.environ["FRUGAL_CACHE_DIR"] = str(shared / "profiles")
     # the ledger and the settings: never the user's (a test that needs its own sets them)
     os.environ["FRUGAL_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
     os.environ["FRUGAL_SETTINGS"] = str(tmp_path_factory.mktemp("cfg") / "settings.toml")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import run_error, run_json
+from conftest import run_json
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -301,5 +301,22 @@ def test_plan_turns_the_chunked_loss_on_where_the_plain_loss_does_not_fit(
     rec = run_json(capsys, *args, "--json")["recommendation"]
     assert rec["device_total_gib"] <= rec["usable_gib"]
     assert any("loss in 16 chunks" in r and "does not fit" in r for r in rec["reasons"])
-    # asked for the plain loss: no plan on a 24 GB card at this length
-    assert "nothing fits" in run_error(capsys, *args, "--loss-chunks", "0")
+    # asked for the plain loss: no plan on a 24 GB card at this length (the search alone:
+    # the command's error would also try every relaxation)
+    from frugal.errors import FrugalError
+    from frugal.hardware.offers import select_offers
+    from frugal.models.specs import load_spec
+    from frugal.plan.search import Constraints, search
+    from frugal.step.job import make_job
+
+    plain = make_job(method="qlora", seq=16384)
+    k = Constraints(
+        tokens=20e6,
+        effective_batch=8,
+        methods=("qlora",),
+        auto_loss_chunks=False,
+        auto_offload=False,
+    )
+    offers = select_offers(local=["RTX 4090"], providers_csv="local")
+    with pytest.raises(FrugalError, match="nothing fits"):
+        search(load_spec("meta-llama/Llama-3.1-8B"), plain, offers, k)

@@ -62,6 +62,7 @@ def _steps(in_backward: bool, method: str, optimizer: str, tracker: Any = None) 
     return out, weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "optimizer"), [("full", "adamw"), ("lora", "adamw"), ("full", "sgd")]
 )
@@ -129,6 +130,7 @@ def test_it_refuses_what_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> No
         optimizer_step(None, opt, [p], [{}, {}], PlainEngine("fp32"), Loss(), 1, 1, 0.0)
 
 
+@pytest.mark.slow
 def test_the_estimate_drops_the_gradients(capsys: pytest.CaptureFixture[str]) -> None:
     """Full fine-tuning of Qwen2.5-0.5B, where the gradients are 1.84 GiB at the peak."""
     args = ["estimate", "Qwen/Qwen2.5-0.5B", "--method", "full", "--batch", "4", "--seq", "1024"]
@@ -141,6 +143,7 @@ def test_the_estimate_drops_the_gradients(capsys: pytest.CaptureFixture[str]) ->
     assert fused["job"]["optimizer_in_backward"] is True
 
 
+@pytest.mark.slow
 def test_frugal_train_runs_it_and_resumes(tmp_path: Path) -> None:
     """The trainer's step with the optimizer in backward: the same run as the step after
     backward (no clipping, one micro-batch), through a checkpoint and a resume."""

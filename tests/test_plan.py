@@ -43,7 +43,7 @@ def test_plan_memory_is_the_estimate_of_the_printed_job(tiny_llama: ModelSpec) -
         tiny_llama,
         make_job(method="full", seq=1024),
         catalog(),
-        Constraints(tokens=1e9, effective_batch=4096, methods=("full",)),
+        Constraints(tokens=1e9, effective_batch=4096, methods=("full",), optimizers=("adamw",)),
     )
     assert any(p.job.grad_accum > 1 for p in r.plans)
     for p in r.plans[:20]:
@@ -257,8 +257,12 @@ def test_plans_only_shardings_train_runs() -> None:
     # `frugal train` runs QLoRA with DDP only, so no such plan may be offered
     spec = load_spec("meta-llama/Llama-3.1-70B")
     offers = catalog(local=["8x L40S"], bundled=False)
+    plain = {"auto_loss_chunks": False, "auto_offload": False}  # the sharding is the point
     with pytest.raises(FrugalError, match="nothing fits"):
-        search(spec, make_job(method="qlora"), offers, Constraints(tokens=2e6, methods=("qlora",)))
+        search(
+            spec, make_job(method="qlora"), offers,
+            Constraints(tokens=2e6, methods=("qlora",), **plain),
+        )  # fmt: skip
     lora = search(spec, make_job(method="lora"), offers, Constraints(tokens=2e6, methods=("lora",)))
     assert lora.recommendation.job.sharding == "fsdp"  # LoRA shards: train runs that
 
@@ -343,7 +347,8 @@ def _apply(argv: list[str], flags: dict[str, str | None]) -> list[str]:
         # nothing fits a small local GPU, whose weights alone overflow it (no memory
         # technique is tried): a leaner method, a smaller model
         ["plan", "HuggingFaceTB/SmolLM2-1.7B", "--tokens", "2M", "--methods", "full",
-         "--seq", "4096", "--local", "RTX 4050 Laptop", "--providers", "local"],
+         "--optimizers", "adamw", "--seq", "4096", "--local", "RTX 4050 Laptop",
+         "--providers", "local"],
         # the deadline is too short: the fastest plan's hours
         ["plan", "HuggingFaceTB/SmolLM2-135M", "--tokens", "50M", "--deadline", "10m"],
         # the budget is too small: the cheapest plan's cost
@@ -369,7 +374,9 @@ def test_every_suggested_change_gives_a_plan(
     local = [args["--local"]] if "--local" in args else []
     offers = select_offers((), (), local, providers_csv=args.get("--providers"))
     methods = tuple(args.get("--methods", "lora").split(","))
+    optimizers = tuple(args.get("--optimizers", "adamw,adamw-8bit").split(","))
     k = Constraints(tokens=float(args["--tokens"].rstrip("M")) * 1e6, methods=methods,
+                    optimizers=optimizers,
                     deadline_h=1 / 6 if "--deadline" in args else None,
                     budget_usd=float(args["--budget"]) if "--budget" in args else None)  # fmt: skip
     base = make_job(method=methods[0], seq=int(args.get("--seq", "2048")))

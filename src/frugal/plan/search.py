@@ -474,9 +474,12 @@ def _best_config(
             "lora_dropout": base.lora_dropout,
         }
     )
+    unfit: set[tuple[str, str]] = set()  # (optimizer, sharding) that did not fit checkpointed
     for ckpt in (True,) if base.offload_activations else (True, False):
         for opt in optimizers:
             for sharding in shardings:
+                if not ckpt and (opt, sharding) in unfit:
+                    continue  # without checkpointing a step never needs less: not simulated
                 job = TrainJob.model_validate(
                     {
                         "method": method,
@@ -497,6 +500,7 @@ def _best_config(
                 )
                 fit, at_one = largest_micro_batch(job, cap, profiles.get, share, ov)
                 if fit is None:  # at_one: at the least micro-batch the job can run
+                    unfit.add((opt, sharding))
                     smallest_need = min(smallest_need, at_one.device_total)
                     floor = min(floor, _floor(at_one))
                     continue
@@ -572,9 +576,9 @@ class Config:
 
 def _floor(m: Any) -> float:
     """A lower bound on the step's device memory with every technique on: no activations, no
-    logits, no reserve for them, a quarter of the optimizer state."""
+    logits, no reserve for them, no gradients, a quarter of the optimizer state."""
     b = m.breakdown
-    gone = b["activations"] + b["logits_and_loss"] + b["allocator_reserve"]
+    gone = b["activations"] + b["logits_and_loss"] + b["allocator_reserve"] + b["gradients"]
     return float(m.device_total - gone - 0.75 * b["optimizer_state"])
 
 

@@ -185,11 +185,14 @@ class TrainJob(BaseModel):
         return self.batch * self.seq * self.grad_accum * self.gpus
 
     def profile_key(self) -> dict[str, object]:
-        """The settings a memory profile depends on (not batch, seq or parallelism).
+        """The settings a memory profile depends on (not batch, seq or parallelism; the paged
+        8-bit optimizer's state is the 8-bit one's).
         Accumulation only matters as 1 or more: the simulation runs min(grad_accum, 2)
         micro-steps, since from the second on, every micro-step holds the same buffers."""
         key = self.model_dump(exclude={"batch", "seq", "gpus", "sharding", "bitsandbytes"})
         key["keeps_4bit_input"] = self.keeps_4bit_input
+        if self.optimizer == "paged-adamw-8bit":  # the same state, in unified memory
+            key["optimizer"] = "adamw-8bit"
         key["grad_accum"] = min(self.grad_accum, 2)
         return key
 
