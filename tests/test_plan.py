@@ -389,3 +389,39 @@ def test_every_suggested_change_gives_a_plan(
         assert s.text in msg
         out = run_json(capsys, *_apply(argv, s.flags), "--json")
         assert out["recommendation"]["est_cost_usd"] == pytest.approx(s.plan.cost_usd, abs=0.01)
+
+
+@pytest.mark.slow
+def test_without_checkpointing_is_not_simulated_where_checkpointing_does_not_fit(
+    tiny_llama: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Turning checkpointing off never needs less memory (checked on the tiny model for each
+    method), so a set-up that does not fit with it is not simulated without it."""
+    import frugal.plan.search as s
+    from frugal.estimate.core import estimate
+
+    for method in ("full", "lora", "qlora"):
+        on, off = (
+            estimate(tiny_llama, make_job(method=method, seq=256, grad_checkpointing=c))
+            for c in (True, False)
+        )
+        assert off.memory.device_total >= on.memory.device_total, method
+    seen: list[bool] = []
+    real = s.get_profile
+    monkeypatch.setattr(
+        s,
+        "get_profile",
+        lambda spec, job, seq: seen.append(job.grad_checkpointing) or real(spec, job, seq),
+    )
+    k = Constraints(tokens=1e6, methods=("full",), optimizers=("adamw",), auto_loss_chunks=False,
+                    auto_offload=False, auto_in_backward=False)  # fmt: skip
+    laptop = [o for o in catalog(local=["RTX 4050 Laptop"], bundled=False)]
+    with pytest.raises(FrugalError, match="nothing fits"):
+        search(load_spec("Qwen/Qwen2.5-1.5B"), make_job(method="full"), laptop, k)
+    assert seen and not any(c is False for c in seen)
+
+
+def test_the_paged_8bit_optimizer_shares_the_8bit_profile() -> None:
+    paged = make_job(method="full", optimizer="paged-adamw-8bit").profile_key()
+    assert paged == make_job(method="full", optimizer="adamw-8bit").profile_key()
+    assert paged != make_job(method="full", optimizer="adamw").profile_key()
