@@ -342,6 +342,37 @@ def test_profile_is_reused_from_cache(
     assert any(d.glob("*.npz"))
 
 
+MAKE_ONE = """
+import sys, time
+import frugal.estimate.simulate as sim
+from frugal.estimate.core import get_profile
+from frugal.models.specs import load_spec
+from frugal.step.job import make_job
+real = sim.simulate
+def slow(*a, **k):
+    print("simulated", flush=True)
+    time.sleep(2)  # long enough for the other process to be waiting
+    return real(*a, **k)
+sim.simulate = slow
+get_profile(load_spec(sys.argv[1]), make_job(method="full", seq=96), 96)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_simulate_one_profile_once(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Two plans at once (or two test workers) wanting the same profile: one simulates it,
+    the other waits for it and loads it."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FRUGAL_CACHE_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-c", MAKE_ONE, str(tiny_llama_dir / "config.json")]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert sum(o.count("simulated") for o in outs) == 2  # two depths, in one process
+
+
 def test_sharded_estimates_say_how_far_to_trust_them(tiny_llama: ModelSpec) -> None:
     fsdp = estimate(tiny_llama, make_job(gpus=2, sharding="fsdp", seq=128))
     assert any("6-25% above" in n for n in fsdp.notes)

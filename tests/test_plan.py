@@ -17,6 +17,9 @@ from frugal.models.specs import ModelSpec, load_spec
 from frugal.plan.search import Constraints, pareto, search
 from frugal.step.job import make_job
 
+# the step's memory techniques off: for tests about something else (each is simulated apart)
+PLAIN = {"auto_loss_chunks": False, "auto_offload": False, "auto_in_backward": False}
+
 
 def test_search_recommends_the_cheapest_feasible(tiny_llama: ModelSpec) -> None:
     r = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7))
@@ -206,7 +209,8 @@ def test_catalog_commands(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.slow
 def test_70b_full_plans_multi_gpu_with_sharding() -> None:
     spec = load_spec("meta-llama/Llama-3.1-70B")
-    r = search(spec, make_job(method="full"), catalog(), Constraints(tokens=5e7, methods=("full",)))
+    k = Constraints(tokens=5e7, methods=("full",), **PLAIN)
+    r = search(spec, make_job(method="full"), catalog(), k)
     rec = r.recommendation
     assert rec.gpus > 1 and rec.job.sharding in ("fsdp", "zero3")
 
@@ -214,7 +218,7 @@ def test_70b_full_plans_multi_gpu_with_sharding() -> None:
 @pytest.mark.slow
 def test_135m_plans_a_small_gpu() -> None:
     spec = load_spec("HuggingFaceTB/SmolLM2-135M")
-    rec = search(spec, make_job(), catalog(), Constraints(tokens=5e6)).recommendation
+    rec = search(spec, make_job(), catalog(), Constraints(tokens=5e6, **PLAIN)).recommendation
     assert rec.gpus == 1 and rec.offer.gpu.memory_gb <= 24
 
 
@@ -257,11 +261,10 @@ def test_plans_only_shardings_train_runs() -> None:
     # `frugal train` runs QLoRA with DDP only, so no such plan may be offered
     spec = load_spec("meta-llama/Llama-3.1-70B")
     offers = catalog(local=["8x L40S"], bundled=False)
-    plain = {"auto_loss_chunks": False, "auto_offload": False}  # the sharding is the point
     with pytest.raises(FrugalError, match="nothing fits"):
         search(
             spec, make_job(method="qlora"), offers,
-            Constraints(tokens=2e6, methods=("qlora",), **plain),
+            Constraints(tokens=2e6, methods=("qlora",), **PLAIN),
         )  # fmt: skip
     lora = search(spec, make_job(method="lora"), offers, Constraints(tokens=2e6, methods=("lora",)))
     assert lora.recommendation.job.sharding == "fsdp"  # LoRA shards: train runs that
@@ -413,8 +416,7 @@ def test_without_checkpointing_is_not_simulated_where_checkpointing_does_not_fit
         "get_profile",
         lambda spec, job, seq: seen.append(job.grad_checkpointing) or real(spec, job, seq),
     )
-    k = Constraints(tokens=1e6, methods=("full",), optimizers=("adamw",), auto_loss_chunks=False,
-                    auto_offload=False, auto_in_backward=False)  # fmt: skip
+    k = Constraints(tokens=1e6, methods=("full",), optimizers=("adamw",), **PLAIN)
     laptop = [o for o in catalog(local=["RTX 4050 Laptop"], bundled=False)]
     with pytest.raises(FrugalError, match="nothing fits"):
         search(load_spec("Qwen/Qwen2.5-1.5B"), make_job(method="full"), laptop, k)

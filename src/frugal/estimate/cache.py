@@ -7,10 +7,12 @@ of the step's and the simulation's source.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
+from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -80,6 +82,29 @@ def load(key: str) -> Profile | None:
     except (OSError, KeyError, ValueError):
         return None  # missing or unreadable: simulate again
     return Profile(meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
+
+
+@contextlib.contextmanager
+def making(key: str) -> Iterator[None]:
+    """Held while one process simulates the profile `key`: another process that wants it
+    waits here, then loads what the first saved (two plans at once, the test workers)."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks (Windows): each process simulates its own
+        yield
+        return
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        f = open(d / f".{key}.lock", "a+b")  # noqa: SIM115 (closed below)
+    except OSError:
+        yield  # a read-only cache dir only costs speed
+        return
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+    finally:
+        f.close()  # releases the lock
 
 
 def save(key: str, profile: Profile) -> None:

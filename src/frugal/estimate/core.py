@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +123,15 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
     prof = cache.load(key(job.grad_accum))
     if prof is not None:
         return prof
+    with cache.making(key(job.grad_accum)):
+        return cache.load(key(job.grad_accum)) or _simulate_profile(spec, job, s0, key)
+
+
+def _simulate_profile(
+    spec: ModelSpec, job: TrainJob, s0: int, key: Callable[[int], str]
+) -> Profile:
+    """Simulate `job` at two depths and three lengths from `s0`; fit and cache its profile
+    (and, for an accumulating job, the one without accumulation)."""
     from frugal.estimate.simulate import distinct_layer_kinds, simulate
 
     k = distinct_layer_kinds(spec.config)

@@ -729,7 +729,7 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         r.append(
             "optimizer in backward (--optimizer-in-backward): each weight updated as its "
             "gradient completes, so the step never holds all the gradients (the trainable "
-            "weights' size); no clipping (max_grad_norm 0), no accumulation"
+            "weights' size), at no cost in time; no clipping (max_grad_norm 0), no accumulation"
             + turned_on("optimizer_in_backward")
         )
     if best.why_on.get("optimizer"):
