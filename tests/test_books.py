@@ -102,6 +102,7 @@ def test_plan_records_its_choice_and_hands_the_id_to_the_run_config(
 ) -> None:
     cfg = tmp_path / "f.yaml"
     out = run_json(capsys, "plan", "meta-llama/Llama-3.2-1B", "--tokens", "5M", "--json",
+                   "--loss-chunks", "0", "--no-offload-activations",  # not the point here
                    "--tag", "project=chat", "--write", str(cfg))  # fmt: skip
     assert out["plan_id"] and out["tags"]["project"] == "chat"
     with books.session() as s:

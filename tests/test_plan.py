@@ -46,7 +46,9 @@ def test_plan_memory_is_the_estimate_of_the_printed_job(tiny_llama: ModelSpec) -
         tiny_llama,
         make_job(method="full", seq=1024),
         catalog(),
-        Constraints(tokens=1e9, effective_batch=4096, methods=("full",), optimizers=("adamw",)),
+        Constraints(
+            tokens=1e9, effective_batch=4096, methods=("full",), optimizers=("adamw",), **PLAIN
+        ),
     )
     assert any(p.job.grad_accum > 1 for p in r.plans)
     for p in r.plans[:20]:

@@ -20,6 +20,11 @@ from typing import Any
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
 from frugal import DISTRIBUTION, paths
 from frugal.estimate.profile import LayerFit, Profile
 from frugal.step.job import installed_version
@@ -88,9 +93,7 @@ def load(key: str) -> Profile | None:
 def making(key: str) -> Iterator[None]:
     """Held while one process simulates the profile `key`: another process that wants it
     waits here, then loads what the first saved (two plans at once, the test workers)."""
-    try:
-        import fcntl
-    except ImportError:  # no advisory locks (Windows): each process simulates its own
+    if fcntl is None:  # no advisory locks (Windows): each process simulates its own
         yield
         return
     d = cache_dir()
