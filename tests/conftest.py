@@ -61,6 +61,16 @@ TINY_LLAMA = {
 }
 
 
+# an untied head, so the LM head and the embedding are separate weights (step-level tests)
+UNTIED_LLAMA: dict[str, Any] = {
+    **TINY_LLAMA,
+    "intermediate_size": 160,
+    "vocab_size": 300,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+
+
 def write_config(directory: Path, config: dict[str, Any]) -> Path:
     """Write `config` as `directory/config.json` and return the directory."""
     directory.mkdir(parents=True, exist_ok=True)

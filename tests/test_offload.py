@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import run_error, run_json
+from conftest import UNTIED_LLAMA, run_error, run_json
 
 from frugal.estimate.categories import CATEGORIES
 from frugal.estimate.tracker import StepTracker, tracking
@@ -16,17 +16,7 @@ from frugal.step.model import build_model
 from frugal.step.offload import _pack, _unpack
 from frugal.step.optim import make_optimizer
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 300,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
+TINY = UNTIED_LLAMA
 B, S = 2, 40
 
 

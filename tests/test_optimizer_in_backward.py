@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_weights, losses, make_cfg, run_error, run_json
+from conftest import UNTIED_LLAMA, assert_same_weights, losses, make_cfg, run_error, run_json
 
 from frugal.errors import FrugalError
 from frugal.estimate.categories import CATEGORIES
@@ -22,17 +22,7 @@ from frugal.step.loop import Loss, PlainEngine, optimizer_step
 from frugal.step.model import build_model
 from frugal.step.optim import PerParameter, make_optimizer
 
-TINY: dict[str, Any] = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 300,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
+TINY = UNTIED_LLAMA
 B, S = 2, 40
 
 
