@@ -28,7 +28,7 @@ from frugal.hardware.offers import HOURS_PER_MONTH, Offer
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
 from frugal.plan.transfer import DOWNLOAD_GBPS, Move, move_in, move_out, parse_location
-from frugal.step.job import Method, Optimizer, TrainJob
+from frugal.step.job import Method, Optimizer, TrainJob, in_backward_refusal
 
 NO_MOVE = Move(0.0, 0.0, "")
 SpotMode = Literal["auto", "only", "never"]
@@ -439,9 +439,9 @@ def _best_config(
     if key in memo:
         return memo[key]
     precision = _precision_for(gpu, base.precision)
-    if base.optimizer_in_backward and not _in_backward_runs(n, precision):
-        why = f"the optimizer in backward needs one GPU and no fp16 loss scaling ({gpu.name})"
-        memo[key] = Rejected("", why, "fit")
+    refusal = in_backward_refusal(n, 1, precision)  # the job's own rule
+    if base.optimizer_in_backward and refusal:
+        memo[key] = Rejected("", refusal, "fit")
         return memo[key]
     if gpu.peak_tflops(base.model_copy(update={"precision": precision}).compute_dtype) is None:
         memo[key] = Rejected("", f"{gpu.name} cannot run {base.precision}", "dtype")
@@ -513,7 +513,7 @@ def _best_config(
                 if best is None or speed.tokens_per_s > best.speed.tokens_per_s:
                     best = Config(fit.job, fit.memory, speed, fit.profile)
     more = _next_technique(base, k, method)
-    if more is not None and more.optimizer_in_backward and not _in_backward_runs(n, precision):
+    if more is not None and more.optimizer_in_backward and refusal:
         more = _next_technique(more, k, method)  # a technique this set-up cannot run: skip it
     # a technique may make the set-up fit; the chunked loss, which costs little time, may also
     # raise a micro-batch the logits hold down (fewer micro-steps: fewer weight passes)
@@ -603,11 +603,6 @@ def _next_technique(job: TrainJob, k: Constraints, method: str) -> TrainJob | No
     if method != "full" and job.optimizer != EIGHT_BIT and EIGHT_BIT in k.optimizers[1:]:
         return job.model_copy(update={"optimizer": EIGHT_BIT})  # full tries it anyway
     return None
-
-
-def _in_backward_runs(gpus: int, precision: str) -> bool:
-    """Where the optimizer in backward can run (`TrainJob`'s rule)."""
-    return gpus == 1 and precision != "fp16-mixed"
 
 
 def _price(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:

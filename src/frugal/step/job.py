@@ -125,7 +125,9 @@ class TrainJob(BaseModel):
                 "turn on --grad-checkpointing"
             )
         if self.optimizer_in_backward:
-            _check_in_backward(self)
+            why = in_backward_refusal(self.gpus, self.grad_accum, self.precision)
+            if why:
+                raise ValueError(why)
         if self.method != "full":
             if self.lora_r < 1:
                 raise ValueError("--lora-r must be a positive rank (e.g. 8, 16, 64)")
@@ -197,23 +199,25 @@ class TrainJob(BaseModel):
         return key
 
 
-def _check_in_backward(job: TrainJob) -> None:
-    """Where each weight's gradient is final as it arrives, so it can be applied at once."""
-    if job.gpus > 1:
-        raise ValueError(
+def in_backward_refusal(gpus: int, grad_accum: int, precision: str) -> str | None:
+    """Why the optimizer in backward cannot run a step of this layout, or None: it needs each
+    weight's gradient final as it arrives, so it can be applied at once."""
+    if gpus > 1:
+        return (
             "--optimizer-in-backward updates each weight before the GPUs could average its "
             "gradient: use --gpus 1"
         )
-    if job.grad_accum > 1:
-        raise ValueError(
+    if grad_accum > 1:
+        return (
             "--optimizer-in-backward updates each weight from one micro-batch's gradient: "
             "use --grad-accum 1 (a larger --batch for the same step)"
         )
-    if job.precision == "fp16-mixed":
-        raise ValueError(
+    if precision == "fp16-mixed":
+        return (
             "--optimizer-in-backward cannot skip a step whose fp16 gradients overflowed: "
             "use --precision bf16-mixed"
         )
+    return None
 
 
 def _flag(field: str) -> str:
