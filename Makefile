@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # the suite in one process per core; a worker takes the next test as it finishes one
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist worksteal
+	$(BIN)/python -m pytest -n auto --dist worksteal --durations=15
 
 # everyday work: the tests not marked slow (under a minute)
 test-fast: $(STAMP)

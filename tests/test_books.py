@@ -485,6 +485,31 @@ def test_a_stop_budget_counts_a_run_in_the_period_it_started(ledger_url: str) ->
     assert got is not None and got.usd == pytest.approx(5.0)  # January's money, not February's
 
 
+def test_a_stop_budget_reserves_the_others_spend_until_the_run_asks_again(
+    ledger_url: str,
+) -> None:
+    """Another running run's spending is reserved until the asker's next check: an interval,
+    and the work the asker has under way then (it asks again only after that)."""
+    from datetime import UTC, datetime, timedelta
+
+    led = Ledger(ledger_url)
+    B.set_budget(led, "s", 100.0, "total", {"team": "t"}, action="stop")
+    t0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    other = led.start_run(model="m", method="lora", config={}, price_per_hour_usd=3600.0,
+                          tags={"team": "t"}, at=t0)  # fmt: skip
+    me = led.start_run(model="m", method="lora", config={}, price_per_hour_usd=3600.0,
+                       tags={"team": "t"}, at=t0 + timedelta(seconds=1))  # fmt: skip
+    led.heartbeat(other, 1, 1.0, 10.0, at=t0 + timedelta(seconds=10))
+    led.heartbeat(me, 1, 1.0, 20.0, at=t0 + timedelta(seconds=12))
+    at = t0 + timedelta(seconds=12)
+    # $100 - $30 on the books - the earlier run's $1/s for 2 s since its heartbeat and three
+    # 5 s intervals (it started first), and for the 4 s the asker's next step may take
+    plain = B.allowance(led, me, {"team": "t"}, 5.0, at=at)
+    lagged = B.allowance(led, me, {"team": "t"}, 5.0, at=at, lag_s=4.0)
+    assert plain is not None and plain.usd == pytest.approx(100 - 30 - 2 - 15)
+    assert lagged is not None and lagged.usd == pytest.approx(plain.usd - 4)
+
+
 def test_the_guardrail_lets_a_run_resume_and_a_dry_run_measure(
     tmp_path: Path, books: Ledger
 ) -> None:

@@ -534,6 +534,53 @@ def test_resume_carries_on_the_mlflow_and_wandb_runs(
     assert ml.named("start_run")[-1] == {"run_name": "other"}
 
 
+@pytest.mark.parametrize(
+    ("steps", "slow_save", "budget", "stops_at"),
+    [
+        # after six steps the slowest is 2 s, the fastest 1 s: the guard plans 3 s and two
+        # 0.5 s saves and stops; planning the slowest step alone, or the last save's 0.1 s, it
+        # would take the 3 s seventh step and end at $12.50
+        ([1, 1, 2, 1, 2, 1, 3, 3, 3], 0.5, 12.4, 6),
+        # even steps: it plans two 1.5 s saves and stops after five; planning the last
+        # save's 0.1 s it would go on to seven and end at $10.50
+        ([1] * 9, 1.5, 10.0, 5),
+    ],
+    ids=["uneven-steps", "uneven-saves"],
+)
+def test_budget_guard_plans_for_uneven_steps_and_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: list[float], slow_save: float,
+    budget: float, stops_at: int,
+) -> None:  # fmt: skip
+    """On a busy host the times vary: the guard plans for the slowest step of the last ten
+    plus their spread, and for the slowest checkpoint of the session, so a step or a save
+    slower than any before it (by up to that spread) still does not cross the budget."""
+    now, finishing = [0.0], [False]
+    real_step, real_save, real_finish = recipe.train_step, ckpt.Checkpoints.save, recipe.Loop.finish
+
+    def uneven_step(run: Any, step: int) -> dict[str, float]:
+        now[0] += steps[step]
+        return real_step(run, step)
+
+    def uneven_save(self: Any, state: Any, parts: Any) -> Path:
+        # a checkpoint takes 0.1 s, except the first and the one a stop writes
+        now[0] += slow_save if state.step == 1 or finishing[0] else 0.1
+        return real_save(self, state, parts)
+
+    def finish(self: Any) -> Any:
+        finishing[0] = True
+        return real_finish(self)
+
+    monkeypatch.setattr(recipe, "train_step", uneven_step)
+    monkeypatch.setattr(ckpt.Checkpoints, "save", uneven_save)
+    monkeypatch.setattr(recipe.Loop, "finish", finish)
+    # $1 a second, a checkpoint after every step
+    cfg = make_cfg(tmp_path / "r", "data.epochs=50", "price_per_hour_usd=3600",
+                   f"budget_usd={budget}", "training.save_every_min=1e-6")  # fmt: skip
+    s = recipe.train(cfg, quiet=True, clock=lambda: now[0])
+    assert s.outcome == "budget-stopped" and s.steps == stops_at
+    assert s.actual.cost_usd <= budget
+
+
 def test_budget_guard_covers_the_first_step_from_the_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_second_steps: recipe.Clock
 ) -> None:

@@ -15,7 +15,8 @@ the other costs (`frugal costs add`, imports) dated in it. Periods are calendar 
   spend, `allowance()`: the amount less the scope's spend on the books, less what each
   other running run of the scope may spend before it is next seen: its hourly price for the
   time since its last heartbeat (a run is on the books before it loads its model) plus one
-  heartbeat interval, three for a run that started earlier (`YIELD`). The run's own guard
+  heartbeat interval, three for a run that started earlier (`YIELD`), plus the asking run's
+  next piece of work (it asks again only after that). The run's own guard
   then stops it before a step, checkpoint and export would cross that. A later run so
   reserves more for an earlier one than the other way round: of two runs sharing a budget,
   the later one stops first, and the earlier one goes on with what is left.
@@ -304,8 +305,10 @@ class Allowance:
 
 
 def allowance(led: Ledger, run_id: str, tags: dict[str, str], interval_s: float,
-              at: datetime | None = None) -> Allowance | None:  # fmt: skip
-    """The least any stop budget in the run's scope leaves it (None: no stop budget)."""
+              at: datetime | None = None, lag_s: float = 0.0) -> Allowance | None:  # fmt: skip
+    """The least any stop budget in the run's scope leaves it (None: no stop budget).
+    `lag_s`: how late after the next interval the asking run may ask again (its next piece of
+    work); the others' spending is reserved for that long too."""
     at = at or now()
     best: Allowance | None = None
     with led.session() as s:
@@ -330,7 +333,7 @@ def allowance(led: Ledger, run_id: str, tags: dict[str, str], interval_s: float,
                 since = max(0.0, (at - aware(r.heartbeat_at)).total_seconds())
                 if since > max(STALE_HEARTBEATS * interval_s, STALE_MIN_S):
                     continue  # no heartbeat for long: a run that died without an end
-                window = interval_s * (YIELD if (aware(r.started_at), r.id) < mine else 1)
+                window = interval_s * (YIELD if (aware(r.started_at), r.id) < mine else 1) + lag_s
                 left -= (r.price_per_hour_usd or 0.0) / 3600 * (since + window)
             if best is None or left < best.usd:
                 best = Allowance(left, b.name)

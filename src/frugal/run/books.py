@@ -148,8 +148,10 @@ class RunBooks:
         return now - self.last_beat >= self.interval_s
 
     def beat(self, now: float, step: int, tokens: float, spent_usd: float,
-             total_steps: int | None = None) -> None:  # fmt: skip
-        """Record progress; check the budgets' alerts and what a stop budget still allows."""
+             total_steps: int | None = None, lag_s: float = 0.0) -> None:  # fmt: skip
+        """Record progress; check the budgets' alerts and what a stop budget still allows
+        until the next heartbeat, due in an interval or after the `lag_s` of work under way
+        then."""
         self.last_beat = now
         on_books = self.recorder.send(
             "heartbeat", run_id=self.run_id, step=step, tokens=tokens, cost_usd=spent_usd,
@@ -159,7 +161,9 @@ class RunBooks:
             self._note_down()
             return  # the budgets cannot be read: the run's own budget guard still holds
         self._alerts()
-        allowed, down = attempt(lambda led: allowance(led, self.run_id, self.tags, self.interval_s))
+        allowed, down = attempt(
+            lambda led: allowance(led, self.run_id, self.tags, self.interval_s, lag_s=lag_s)
+        )
         if down is None:  # a failed read keeps the last cap: it never lifts a stop budget
             self.cap = None if allowed is None else Cap(spent_usd + allowed.usd, allowed.budget)
 

@@ -540,6 +540,7 @@ class Loop:
         # bytes until a checkpoint has been timed (1 GB/s disk, 20 ms of fixed cost)
         trainable = sum(p.numel() * p.element_size() for p in run.params)
         self.save_s = 0.02 + 3 * trainable / 1e9
+        self.saved_once = False  # until then save_s is that guess
         self.eval_s: float | None = None
         self.session_t0 = self.last_save = clock()
         self.start_step = self.saved_step = state.step  # nothing new to save yet
@@ -575,8 +576,10 @@ class Loop:
         st, t, step = self.state, self.run.cfg.training, self.state.step
         times = st.step_times
         # the guards plan for a slow step: the slowest of the last ten (the first step of a
-        # session, with its warm-up, only while it is the only one), or the expected before any
-        slowest = max(times[1:] if len(times) > 1 else times, default=self.expected_s)
+        # session, with its warm-up, only while it is the only one), or the expected before any,
+        # plus their spread: on a busy host the next one may be slower than any seen yet
+        recent = times[1:] if len(times) > 1 else times
+        slowest = 2 * max(recent) - min(recent) if recent else self.expected_s
         if self.eval_due:
             nxt = self.eval_s if self.eval_s is not None else slowest * len(
                 self.run.val_batches) / max(1, t.effective_batch) / 2  # fmt: skip
@@ -584,8 +587,8 @@ class Loop:
             nxt = slowest if step < self.total else 0.0
         limit = t.max_time_min
         now = self.clock()
-        cap = self._books(now)
         then = nxt + 2 * self.save_s  # the next piece of work, a checkpoint, the weights
+        cap = self._books(now, then)
         meter = self.meter
         sig, over_budget, over_scope, over_hours, idle, over_time, save_due = _global_sum(
             self.run,
@@ -634,13 +637,14 @@ class Loop:
             return Action.STOP
         return Action.STEP
 
-    def _books(self, now: float) -> Cap | None:
-        """A heartbeat when one is due; what a stop budget lets the run spend."""
+    def _books(self, now: float, then: float) -> Cap | None:
+        """A heartbeat when one is due; what a stop budget lets the run spend (the next
+        check may come `then` seconds after an interval)."""
         if self.books is None:
             return None
         if self.books.due(now):
             st = self.state
-            self.books.beat(now, st.step, st.tokens, self.meter.spent_usd(), self.total)
+            self.books.beat(now, st.step, st.tokens, self.meter.spent_usd(), self.total, then)
         return self.books.cap
 
     def hung(self) -> None:
@@ -727,7 +731,10 @@ class Loop:
         st.micro_batch, st.world = self.run.micro, self.run.world
         self.store.save(st, _parts(self.run))
         # the state holds the totals so far; the meter keeps counting this session on top
-        self.save_s, self.last_save, self.saved_step = self.clock() - t0, self.clock(), st.step
+        # the guards plan for the slowest save of the session
+        took = self.clock() - t0
+        self.save_s = max(took, self.save_s) if self.saved_once else took
+        self.last_save, self.saved_step, self.saved_once = self.clock(), st.step, True
 
     def finish(self) -> RunSummary:
         self.progress.close()
