@@ -67,7 +67,7 @@ for step in range(1, int(sys.argv[3]) + 1):
 
 @pytest.mark.slow
 def test_eight_writers_at_once_lose_nothing(ledger_url: str) -> None:
-    n, each = 8, 1000
+    n, each = 8, 300
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, ledger_url, f"run-{i}", str(each)])
              for i in range(n)]  # fmt: skip
     assert all(p.wait(timeout=600) == 0 for p in procs)
