@@ -22,7 +22,7 @@ from frugal.estimate.core import base_length, estimate, get_profile, memory_at
 from frugal.estimate.overheads import MIB, Overheads
 from frugal.estimate.simulate import simulate
 from frugal.models.specs import ModelSpec, load_spec
-from frugal.step.job import make_job
+from frugal.step.job import TrainJob, make_job
 from frugal.step.model import build_model, count_params
 from frugal.step.qlora import packed_bytes
 
@@ -106,6 +106,32 @@ def test_an_accumulating_run_also_gives_the_single_micro_step_profile(
         # accumulating, the forward pass runs with the last micro-step's gradients alive
         assert derived.segment_peaks(b, s)[0, grads] == 0
         assert two.segment_peaks(b, s)[0, grads] > 0
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_a_lora_rank_comes_from_two_others_without_simulating(
+    tiny_llama: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """Every LoRA size is linear in the rank and no op depends on it, so two cached ranks
+    give a third exactly, between them or beyond (a rank sweep simulates two)."""
+    import frugal.estimate.simulate as sim
+
+    def job(r: int) -> TrainJob:
+        return make_job(method=method, seq=128, lora_r=r, grad_accum=2)
+
+    monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path / "sweep"))
+    get_profile(tiny_llama, job(4), 128)
+    get_profile(tiny_llama, job(8), 128)
+    with monkeypatch.context() as m:
+        m.setattr(sim, "simulate", lambda *a, **k: pytest.fail("simulated again"))
+        derived = {r: get_profile(tiny_llama, job(r), 128) for r in (6, 32)}
+    monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path / "direct"))
+    for r, got in derived.items():
+        direct = get_profile(tiny_llama, job(r), 128)
+        assert got.trainable_params == direct.trainable_params
+        for b, s in ((1, 128), (3, 200)):
+            np.testing.assert_allclose(got.segment_peaks(b, s), direct.segment_peaks(b, s))
+            assert got.flops(b, s) == pytest.approx(direct.flops(b, s), rel=1e-12)
 
 
 # -- (b) activation checkpointing ---------------------------------------------------------

@@ -12,7 +12,7 @@ from frugal.errors import FrugalError
 from frugal.estimate import cache
 from frugal.estimate.categories import CATEGORIES, DEVICE, HOST, SEGMENTS
 from frugal.estimate.overheads import MIB, Overheads, load_overheads
-from frugal.estimate.profile import LayerFit, Profile, grid
+from frugal.estimate.profile import LayerFit, Profile, at_rank, grid
 from frugal.estimate.throughput import step_time
 from frugal.hardware.gpus import GIB, GPU, memory_budget
 from frugal.models.specs import ModelSpec
@@ -124,7 +124,37 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
     if prof is not None:
         return prof
     with cache.making(key(job.grad_accum)):
-        return cache.load(key(job.grad_accum)) or _simulate_profile(spec, job, s0, key)
+        return (
+            cache.load(key(job.grad_accum))
+            or _from_other_ranks(spec, job, s0, key(job.grad_accum))
+            or _simulate_profile(spec, job, s0, key)
+        )
+
+
+LORA_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+"""Ranks whose cached profiles another rank of the same job is interpolated from."""
+
+
+def _from_other_ranks(spec: ModelSpec, job: TrainJob, s0: int, key: str) -> Profile | None:
+    """A LoRA or QLoRA profile from two cached ranks of the same job (`profile.at_rank`,
+    exact), cached under `key`; None where fewer than two are cached."""
+    if job.method == "full":
+        return None
+    found: list[tuple[int, Profile]] = []
+    for r in sorted(LORA_RANKS, key=lambda r: abs(r - job.lora_r)):
+        if r == job.lora_r:
+            continue
+        other = job.model_copy(update={"lora_r": r}).profile_key()
+        prof = cache.load(cache.profile_key(spec.config, other, str(s0)))
+        if prof is not None:
+            found.append((r, prof))
+        if len(found) == 2:
+            (ra, a), (rb, b) = found
+            made = at_rank(a, ra, b, rb, job.lora_r)
+            if made is not None:
+                cache.save(key, made)
+            return made
+    return None
 
 
 def _simulate_profile(

@@ -134,6 +134,41 @@ class LayerFit:
         return self.flop_coef @ phi + self.attn_coef * (b * s * s)
 
 
+def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
+    """The profile of LoRA rank `r` from the profiles of ranks `ra` and `rb` of the same job,
+    or None where their ops differ.
+
+    The rank changes no op of the step, only sizes: the adapters A (r x in) and B (out x r),
+    their gradients and optimizer state, and the r-wide activations x·Aᵀ are all linear in r,
+    and so are their FLOPs. Every coefficient of a fit is therefore affine in r, and two
+    ranks give any other exactly (a rank sweep simulates two)."""
+    if a.n_layers != b.n_layers or a.lora_targets != b.lora_targets:
+        return None
+    t = (r - ra) / (rb - ra)
+
+    def mix(x: Any, y: Any) -> Any:
+        return x + t * (y - x)
+
+    fits = []
+    for fa, fb in zip(a.fits, b.fits, strict=True):
+        same = (
+            fa.n_layers == fb.n_layers
+            and fa.coef.shape == fb.coef.shape
+            and np.array_equal(fa.segments, fb.segments)
+        )
+        if not same:
+            return None
+        fits.append(
+            LayerFit(
+                fa.n_layers, mix(fa.coef, fb.coef), fa.segments.copy(),
+                mix(fa.flop_coef, fb.flop_coef), mix(fa.attn_coef, fb.attn_coef),
+                round(mix(fa.total_params, fb.total_params)),
+                round(mix(fa.trainable_params, fb.trainable_params)),
+            )
+        )  # fmt: skip
+    return Profile(a.n_layers, (fits[0], fits[1]), list(a.lora_targets))
+
+
 @dataclass
 class Profile:
     """Everything needed to answer any (batch, seq) for one model and job, without torch."""
