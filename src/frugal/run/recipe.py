@@ -579,12 +579,12 @@ class Loop:
         # session, with its warm-up, only while it is the only one), or the expected before any,
         # plus their spread: on a busy host the next one may be slower than any seen yet
         recent = times[1:] if len(times) > 1 else times
-        slowest = 2 * max(recent) - min(recent) if recent else self.expected_s
+        slow = 2 * max(recent) - min(recent) if recent else self.expected_s
         if self.eval_due:
-            nxt = self.eval_s if self.eval_s is not None else slowest * len(
+            nxt = self.eval_s if self.eval_s is not None else slow * len(
                 self.run.val_batches) / max(1, t.effective_batch) / 2  # fmt: skip
         else:
-            nxt = slowest if step < self.total else 0.0
+            nxt = slow if step < self.total else 0.0
         limit = t.max_time_min
         now = self.clock()
         then = nxt + 2 * self.save_s  # the next piece of work, a checkpoint, the weights
