@@ -138,7 +138,7 @@ LORA_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 def _from_other_ranks(spec: ModelSpec, job: TrainJob, s0: int, key: str) -> Profile | None:
     """A LoRA or QLoRA profile from two cached ranks of the same job (`profile.at_rank`,
     exact), cached under `key`; None where fewer than two are cached."""
-    if job.method == "full":
+    if job.method == "full":  # no adapters, no rank
         return None
     found: list[tuple[int, Profile]] = []
     for r in sorted(LORA_RANKS, key=lambda r: abs(r - job.lora_r)):

@@ -540,7 +540,6 @@ class Loop:
         # bytes until a checkpoint has been timed (1 GB/s disk, 20 ms of fixed cost)
         trainable = sum(p.numel() * p.element_size() for p in run.params)
         self.save_s = 0.02 + 3 * trainable / 1e9
-        self.saved_once = False  # until then save_s is that guess
         self.eval_s: float | None = None
         self.session_t0 = self.last_save = clock()
         self.start_step = self.saved_step = state.step  # nothing new to save yet
@@ -731,10 +730,11 @@ class Loop:
         st.micro_batch, st.world = self.run.micro, self.run.world
         self.store.save(st, _parts(self.run))
         # the state holds the totals so far; the meter keeps counting this session on top
-        # the guards plan for the slowest save of the session
+        # the guards plan for the slowest save of the session (the first replaces the guess)
         took = self.clock() - t0
-        self.save_s = max(took, self.save_s) if self.saved_once else took
-        self.last_save, self.saved_step, self.saved_once = self.clock(), st.step, True
+        saved_before = self.saved_step != self.start_step
+        self.save_s = max(took, self.save_s) if saved_before else took
+        self.last_save, self.saved_step = self.clock(), st.step
 
     def finish(self) -> RunSummary:
         self.progress.close()
