@@ -294,6 +294,6 @@ def test_holdout_is_a_share_up_to_a_half(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
     monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{tmp_path / 'l.sqlite'}")
-    assert "--holdout 0.8: give a share from 0 to 0.5" in run_error(
+    assert "'--holdout': 0.8: give a number from 0 to 0.5" in run_error(
         capsys, "calibrate", "--holdout", "0.8"
     )

@@ -163,7 +163,7 @@ def test_bad_files_are_one_line_naming_the_line_and_the_fix(
     cases = {
         "line 1: no BilledCost column": ([ok], [c for c in BILL_COLUMNS if "Cost" not in c]),
         "line 3: BilledCost 'abc' is not a number": ([ok, ok | {"BilledCost": "abc"}], None),
-        "line 2: ChargePeriodStart 'May 1st' is not a date/time": (
+        "line 2: ChargePeriodStart 'May 1st' is not a date or time": (
             [ok | {"ChargePeriodStart": "May 1st"}], None),
         "line 2: Tags is not a JSON object": ([ok | {"Tags": "team=nlp"}], None),
     }  # fmt: skip

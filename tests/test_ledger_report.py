@@ -279,7 +279,7 @@ def test_costs_commands_refuse_bad_input(books: Ledger, capsys: pytest.CaptureFi
     assert "--period 'soon'" in run_error(capsys, "costs", "report", "--period", "soon")
     assert "choose one" in run_error(capsys, "costs", "report", "--json", "--csv")
     assert "--week" in run_error(capsys, "costs", "showback", "--week", "someday")
-    assert "AMOUNT" in run_error(capsys, "costs", "add", "0")
+    assert "'amount': 0: give a number above 0" in run_error(capsys, "costs", "add", "0")
     assert "--at" in run_error(capsys, "costs", "add", "5", "--at", "yesterday")
     assert "key=value" in run_error(capsys, "costs", "add", "5", "--tag", "team")
     assert "--format" in run_error(capsys, "costs", "export", "--format", "xlsx")

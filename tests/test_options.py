@@ -77,12 +77,13 @@ def test_the_plan_and_the_run_config_share_the_effective_batch_default() -> None
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"margin": 0.7}, "--margin: input should be less than 0.5"),
-        ({"budget_usd": 0}, "--budget: input should be greater than 0"),
+        ({"margin": 0.7}, "--margin 0.7: give a number from 0, below 0.5"),
+        ({"budget_usd": 0}, "--budget 0: give a number above 0"),
+        ({"budget_usd": float("nan")}, "--budget nan: give a number above 0"),
         ({"deadline_h": "soon"}, "--deadline 'soon' is not a duration"),
         ({"objective": "speed"}, "--optimize: input should be 'cost' or 'time'"),
         ({"methods": ("lora", "dora")}, "--methods: input should be"),
-        ({"max_gpus": 0}, "--max-gpus: input should be greater than or equal to 1"),
+        ({"max_gpus": 0}, "--max-gpus 0: give a whole number of 1 or more"),
     ],
 )
 def test_constraints_validate_themselves(change: dict[str, object], message: str) -> None:

@@ -149,10 +149,10 @@ def test_the_table_shows_the_weighed_cost(
 @pytest.mark.parametrize(
     ("value", "why"),
     [
-        ("-5", "--value-of-time: input should be greater than or equal to 0"),
-        ("-0.01", "--value-of-time: input should be greater than or equal to 0"),
-        ("nan", "--value-of-time: input should be a finite number"),
-        ("inf", "--value-of-time: input should be a finite number"),
+        ("-5", "'--value-of-time': -5: give a number of 0 or more"),
+        ("-0.01", "'--value-of-time': -0.01: give a number of 0 or more"),
+        ("nan", "'--value-of-time': nan: give a number of 0 or more"),
+        ("inf", "'--value-of-time': inf: give a number of 0 or more"),
         ("lots", "'--value-of-time'"),
     ],
 )
@@ -167,7 +167,7 @@ def test_a_bad_value_of_time_is_one_line_naming_the_flag(
 def test_constraints_validate_the_value_of_time() -> None:
     with pytest.raises(FrugalError) as e:
         Constraints.build(tokens=1e6, value_of_time_usd_h=-1)
-    assert str(e.value) == "--value-of-time: input should be greater than or equal to 0"
+    assert str(e.value) == "--value-of-time -1: give a number of 0 or more"
     with pytest.raises(ValidationError):  # a library caller that skips build()
         Constraints(tokens=1e6, value_of_time_usd_h=-1)
     assert Constraints(tokens=1e6).value_of_time_usd_h == 0

@@ -355,11 +355,11 @@ def test_latencies_are_at_the_load_and_replicas_keep_headroom(
 @pytest.mark.parametrize(
     ("args", "fix"),
     [
-        (["--prefix-hit", "1.5"], "--prefix-hit is a share"),
+        (["--prefix-hit", "1.5"], "'--prefix-hit': 1.5: give a number from 0, below 1"),
         (["--kv-dtype", "int4"], "--kv-dtype 'int4': use auto or fp8"),
         (["--input-len", "200000"], "is past meta-llama/Llama-3.1-8B's"),
-        (["--rate", "nan"], "--rate must be a number above 0"),
-        (["--ttft-ms", "0"], "--ttft-ms must be a number above 0"),
+        (["--rate", "nan"], "'--rate': nan: give a number above 0"),
+        (["--ttft-ms", "0"], "'--ttft-ms': 0: give a number above 0"),
         (["--quant", ""], "--quant and --engine need at least one value"),
     ],
 )

@@ -31,6 +31,7 @@ from frugal.paths import user_path
 T = TypeVar("T")
 SECTIONS = ("memory", "speed")
 GROUPS = "groups"
+MAX_HOLDOUT = 0.5  # `frugal calibrate --holdout`: the share of runs held back, at most
 ABOUT = "calibrated"  # provenance, written by `frugal calibrate`; the estimator ignores it
 ANY = "*"
 

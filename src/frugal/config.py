@@ -16,16 +16,17 @@ from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.names import closest
 from frugal.step.job import TrainJob
+from frugal.validation import model_at, problem
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DataConfig(Strict):
     path: str | None = Field(None, description="JSONL, CSV, Parquet file or saved HF dataset")
-    tokens: int | None = Field(None, description="training tokens per epoch, when known")
-    epochs: float = Field(1.0, gt=0, description="passes over the data")
+    tokens: int | None = Field(None, ge=1, description="training tokens per epoch, when known")
+    epochs: float = Field(1.0, gt=0, le=1e6, description="passes over the data")
     format: Literal["auto", "text", "prompt_completion", "chat"] = Field(
         "auto", description="row format: text, prompt/completion or chat messages"
     )
@@ -41,7 +42,9 @@ def _default_loggers() -> list[Logger]:
 
 
 class TrainingConfig(Strict):
-    effective_batch: int = Field(16, ge=1, description="sequences per optimizer step, all GPUs")
+    effective_batch: int = Field(
+        16, ge=1, le=1_048_576, description="sequences per optimizer step, all GPUs"
+    )
     learning_rate: float = Field(2e-4, gt=0, description="peak learning rate")
     schedule: Literal["cosine", "linear", "constant"] = Field(
         "cosine", description="decay after warmup"
@@ -68,7 +71,9 @@ class TrainingConfig(Strict):
     auto_micro_batch: bool = Field(
         True, description="on CUDA, start from the estimator's largest fitting micro-batch"
     )
-    seed: int = Field(42, description="seed of weights init, data order and dropout")
+    seed: int = Field(
+        42, ge=0, le=2**32 - 1, description="seed of weights init, data order and dropout"
+    )
     contrastive_weight: float = Field(1.0, ge=0, description="weight of the contrastive term")
     contrastive_margin: float = Field(0.5, ge=0, le=2, description="SimCTG margin rho")
     max_hours: Hours = Field(
@@ -96,15 +101,15 @@ class PlanConfig(Strict):
     instance: str
     region: str = ""
     gpu: str
-    gpus: int = 1
-    nodes: int = 1
+    gpus: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1)
     spot: bool = False
-    price_per_hour_usd: float
-    checkpoint_interval_min: float | None = None
-    est_hours: float
-    est_cost_usd: float
-    tokens_per_s: float
-    peak_reserved_gib: float
+    price_per_hour_usd: float = Field(ge=0)
+    checkpoint_interval_min: float | None = Field(None, ge=0)
+    est_hours: float = Field(ge=0)
+    est_cost_usd: float = Field(ge=0)
+    tokens_per_s: float = Field(ge=0)
+    peak_reserved_gib: float = Field(ge=0)
     ledger_id: int | None = None  # the plan's record on the books, when it was recorded
 
 
@@ -211,19 +216,6 @@ def _set(data: dict[str, Any], key: str, value: Any, what: str) -> None:
     node[leaf] = value
 
 
-def _section(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model that holds the field at `loc` (for a did-you-mean)."""
-    model: type[BaseModel] = RunConfig
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None)
-        ann = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type)), ann)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model
-
-
 MOVED = {"data.packing": "job.packing", "training.loss": "job.loss"}  # keys of older configs
 
 
@@ -233,14 +225,12 @@ def validate_run_config(data: Any, where: str) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:  # the first problem, on one line, naming the key
-        err = e.errors()[0]
-        loc = tuple(err.get("loc", ()))
+        loc, kind, msg = problem(e, RunConfig)
         key = ".".join(str(x) for x in loc)
-        msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        if err.get("type") == "extra_forbidden" and key in MOVED:
+        if kind == "extra_forbidden" and key in MOVED:
             msg = f"moved to {MOVED[key]} (it shapes the step the estimate sizes)"
-        elif err.get("type") == "extra_forbidden":
-            section = _section(loc)
+        elif kind == "extra_forbidden":
+            section = model_at(RunConfig, loc)
             hint = closest(str(loc[-1]), section.model_fields) if section else []
             msg = "unknown key" + (f"; did you mean {', '.join(hint)}?" if hint else "")
         raise FrugalError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}") from None

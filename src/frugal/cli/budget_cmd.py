@@ -3,13 +3,11 @@ the thresholds that alert, and whether crossing it stops runs (frugal.ledger.bud
 
 from __future__ import annotations
 
-import json
-
 import typer
 from rich.table import Table
 
-from frugal.cli import console
-from frugal.cli.options import JSON_HELP
+from frugal.cli import console, print_json
+from frugal.cli.options import JSON_HELP, number
 from frugal.ledger.tags import parse_tags
 
 app = typer.Typer(
@@ -20,7 +18,7 @@ app = typer.Typer(
 @app.command("set")
 def set_(
     name: str = typer.Argument(..., help="The budget's name, e.g. nlp-monthly."),
-    amount: float = typer.Option(..., help="USD per period."),
+    amount: float = number(..., "USD per period.", gt=0),
     period: str = typer.Option("month", help="week, month or total."),
     scope: list[str] | None = typer.Option(
         None, help="Tag key=value the spend must carry; repeat for more [default: all spend]."
@@ -52,7 +50,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> Non
 
     rows = statuses(Ledger())
     if json_out:
-        print(json.dumps({"budgets": [s.to_json() for s in rows]}))
+        print_json({"budgets": [s.to_json() for s in rows]})
         return
     if not rows:
         console().print("no budgets: add one with frugal budget set NAME --amount USD")

@@ -3,21 +3,23 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from frugal.cli import console
-from frugal.cli.options import JSON_HELP
+from frugal.calibration import MAX_HOLDOUT
+from frugal.cli import console, print_json
+from frugal.cli.options import JSON_HELP, number
 
 NAMES = {"tokens_per_s": "tokens/s", "peak_reserved_gib": "peak reserved"}
 
 
 def calibrate(
-    holdout: float = typer.Option(
-        0.25, help="Share of runs held back to check the fit (0 to 0.5; 0: no check)."
+    holdout: float = number(
+        0.25,
+        "Share of runs held back to check the fit (0 to 0.5; 0: no check).",
+        ge=0,
+        le=MAX_HOLDOUT,
     ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Show the fitted constants; do not write the file."
@@ -31,7 +33,7 @@ def calibrate(
 
     cal = calibrate_ledger(Ledger(), holdout, write=not dry_run)
     if json_out:
-        print(json.dumps(cal.to_json()))
+        print_json(cal.to_json())
         return
     con = console()
     con.print(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from frugal.cli.options import JSON_HELP
+from frugal.cli import print_json
+from frugal.cli.options import JSON_HELP, number
 from frugal.hardware.gpus import gpus as all_gpus
 from frugal.hardware.offers import KWH_USD, select_offers
 
@@ -18,7 +17,7 @@ def gpus(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None
 
     rows = [g.to_json() for g in all_gpus()]
     if json_out:
-        print(json.dumps({"gpus": rows}))
+        print_json({"gpus": rows})
         return
 
     t = Table(title="GPUs (dense tensor TFLOPS, no sparsity)")
@@ -48,7 +47,7 @@ def offers(
         None, help="PROVIDER=PERCENT off its prices, e.g. aws=15."
     ),
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
-    kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for --local, $/kWh."),
+    kwh_usd: float = number(KWH_USD, "Electricity price for --local, $/kWh.", ge=0, le=10),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """GPU offers: provider, instance, GPUs, on-demand and spot $/hour, terms."""
@@ -58,7 +57,7 @@ def offers(
         for o in select_offers(prices or [], discount or [], local or [], kwh_usd, providers, gpu)
     ]
     if json_out:
-        print(json.dumps({"offers": rows}))
+        print_json({"offers": rows})
         return
 
     t = Table(title=f"{len(rows)} offers ($/hour for the whole instance)")

@@ -5,8 +5,6 @@ billing exports in, reports, advice and chargebacks out (frugal.ledger.report, .
 from __future__ import annotations
 
 import csv
-import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -17,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from frugal.cli import console
-from frugal.cli.options import JSON_HELP
+from frugal.cli import console, print_json
+from frugal.cli.options import JSON_HELP, argument, number
 from frugal.errors import FrugalError
 from frugal.ledger.tags import resolve
 from frugal.run.meter import usd
@@ -40,13 +38,13 @@ def _alerts(led: Any, tags: dict[str, str] | None = None) -> None:
 
 @app.command("add")
 def add(
-    amount: float = typer.Argument(..., help="USD spent, e.g. 12.50."),
+    amount: float = argument("USD spent, e.g. 12.50.", gt=0),
     kind: str = typer.Option("other", help="What it was: storage, notebook, inference, ..."),
     description: str = typer.Option("", help="A few words on it."),
     resource_id: str = typer.Option("", help="The machine or resource it paid for."),
     provider: str = typer.Option("", help="Who billed it, e.g. aws or runpod."),
     at: str | None = typer.Option(None, help="When: ISO date or time, UTC \\[default: now]."),
-    gpu_hours: float = typer.Option(0.0, help="GPU-hours it bought, if any."),
+    gpu_hours: float = number(0.0, "GPU-hours it bought, if any.", ge=0),
     tag: list[str] | None = typer.Option(
         None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
     ),
@@ -56,10 +54,6 @@ def add(
     from frugal.ledger.report import parse_instant
     from frugal.ledger.store import Ledger
 
-    if not math.isfinite(amount) or amount <= 0:
-        raise FrugalError(f"AMOUNT {amount}: give the positive USD spent, e.g. 12.50")
-    if not math.isfinite(gpu_hours) or gpu_hours < 0:
-        raise FrugalError(f"--gpu-hours {gpu_hours}: give the GPU-hours bought (0 or more)")
     if not kind.strip() or len(kind) > 50:
         raise FrugalError(f"--kind {kind!r}: name it in 1 to 50 characters, e.g. storage")
     when = parse_instant(at, "--at") if at else None
@@ -69,7 +63,7 @@ def add(
                        tags=tags, provider=provider[:50], gpu_hours=gpu_hours)  # fmt: skip
     _alerts(led, tags)
     if json_out:
-        print(json.dumps({"cost_id": cid, "amount_usd": amount, "kind": kind, "tags": tags}))
+        print_json({"cost_id": cid, "amount_usd": amount, "kind": kind, "tags": tags})
         return
     scope = ", ".join(f"{k}={v}" for k, v in tags.items())
     console().print(escape(f"cost {cid}: ${amount:,.2f} {kind} on the books · {scope}"))
@@ -88,7 +82,7 @@ def import_(
     r = import_file(led, file)
     _alerts(led)
     if json_out:
-        print(json.dumps(r.to_json()))
+        print_json(r.to_json())
         return
     added = ", ".join(f"{n} {t}" for t, n in r.added.items() if n) or "nothing"
     skipped = sum(r.skipped.values())
@@ -128,7 +122,7 @@ def report(
         raise FrugalError("--json and --csv: choose one")
     r = rep.report(Ledger(), by=by, period=period, extras=not csv_out)
     if json_out:
-        print(json.dumps(r.to_json()))
+        print_json(r.to_json())
     elif csv_out:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(rep.CSV_COLUMNS)
@@ -256,7 +250,7 @@ def advise(
 
     rep = advise_ledger(Ledger(), period)
     if json_out:
-        print(json.dumps(rep.to_json()))
+        print_json(rep.to_json())
         return
     con = console()
     con.print(f"[bold]{rep.runs} runs[/], ${rep.spend_usd:,.2f} spent · period: {rep.period}")

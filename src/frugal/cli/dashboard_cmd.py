@@ -6,6 +6,7 @@ import socket
 
 import typer
 
+from frugal.cli.options import number
 from frugal.errors import FrugalError
 
 
@@ -13,7 +14,7 @@ def dashboard(
     host: str = typer.Option(
         "127.0.0.1", help="Address to serve on; any but loopback requires the token."
     ),
-    port: int = typer.Option(8050, help="TCP port."),
+    port: int = number(8050, "TCP port.", ge=1, le=65535, whole=True),
     db: str | None = typer.Option(None, help="Ledger URL [default: FRUGAL_DB_URL, else frugal's]."),
 ) -> None:
     """Serve the dashboard and its JSON API (/api/docs) over the ledger."""
@@ -25,8 +26,6 @@ def dashboard(
         raise FrugalError(
             "frugal dashboard needs its extra: pip install 'frugal-ft[dashboard]'"
         ) from None
-    if not 0 < port < 65536:
-        raise FrugalError(f"--port {port}: give a TCP port, 1 to 65535")
     _check_free(host, port)
     token, generated = dashboard_token(host)
     app = create_app(db, token)  # opens the ledger: a bad URL fails here, in one line

@@ -6,7 +6,6 @@ frugal.data.examples.file_stats), so the token total is the one `frugal plan --d
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from frugal.cli import console
+from frugal.cli import console, print_json
 from frugal.cli.options import JSON_HELP, option
 from frugal.errors import FrugalError
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
@@ -44,8 +43,6 @@ def check(
     """Rows, tokens, lengths, duplicates and empty rows as `frugal train` will see them."""
     from frugal.data.examples import file_stats, load_tokenizer
 
-    if seq < 1:
-        raise FrugalError("--seq must be at least 1")
     if plot and Path(plot).suffix.lower() not in IMAGE_SUFFIXES:
         raise FrugalError(f"--plot {plot}: end the name in .png, .svg or .pdf")
     src = tokenizer or model
@@ -57,7 +54,7 @@ def check(
         write_plot(out, plot)
         out["wrote_plot"] = plot
     if json_out:
-        print(json.dumps(out))
+        print_json(out)
     else:
         render(file, out)
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from frugal.cli.options import JSON_HELP, MODEL_HELP, option
+from frugal.cli import print_json
+from frugal.cli.options import JSON_HELP, MODEL_HELP, number, option
 from frugal.errors import FrugalError
 from frugal.estimate.core import estimate as run_estimate
 from frugal.hardware.gpus import find_gpu
@@ -40,7 +40,7 @@ def estimate(
     sharding: str = option(TrainJob, "sharding"),
     bitsandbytes: str | None = option(TrainJob, "bitsandbytes"),
     gpu: str | None = typer.Option(None, help="GPU to check the fit on (see gpus.csv names)."),
-    gpu_memory: float | None = typer.Option(None, help="Or: usable GPU memory in GiB."),
+    gpu_memory: float | None = number(None, "Or: usable GPU memory in GiB.", gt=0, le=4096),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Exact per-GPU training memory and FLOPs of one step, without a GPU or weights."""
@@ -69,13 +69,11 @@ def estimate(
     )
     if gpu is not None and gpu_memory is not None:
         raise FrugalError("give --gpu or --gpu-memory, not both")
-    if gpu_memory is not None and gpu_memory <= 0:
-        raise FrugalError("--gpu-memory must be a positive number of GiB (e.g. 24)")
     spec = load_spec(model)
     card = find_gpu(gpu) if gpu else None
     est = run_estimate(spec, job, gpu=card, gpu_memory_gib=gpu_memory)
     if json_out:
-        print(json.dumps(est.to_json()))
+        print_json(est.to_json())
     else:
         render(est.to_json())
 

@@ -3,14 +3,13 @@ per job; `--write DIR` a run config per job and a SkyPilot task per VM."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from frugal.cli import console
+from frugal.cli import console, print_json
 from frugal.config import apply_overrides, validate_run_config
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
@@ -20,6 +19,7 @@ from frugal.plan.jobs import Packing
 from frugal.plan.search import Constraints
 from frugal.plan.sweep import Planned, plan_jobs, read_jobs
 from frugal.plan.timing import read_price_history
+from frugal.times import parse_time
 
 
 def parse_now(text: str | None) -> datetime:
@@ -27,12 +27,9 @@ def parse_now(text: str | None) -> datetime:
     if text is None:
         return datetime.now(UTC)
     try:
-        t = datetime.fromisoformat(text)
-    except ValueError:
-        raise FrugalError(
-            f"--now {text!r}: write an ISO 8601 time, e.g. 2026-11-20T18:00"
-        ) from None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+        return parse_time(text)
+    except ValueError as e:
+        raise FrugalError(f"--now {e}") from None
 
 
 def run_jobs(
@@ -51,7 +48,7 @@ def run_jobs(
     if write:
         out["wrote"] = write_all(packing, planned, Path(write))
     if json_out:
-        print(json.dumps(out))
+        print_json(out)
     else:
         render(packing, out)
 

@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     except cx.UsageError as e:
         if debug:
             raise
-        where = f" (see: frugal {e.ctx.info_name} --help)" if e.ctx and e.ctx.parent else ""
-        print(f"error: {e.format_message()}{where}", file=sys.stderr)
+        where = f" (see: {e.ctx.command_path} --help)" if e.ctx and e.ctx.parent else ""
+        # a parser's ValueError reaches click through pydantic, which prefixes its kind
+        msg = e.format_message().replace("Value error, ", "")
+        print(f"error: {msg}{where}", file=sys.stderr)
         return 2
     except (typer.Exit, getattr(cx, "Exit", typer.Exit)) as e:
         return int(getattr(e, "exit_code", 0))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from frugal.cli import print_json
 from frugal.cli.options import JSON_HELP
 from frugal.models.specs import _text_decoder, bundled_model_ids, read_bundled
 
@@ -41,7 +40,7 @@ def models(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> No
     """List the bundled models (their config.json ships with frugal)."""
     rows = gather()
     if json_out:
-        print(json.dumps({"models": rows}))
+        print_json({"models": rows})
         return
 
     t = Table(title=f"{len(rows)} bundled models (any local config.json works too)")

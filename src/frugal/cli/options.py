@@ -1,6 +1,11 @@
 """Command-line options made from the typed schemas the library validates (TrainJob,
-Constraints, the run config): each default and each help text is written once, on the
-field, and every command that exposes the field shows the same."""
+Constraints, the run config): each default, each help text and each range is written once,
+on the field, and every command that exposes the field shows and checks the same.
+
+Every numeric option of every command parses through a `frugal.validation.Number` (a test
+walks them all): NaN, infinities, values out of range and fractions of a whole quantity are
+one line naming the option and the accepted values, before any work is done.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,18 @@ import typer
 from pydantic import BaseModel
 
 from frugal.counts import parse_count
-from frugal.errors import FrugalError
+from frugal.validation import Number, numeric
+
+
+def number(default: Any, help: str, **bounds: Any) -> Any:
+    """A numeric typer option that is not a field of a schema: its range is given here
+    (ge, gt, le, lt; whole=True for a count). For a positional argument: `argument`."""
+    return typer.Option(default, help=help, parser=Number(**bounds))
+
+
+def argument(help: str, **bounds: Any) -> Any:
+    """A required numeric positional argument with its range (see `number`)."""
+    return typer.Argument(..., help=help, parser=Number(**bounds))
 
 
 def describe(model: type[BaseModel], name: str) -> str:
@@ -28,19 +44,23 @@ def default(model: type[BaseModel], name: str) -> Any:
 def option(
     model: type[BaseModel], name: str, *, unset: bool | str = False, listed: bool = False
 ) -> Any:
-    """A typer option for `model.name`, with the field's default and description.
+    """A typer option for `model.name`, with the field's default, description and range.
     unset: the option defaults to None (not given: the library picks the default, and may
     refuse the option where it does not apply); the help still shows the field's default,
     or the text given (e.g. "the run config's").
     listed: a tuple field given as a comma-separated string."""
+    field = model.model_fields[name]
     value = default(model, name)
+    parser = Number.of(field) if numeric(field) else None
     if listed:
         value = ",".join(value)
     if unset:
         shown = unset if isinstance(unset, str) else "none" if value is None else value
         # typer prints help through rich: a bare [default: ...] would be read as markup
-        return typer.Option(None, help=f"{describe(model, name)} \\[default: {shown}]")
-    return typer.Option(value, help=describe(model, name))
+        return typer.Option(
+            None, help=f"{describe(model, name)} \\[default: {shown}]", parser=parser
+        )
+    return typer.Option(value, help=describe(model, name), parser=parser)
 
 
 def listed(text: str | None) -> tuple[str, ...] | None:
@@ -52,9 +72,6 @@ MODEL_HELP = "Bundled hub id, local dir or config.json, or hub id."
 JSON_HELP = "Print one JSON object."
 
 
-def parse_tokens(text: str, flag: str) -> float:
-    """A token count as people write it (frugal.counts), or one line naming `flag`."""
-    try:
-        return parse_count(text)
-    except ValueError:
-        raise FrugalError(f"{flag} {text!r}: give a positive count like 20M or 2e7") from None
+def token_count(default: Any, help: str) -> Any:
+    """A token count option, written as people write it: 20M, 1.5B, 2e7 (frugal.counts)."""
+    return typer.Option(default, help=help, parser=parse_count)

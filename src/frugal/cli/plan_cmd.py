@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from frugal.cli import console
+from frugal.cli import console, print_json
 from frugal.cli.jobs_cmd import run_jobs
-from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, option, parse_tokens
+from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, number, option, token_count
 from frugal.config import DataConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
@@ -35,7 +34,7 @@ def _si(n: float) -> str:
 
 def plan(
     model: str | None = typer.Argument(None, help=MODEL_HELP + " (or --jobs)"),
-    tokens: str | None = typer.Option(None, help="Training tokens per epoch, e.g. 20M."),
+    tokens: float | None = token_count(None, "Training tokens per epoch, e.g. 20M."),
     dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count."),
     epochs: float = option(DataConfig, "epochs"),
     seq: int = option(TrainJob, "seq"),
@@ -76,7 +75,7 @@ def plan(
     ),
     discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
-    kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for --local, $/kWh."),
+    kwh_usd: float = number(KWH_USD, "Electricity price for --local, $/kWh.", ge=0, le=10),
     write: str | None = typer.Option(
         None, help="Write the run config for `frugal train` (with --jobs: a directory)."
     ),
@@ -122,8 +121,6 @@ def plan(
         raise FrugalError("give MODEL (a hub id, directory or config.json), or --jobs FILE")
     if (tokens is None) == (dataset is None):
         raise FrugalError("give the amount of training: --tokens N or --dataset FILE")
-    if epochs <= 0:
-        raise FrugalError("--epochs must be positive")
     if emit not in (None, "hf", "skypilot"):
         raise FrugalError(f"--emit {emit!r}: use hf or skypilot")
     if plot:
@@ -155,7 +152,7 @@ def plan(
         per_epoch = float(tc.tokens)
         notes.append(f"{dataset}: {tc.rows:,} rows, {tc.tokens:,} tokens ({tc.how})")
     else:
-        per_epoch = parse_tokens(tokens or "", "--tokens")
+        per_epoch = tokens or 0.0
     if spec.max_positions and seq > spec.max_positions:
         notes.append(f"--seq {seq} is beyond {spec.id}'s {spec.max_positions} positions")
     try:
@@ -221,7 +218,7 @@ def plan(
         write_plot(result, k, plot)
         wrote["plot"] = plot
     if json_out:
-        print(json.dumps(to_json(spec.id, k, result, wrote) | {"plan_id": plan_id, "tags": tags}))
+        print_json(to_json(spec.id, k, result, wrote) | {"plan_id": plan_id, "tags": tags})
     else:
         render(spec.id, k, result, wrote)
 

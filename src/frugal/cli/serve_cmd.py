@@ -3,15 +3,13 @@ cheapest way to serve it."""
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from frugal.cli import console
-from frugal.cli.options import JSON_HELP, MODEL_HELP, listed
+from frugal.cli import console, print_json
+from frugal.cli.options import JSON_HELP, MODEL_HELP, Number, listed, number
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.hardware.gpus import find_gpu
@@ -42,6 +40,12 @@ QUANT_HELP = "Weight format: bf16, fp16, fp8, awq, gptq, nf4, gguf-q4_k_m, gguf-
 ENGINE_HELP = "Serving engine: vllm, sglang or trtllm."
 KV_HELP = "KV cache dtype: auto (the model's 16 bit) or fp8."
 PREFIX_HELP = "Share of prompt tokens found in the prefix cache (0-1): less prefill work."
+# the ranges of the load's numbers, shared by serve estimate, serve plan and tco
+RATE = {"gt": 0, "le": 1e6}  # requests per second
+RATE_PER_DAY = {"gt": 0, "le": 1e11}
+LENGTH = {"ge": 1, "le": 16_777_216, "whole": True}  # tokens of a request
+MS = {"gt": 0, "le": 3.6e6}  # a latency target: up to an hour
+SHARE = {"ge": 0, "lt": 1}  # of tokens or requests
 
 
 def load_from(concurrency: int | None, rate: float | None, offline: bool, requests: int) -> Load:
@@ -49,12 +53,6 @@ def load_from(concurrency: int | None, rate: float | None, offline: bool, reques
     given = sum(x is not None and x is not False for x in (concurrency, rate, offline or None))
     if given != 1:
         raise FrugalError("give the load: one of --concurrency C, --rate R or --offline")
-    if concurrency is not None and concurrency < 1:
-        raise FrugalError("--concurrency must be at least 1 request in flight")
-    if rate is not None and rate <= 0:
-        raise FrugalError("--rate must be positive (requests per second)")
-    if requests < 1:
-        raise FrugalError("--requests must be at least 1")
     if offline:
         return Load(burst=requests)
     return Load(concurrency=concurrency, rate=rate)
@@ -63,35 +61,37 @@ def load_from(concurrency: int | None, rate: float | None, offline: bool, reques
 def estimate_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
     gpu: str = typer.Option(..., help="GPU type, e.g. H100, L40S, 'RTX 4090'."),
-    gpus: int = typer.Option(1, help="GPUs per server (tensor parallel)."),
+    gpus: int = number(1, "GPUs per server (tensor parallel).", ge=1, le=64, whole=True),
     engine: str = typer.Option("vllm", help=ENGINE_HELP),
     quant: str = typer.Option("bf16", help=QUANT_HELP),
     kv_dtype: str = typer.Option("auto", help=KV_HELP),
-    input_len: int = typer.Option(..., help=INPUT_HELP),
-    output_len: int = typer.Option(..., help=OUTPUT_HELP),
-    concurrency: int | None = typer.Option(None, help="Requests in flight (closed loop)."),
-    rate: float | None = typer.Option(None, help="Requests arriving per second (Poisson)."),
+    input_len: int = number(..., INPUT_HELP, **LENGTH),
+    output_len: int = number(..., OUTPUT_HELP, **LENGTH),
+    concurrency: int | None = number(
+        None, "Requests in flight (closed loop).", ge=1, le=10_000_000, whole=True
+    ),
+    rate: float | None = number(None, "Requests arriving per second (Poisson).", **RATE),
     offline: bool = typer.Option(False, help="All requests at once: maximum throughput."),
-    requests: int = typer.Option(1000, help="With --offline: how many requests at once."),
-    prefix_hit: float = typer.Option(0.0, help=PREFIX_HELP),
-    price: float | None = typer.Option(
-        None, help="$/hour of the whole server [default: the catalog's cheapest on-demand]."
+    requests: int = number(
+        1000, "With --offline: how many requests at once.", ge=1, le=10_000_000, whole=True
     ),
-    memory_fraction: float | None = typer.Option(
-        None, help="The engine's memory fraction (vLLM --gpu-memory-utilization)."
+    prefix_hit: float = number(0.0, PREFIX_HELP, **SHARE),
+    price: float | None = number(
+        None,
+        "$/hour of the whole server [default: the catalog's cheapest on-demand].",
+        ge=0,
+        le=1e5,
     ),
-    max_num_seqs: int | None = typer.Option(None, help="The engine's sequence limit."),
+    memory_fraction: float | None = number(
+        None, "The engine's memory fraction (vLLM --gpu-memory-utilization).", gt=0, le=1
+    ),
+    max_num_seqs: int | None = number(
+        None, "The engine's sequence limit.", ge=1, le=10_000_000, whole=True
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Memory, KV capacity, throughput, latency and $ per token of one deployment."""
-    _finite("--rate", rate)
     load = load_from(concurrency, rate, offline, requests)
-    if price is not None and not (math.isfinite(price) and price >= 0):
-        raise FrugalError("--price must be >= 0 ($/hour of the whole server)")
-    if max_num_seqs is not None and max_num_seqs < 1:
-        raise FrugalError("--max-num-seqs must be at least 1 sequence")
-    if memory_fraction is not None and not 0 < memory_fraction <= 1:
-        raise FrugalError("--memory-fraction is a share of GPU memory: give 0 < F <= 1")
     g = find_gpu(gpu)
     d = Deployment(
         load_spec(model), g, gpus, find_engine(engine), find_format(quant), kv_dtype.lower(),
@@ -100,7 +100,7 @@ def estimate_cmd(
     priced = (price, "--price") if price is not None else catalog_price(g, gpus, select_offers())
     e = estimate(d, input_len, output_len, load, prefix_hit, priced)
     if json_out:
-        print(json.dumps(e.to_json()))
+        print_json(e.to_json())
     else:
         render(e)
 
@@ -140,11 +140,6 @@ def render(e: ServeEstimate) -> None:
         con.print(f"  • {note}")
 
 
-def _finite(flag: str, v: float | None, low: float = 0.0) -> None:
-    if v is not None and not (math.isfinite(v) and v > low):
-        raise FrugalError(f"{flag} must be a number above {low:g}")
-
-
 def serve_ask(
     model: str,
     rate: float | None,
@@ -166,16 +161,8 @@ def serve_ask(
     `serve plan` and `tco`)."""  # fmt: skip
     if (rate is None) == (requests_per_day is None):
         raise FrugalError("give the load: --rate R or --requests-per-day N")
-    _finite("--rate", rate)
-    _finite("--requests-per-day", requests_per_day)
-    if not (math.isfinite(peak_factor) and peak_factor >= 1):
-        raise FrugalError("--peak-factor is peak / mean rate: give 1 or more")
-    if not 0 <= response_cache_hit < 1:
-        raise FrugalError("--response-cache-hit is a share of requests: give 0 <= H < 1")
     if offline and (ttft_ms or itl_ms):
         raise FrugalError("--offline has no latency targets: drop --ttft-ms / --itl-ms")
-    _finite("--ttft-ms", ttft_ms)
-    _finite("--itl-ms", itl_ms)
     spec = load_spec(model)
     check_request(spec, input_len, output_len, prefix_hit, kv_dtype.lower())
     quants, engines = listed(quant) or (), listed(engine) or ()
@@ -207,21 +194,24 @@ def serve_ask(
 
 def plan_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    rate: float | None = typer.Option(None, help="Requests per second to carry (at peak)."),
-    requests_per_day: float | None = typer.Option(None, help="Or: requests per day."),
-    peak_factor: float = typer.Option(
-        1.0, help="With --requests-per-day: peak rate / mean rate; servers carry the peak."
+    rate: float | None = number(None, "Requests per second to carry (at peak).", **RATE),
+    requests_per_day: float | None = number(None, "Or: requests per day.", **RATE_PER_DAY),
+    peak_factor: float = number(
+        1.0,
+        "With --requests-per-day: peak rate / mean rate; servers carry the peak.",
+        ge=1,
+        le=1e4,
     ),
-    input_len: int = typer.Option(..., help=INPUT_HELP),
-    output_len: int = typer.Option(..., help=OUTPUT_HELP),
-    ttft_ms: float | None = typer.Option(None, help="Mean time-to-first-token target, ms."),
-    itl_ms: float | None = typer.Option(None, help="Mean inter-token latency target, ms."),
+    input_len: int = number(..., INPUT_HELP, **LENGTH),
+    output_len: int = number(..., OUTPUT_HELP, **LENGTH),
+    ttft_ms: float | None = number(None, "Mean time-to-first-token target, ms.", **MS),
+    itl_ms: float | None = number(None, "Mean inter-token latency target, ms.", **MS),
     quant: str = typer.Option("bf16,fp8,awq", help="Weight formats to consider, comma-separated."),
     engine: str = typer.Option("vllm", help="Engines to consider, comma-separated."),
     kv_dtype: str = typer.Option("auto", help=KV_HELP),
-    prefix_hit: float = typer.Option(0.0, help=PREFIX_HELP),
-    response_cache_hit: float = typer.Option(
-        0.0, help="Share of requests answered by a response cache (0-1): they never arrive."
+    prefix_hit: float = number(0.0, PREFIX_HELP, **SHARE),
+    response_cache_hit: float = number(
+        0.0, "Share of requests answered by a response cache (0-1): they never arrive.", **SHARE
     ),
     offline: bool = typer.Option(
         False, help="Batch work: priced at maximum throughput, spot allowed, no latency targets."
@@ -254,10 +244,11 @@ def plan_cmd(
     latency targets, beside the hosted APIs and managed platforms."""
     if emit not in (None, "vllm", "skypilot"):
         raise FrugalError(f"--emit {emit!r}: use vllm or skypilot")
+    term = Number(ge=1, le=120, whole=True)  # the longest commitment sold: 10 years
     try:
-        months = tuple(int(m) for m in listed(commitment_months) or ())
-    except ValueError:
-        raise FrugalError("--commitment-months: whole months, e.g. 12,36") from None
+        months = tuple(int(term(m)) for m in listed(commitment_months) or ())
+    except ValueError as e:
+        raise FrugalError(f"--commitment-months {e}, e.g. 12,36") from None
     ask = serve_ask(
         model, rate, requests_per_day, peak_factor, input_len, output_len, ttft_ms, itl_ms,
         quant, engine, kv_dtype, prefix_hit, response_cache_hit, offline, months,
@@ -281,7 +272,7 @@ def plan_cmd(
     elif emit:
         out["vllm_command"] = text.strip()
     if json_out:
-        print(json.dumps(out))
+        print_json(out)
         return
     render_plan(p, out)
     if emit and path:

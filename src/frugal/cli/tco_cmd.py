@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from frugal.cli import console
-from frugal.cli.options import JSON_HELP, MODEL_HELP, parse_tokens
-from frugal.cli.serve_cmd import INPUT_HELP, OUTPUT_HELP, serve_ask
+from frugal.cli import console, print_json
+from frugal.cli.options import JSON_HELP, MODEL_HELP, number, token_count
+from frugal.cli.serve_cmd import (
+    INPUT_HELP,
+    LENGTH,
+    MS,
+    OUTPUT_HELP,
+    RATE,
+    RATE_PER_DAY,
+    serve_ask,
+)
 from frugal.errors import FrugalError
 from frugal.hardware.offers import HOST_WATTS, KWH_USD, select_offers
 from frugal.plan.search import Constraints, Infeasible, search
@@ -20,42 +27,48 @@ from frugal.serve.prices import api_prices, conservative_commitment, purchase_pr
 from frugal.serve.tco import HOURS_PER_MONTH, Api, Hourly, Owned, Training, Workload, tco
 from frugal.step.job import make_job
 
+MONTHS = 240  # the longest horizon: 20 years, past any GPU's working life
 SPOT_OVERHEAD = 0.1  # serving on spot: a share of hours lost to interruptions and reboots
 
 
 def tco_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    rate: float | None = typer.Option(None, help="Requests per second to serve."),
-    requests_per_day: float | None = typer.Option(None, help="Or: requests per day."),
-    input_len: int = typer.Option(..., help=INPUT_HELP),
-    output_len: int = typer.Option(..., help=OUTPUT_HELP),
-    ttft_ms: float | None = typer.Option(None, help="Mean time-to-first-token target, ms."),
-    itl_ms: float | None = typer.Option(None, help="Mean inter-token latency target, ms."),
+    rate: float | None = number(None, "Requests per second to serve.", **RATE),
+    requests_per_day: float | None = number(None, "Or: requests per day.", **RATE_PER_DAY),
+    input_len: int = number(..., INPUT_HELP, **LENGTH),
+    output_len: int = number(..., OUTPUT_HELP, **LENGTH),
+    ttft_ms: float | None = number(None, "Mean time-to-first-token target, ms.", **MS),
+    itl_ms: float | None = number(None, "Mean inter-token latency target, ms.", **MS),
     quant: str = typer.Option("bf16,fp8,awq", help="Weight formats to consider."),
-    months: int = typer.Option(12, help="Months to compare."),
-    train_tokens: str | None = typer.Option(
-        None, help="Fine-tune on this many tokens first, e.g. 20M (planned as `frugal plan`)."
+    months: int = number(12, "Months to compare.", ge=1, le=MONTHS, whole=True),
+    train_tokens: float | None = token_count(
+        None, "Fine-tune on this many tokens first, e.g. 20M (planned as `frugal plan`)."
     ),
     train_method: str = typer.Option("lora", help="full, lora or qlora."),
-    train_every_months: int = typer.Option(0, help="Fine-tune again every K months (0: once)."),
-    engineering_usd_h: float = typer.Option(0.0, help="What an engineering hour costs, USD."),
-    self_hosted_hours: float = typer.Option(
-        20.0, help="Engineering hours a month to run your own servers."
+    train_every_months: int = number(
+        0, "Fine-tune again every K months (0: once).", ge=0, le=MONTHS, whole=True
     ),
-    api_hours: float = typer.Option(2.0, help="Engineering hours a month to use an API."),
-    own_gpu_usd: float | None = typer.Option(
-        None, help="Your purchase price per GPU, host share included [default: the catalog's]."
+    engineering_usd_h: float = number(0.0, "What an engineering hour costs, USD.", ge=0, le=1e5),
+    self_hosted_hours: float = number(
+        20.0, "Engineering hours a month to run your own servers.", ge=0, le=HOURS_PER_MONTH
     ),
-    own_years: float = typer.Option(3.0, help="Years to amortize bought GPUs over."),
-    own_utilization: float = typer.Option(0.5, help="Share of hours your own GPUs are busy."),
-    kwh_usd: float = typer.Option(KWH_USD, help="Electricity price for owned GPUs, $/kWh."),
+    api_hours: float = number(
+        2.0, "Engineering hours a month to use an API.", ge=0, le=HOURS_PER_MONTH
+    ),
+    own_gpu_usd: float | None = number(
+        None,
+        "Your purchase price per GPU, host share included [default: the catalog's].",
+        gt=0,
+        le=1e7,
+    ),
+    own_years: float = number(3.0, "Years to amortize bought GPUs over.", gt=0, le=20),
+    own_utilization: float = number(0.5, "Share of hours your own GPUs are busy.", gt=0, le=1),
+    kwh_usd: float = number(KWH_USD, "Electricity price for owned GPUs, $/kWh.", ge=0, le=10),
     providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Self-hosted on-demand, committed, managed, hosted API and your own GPUs over N months:
     the cheapest option each month and where the totals cross."""
-    if months < 1:
-        raise FrugalError("--months must be 1 or more")
     ask = serve_ask(
         model, rate, requests_per_day, 1.0, input_len, output_len, ttft_ms, itl_ms, quant,
         "vllm", "auto", 0.0, 0.0, False, (),
@@ -74,7 +87,7 @@ def tco_cmd(
         engineering_usd_h=engineering_usd_h,
         training=_training(
             spec,
-            parse_tokens(train_tokens, "--train-tokens") if train_tokens else None,
+            train_tokens,
             train_method,
             train_every_months,
             offers,
@@ -92,7 +105,7 @@ def tco_cmd(
         "training": None if w.training is None else vars(w.training),
     }
     if json_out:
-        print(json.dumps(out))
+        print_json(out)
     else:
         render(result, out)
 

@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from frugal import cli
-from frugal.cli.options import option
+from frugal.cli import print_json
+from frugal.cli.options import number, option
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.run.launch import launch
@@ -37,8 +38,12 @@ def train(
     ),
     budget: float | None = option(RunConfig, "budget_usd", unset=CONFIGS),
     price_per_hour: float | None = option(RunConfig, "price_per_hour_usd", unset=CONFIGS),
-    dry_run: int | None = typer.Option(
-        None, help="Run N steps only; print measured memory and tokens/s beside the estimate."
+    dry_run: int | None = number(
+        None,
+        "Run N steps only; print measured memory and tokens/s beside the estimate.",
+        ge=1,
+        le=1_000_000,
+        whole=True,
     ),
     output_dir: str | None = option(RunConfig, "output_dir", unset=CONFIGS),
     gpus: int | None = option(TrainJob, "gpus", unset=CONFIGS),
@@ -53,8 +58,6 @@ def train(
 ) -> None:
     """Fine-tune with LoRA, QLoRA or full training, as planned, keeping the money in view."""
 
-    if dry_run is not None and dry_run < 1:
-        raise FrugalError("--dry-run N: N is a number of steps, at least 1")
     flags = {"budget_usd": budget, "price_per_hour_usd": price_per_hour,
              "output_dir": output_dir, "job.gpus": gpus}  # fmt: skip
     cfg = load_run_config(
@@ -73,7 +76,7 @@ def train(
                         tags=list(tag or []), force=force)  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
         if json_out:
-            print(summary.model_dump_json())
+            print_json(summary.model_dump(mode="json"))
         else:
             render(summary, dry_run is not None)
     if summary.resumable:

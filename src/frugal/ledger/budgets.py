@@ -24,6 +24,7 @@ the other costs (`frugal costs add`, imports) dated in it. Periods are calendar 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -145,7 +146,7 @@ def set_budget(led: Ledger, name: str, amount_usd: float, period: str,
     """Create or change the budget `name`."""
     if not name.strip():
         raise FrugalError("a budget needs a name, e.g. frugal budget set nlp-monthly ...")
-    if not amount_usd > 0:
+    if not (math.isfinite(amount_usd) and amount_usd > 0):
         raise FrugalError(f"--amount {amount_usd}: a budget is a positive number of USD")
     if period not in PERIODS:
         raise FrugalError(f"--period {period!r}: use {', '.join(PERIODS)}")

@@ -60,10 +60,10 @@ from frugal.ledger.store import Ledger
 from frugal.models.specs import load_spec
 from frugal.step.job import TrainJob
 
+MAX_HOLDOUT = calibration.MAX_HOLDOUT
 MIN_RUNS = 5  # runs with a measured figure before anything is fitted
 MIN_POOLED = 3  # fitting runs behind one pooled constant (a tier's efficiency, memory)
 MIN_GROUP = 5  # fitting runs of one GPU and method (speed) or one method (memory)
-MAX_HOLDOUT = 0.5
 SAME = 0.02  # a group's constant within 2% of the pooled one is not written
 EFF = (0.05, 1.0)  # eff_max: share of the GPU's peak
 HOST = ("launch_s_per_layer", "step_fixed_s")  # the host's time per layer and per step

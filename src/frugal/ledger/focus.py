@@ -71,6 +71,7 @@ from frugal.ledger.budgets import period_end, period_start
 from frugal.ledger.db import HEAD
 from frugal.ledger.schema import Base, CostEntry, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
+from frugal.times import parse_time
 
 FOCUS_VERSION = "1.1"
 CURRENCY = "USD"
@@ -191,11 +192,9 @@ def _err(p: Path | str, line: int, what: str) -> FrugalError:
 
 def _time(value: str, p: Path, line: int, column: str) -> datetime:
     try:
-        t = datetime.fromisoformat(value)
-    except ValueError:
-        raise _err(p, line, f"{column} {value!r} is not a date/time: write ISO 8601 in UTC, "
-                   "e.g. 2026-05-01T00:00:00Z") from None  # fmt: skip
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+        return parse_time(value)
+    except ValueError as e:
+        raise _err(p, line, f"{column} {e}") from None
 
 
 def _number(value: str, p: Path, line: int, column: str) -> float:
@@ -469,11 +468,9 @@ def _decode(table: Table, row: Any, where: str) -> dict[str, Any]:
         v = row[c.name]
         if v is not None and isinstance(c.type, DateTime):
             try:
-                v = datetime.fromisoformat(str(v))
-            except ValueError:
-                raise FrugalError(f"{where}: {table.name}.{c.name} {v!r} is not an ISO time: "
-                                  "export it again") from None  # fmt: skip
-            v = _utc(v)
+                v = parse_time(str(v))
+            except ValueError as e:
+                raise FrugalError(f"{where}: {table.name}.{c.name} {e}: export it again") from None
         out[c.name] = v
     return out
 

@@ -48,6 +48,7 @@ from frugal.ledger.budgets import daily_spend, period_end, period_start, spend, 
 from frugal.ledger.schema import CostEntry, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware, now
 from frugal.ledger.tags import STANDARD, check_key
+from frugal.times import EARLIEST, OutsideYears, check_time, parse_time
 
 OUTCOMES = ("completed", "preempted", "budget-stopped", "idle-stopped", "failed")
 RUNNING = "running"  # a run without an outcome yet
@@ -71,15 +72,12 @@ SHOWBACK_TOP_RUNS = 3
 
 
 def parse_instant(text: str, where: str) -> datetime:
-    """An ISO 8601 date or time as an aware UTC datetime (a time without a zone is UTC)."""
+    """An ISO 8601 date or time as an aware UTC datetime (a time without a zone is UTC),
+    within the years the books hold (frugal.times)."""
     try:
-        t = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise FrugalError(
-            f"{where} {text!r} is not a date or time: write ISO 8601, e.g. 2026-05-01 or "
-            "2026-05-01T13:00:00Z"
-        ) from None
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+        return parse_time(text)
+    except ValueError as e:
+        raise FrugalError(f"{where} {e}") from None
 
 
 def _is_date(text: str) -> bool:
@@ -121,6 +119,10 @@ def parse_period(text: str, at: datetime | None = None) -> Period:
             start = datetime(int(t[:4]), int(t[5:]), 1, tzinfo=UTC)
         except ValueError:
             raise bad from None
+        try:
+            check_time(start, repr(text))
+        except ValueError as e:
+            raise FrugalError(f"--period {e}") from None
         return Period(t, start, period_end("month", start))
     if ".." in t:
         lo, hi = (x.strip() for x in t.split("..", 1))
@@ -138,6 +140,8 @@ def parse_period(text: str, at: datetime | None = None) -> Period:
             hours = parse_duration(t, "h")
         except ValueError:
             raise bad from None
+        if hours > (at - EARLIEST).total_seconds() / 3600:
+            raise FrugalError(f"--period {text!r} reaches back before 2000: use all instead")
         return Period(t, at - timedelta(hours=hours), at)
     raise bad
 
@@ -154,9 +158,13 @@ def parse_week(text: str, at: datetime | None = None) -> datetime:
     try:
         if m:
             d = date.fromisocalendar(int(m[1]), int(m[2]), 1)
-            return datetime(d.year, d.month, d.day, tzinfo=UTC)
+            start = datetime(d.year, d.month, d.day, tzinfo=UTC)
+            check_time(start, repr(text))
+            return start
         if _is_date(t):
             return period_start("week", parse_instant(t, "--week"))
+    except OutsideYears as e:
+        raise FrugalError(f"--week {e}") from None
     except ValueError:
         pass
     raise FrugalError(f"--week {text!r}: use last, this, an ISO week such as 2026-W19, or a date")

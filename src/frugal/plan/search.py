@@ -29,6 +29,7 @@ from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
 from frugal.plan.transfer import DOWNLOAD_GBPS, Move, move_in, move_out, parse_location
 from frugal.step.job import Method, Optimizer, TrainJob, in_backward_refusal
+from frugal.validation import RANGE_ERRORS, problem
 
 NO_MOVE = Move(0.0, 0.0, "")
 SpotMode = Literal["auto", "only", "never"]
@@ -44,6 +45,7 @@ LOGITS_SHARE = 0.2  # logits this share of the peak: the chunked loss may raise 
 EIGHT_BIT = "adamw-8bit"
 # job fields, in the order the plan tries them
 TECHNIQUES = ("loss_chunks", "optimizer_in_backward", "offload_activations", "optimizer")
+SPOT_MOST = 100  # a spot run expected to take 100x its work is never planned: it never ends
 DISK_GBPS = 1.0  # checkpoint write and weight read from local NVMe, GB/s
 
 
@@ -55,12 +57,13 @@ class Constraints(BaseModel):
     """What a plan must meet, validated here for every caller. `frugal plan`'s options are
     made from these fields (their defaults and descriptions are the help text)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     tokens: float = Field(gt=0, description="training tokens in total (dataset x epochs)")
     effective_batch: int = Field(
         TrainingConfig.model_fields["effective_batch"].default,
         ge=1,
+        le=1_048_576,
         description=TrainingConfig.model_fields["effective_batch"].description,
     )
     budget_usd: float | None = Field(
@@ -119,7 +122,7 @@ class Constraints(BaseModel):
         description="where the dataset is and results go: local, hub or PROVIDER:REGION",
     )
     data_gb: float = Field(
-        0.0, ge=0, allow_inf_nan=False, description="the dataset's size, GB (0: not priced)"
+        0.0, ge=0, le=1e6, description="the dataset's size, GB, up to a petabyte (0: not priced)"
     )
 
     @classmethod
@@ -128,15 +131,14 @@ class Constraints(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as e:
-            err = e.errors()[0]
-            name = str((err.get("loc") or ("",))[0])
+            loc, kind, msg = problem(e, cls)
+            name = str((loc or ("",))[0])
             field = cls.model_fields.get(name)
             extra = field.json_schema_extra if field else None
             flag = extra["flag"] if isinstance(extra, dict) else "--" + name.replace("_", "-")
-            msg = str(err.get("msg", ""))
-            if err.get("type") == "value_error":  # our own message, naming the value
-                raise FrugalError(f"{flag} {msg.removeprefix('Value error, ')}") from None
-            raise FrugalError(f"{flag}: {msg[:1].lower()}{msg[1:]}") from None
+            if kind == "value_error" or kind in RANGE_ERRORS:  # names the value first
+                raise FrugalError(f"{flag} {msg}") from None
+            raise FrugalError(f"{flag}: {msg}") from None
 
 
 @dataclass
@@ -385,7 +387,15 @@ def search(
                 if isinstance(found, Rejected):
                     rejected.append(replace(found, label=label))
                     continue
-                plans.extend(_price(offer, nodes, found, k))
+                priced = _price(offer, nodes, found, k)
+                if not priced and offer.spot_usd_h is not None:  # --spot, and it never ends
+                    every = k.mtbi_h or spot_math.mtbi_hours(offer.interruption)
+                    never = (
+                        f"on spot it would not finish: interrupted every {every:.3g} h, "
+                        "faster than it restarts (raise --spot-mtbi-hours, or drop --spot)"
+                    )
+                    rejected.append(Rejected(label, never, "spot"))
+                plans.extend(priced)
     feasible, over = [], []
     for p in plans:
         why = None
@@ -661,6 +671,8 @@ def _price(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
         mtbi /= nodes  # any machine lost stops the run
         run = spot_math.spot_run(solve_h, delta_h, setup_h, mtbi)
         hours = setup_h + run.hours
+        if not run.hours < SPOT_MOST * solve_h:  # interrupted faster than it can restart
+            return out
         fb = None
         if k.deadline_h is not None and hours > k.deadline_h:
             fb = spot_math.fallback(hours, od_h, k.deadline_h)
@@ -825,6 +837,9 @@ def _closest_miss(plans: list[Plan], rejected: list[Rejected], k: Constraints) -
     """What came nearest to a plan, and by how much (frugal.plan.relax says what to change)."""
     if not plans:
         fits = [r for r in rejected if r.kind == "fit" and r.need_gib and r.have_gib]
+        never = next((r for r in rejected if r.kind == "spot"), None)
+        if never is not None:
+            return f"nothing finishes: {never.label} fits but {never.why}"
         if not fits:
             reasons = sorted({r.why for r in rejected}) or ["no offers"]
             return f"nothing can run: {reasons[0]}"

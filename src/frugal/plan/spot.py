@@ -55,9 +55,13 @@ def daly_interval(delta: float, mtbi: float) -> float:
 
 
 def expected_wall(solve: float, tau: float, delta: float, restart: float, mtbi: float) -> float:
-    """Daly's expected wall time of `solve` hours of work (all arguments in hours)."""
+    """Daly's expected wall time of `solve` hours of work (all arguments in hours); infinite
+    where interruptions come so often that a restart and one interval almost never fit
+    between two of them."""
     if solve <= 0:
         return 0.0
+    if (restart + tau + delta) / mtbi > 700:  # exp() past float's range: it never finishes
+        return math.inf
     return mtbi * math.exp(restart / mtbi) * math.expm1((tau + delta) / mtbi) * solve / tau
 
 

@@ -34,6 +34,7 @@ from frugal.plan.search import Constraints, Infeasible, data_reason, search
 from frugal.plan.timing import PricePoint
 from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import Method, make_job
+from frugal.validation import problem
 
 BYTES_PER_TOKEN = 4.0  # a dataset known only by its tokens: ~4 bytes of JSONL text per token
 
@@ -46,7 +47,7 @@ def _count(v: Any) -> Any:
 class JobSpec(BaseModel):
     """One fine-tune of the jobs file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     model: str
@@ -64,7 +65,7 @@ class JobSpec(BaseModel):
 
 
 class JobsFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     defaults: dict[str, Any] = Field(default_factory=dict)
     jobs: list[dict[str, Any]] = Field(min_length=1)
@@ -81,19 +82,18 @@ def read_jobs(path: str) -> list[JobSpec]:
     try:
         f = JobsFile.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "the file"
-        raise FrugalError(f"{path}: {where}: {err['msg']} (see `frugal plan --help`)") from None
+        loc, _, msg = problem(e, JobsFile)
+        where = ".".join(str(x) for x in loc) or "the file"
+        raise FrugalError(f"{path}: {where}: {msg} (see `frugal plan --help`)") from None
     out = []
     for i, job in enumerate(f.jobs):
         merged = {**f.defaults, **job}
         try:
             spec = JobSpec.model_validate(merged)
         except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(x) for x in err["loc"])
+            loc, _, msg = problem(e, JobSpec)
             name = merged.get("name", f"jobs[{i}]")
-            raise FrugalError(f"{path}: job {name}: {field}: {err['msg']}") from None
+            raise FrugalError(f"{path}: job {name}: {'.'.join(map(str, loc))}: {msg}") from None
         if (spec.tokens is None) == (spec.dataset is None):
             raise FrugalError(f"{path}: job {spec.name}: give tokens or dataset (one of them)")
         try:

@@ -40,12 +40,14 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from frugal.errors import FrugalError
 from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.offers import providers
+from frugal.times import parse_time
+from frugal.times import utc as _utc
 
 CSV_COLUMNS = ("time", "provider", "instance", "region", "spot_usd_h")
 LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
@@ -83,15 +85,11 @@ class Window:
         return asdict(self)
 
 
-def _utc(t: datetime) -> datetime:
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
-
-
-def _time(raw: str) -> datetime | None:
+def _time(raw: str, at: str, what: str) -> datetime:
     try:
-        return _utc(datetime.fromisoformat(raw.strip()))
-    except ValueError:
-        return None
+        return parse_time(raw)
+    except ValueError as e:
+        raise FrugalError(f"{at}: {what} {e}") from None
 
 
 def _price(raw: object) -> float | None:
@@ -115,9 +113,7 @@ def _read_aws(data: object, path: str) -> list[PricePoint]:
         if r["ProductDescription"] not in LINUX:
             others.add(str(r["ProductDescription"]))
             continue
-        t = _time(str(r["Timestamp"]))
-        if t is None:
-            raise FrugalError(f"{at}: Timestamp {r['Timestamp']!r} is not an ISO 8601 time")
+        t = _time(str(r["Timestamp"]), at, "Timestamp")
         price = _price(r["SpotPrice"])
         if price is None:
             raise FrugalError(f"{at}: SpotPrice {r['SpotPrice']!r} must be a number >= 0 ($/h)")
@@ -148,12 +144,7 @@ def _read_csv(text: str, path: str) -> list[PricePoint]:
     known, out = providers(), []
     for lineno, row in data_rows(text):
         at, r = f"{path}:{lineno}", {c: (row.get(c) or "").strip() for c in CSV_COLUMNS}
-        t = _time(r["time"])
-        if t is None:
-            raise FrugalError(
-                f"{at}: column 'time': {r['time']!r} is not an ISO 8601 time "
-                "(e.g. 2026-11-20T03:00:00Z; naive times are UTC)"
-            )
+        t = _time(r["time"], at, "column 'time':")
         provider = r["provider"].lower()
         if provider not in known:
             raise FrugalError(

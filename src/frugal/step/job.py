@@ -14,6 +14,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from frugal.errors import FrugalError
+from frugal.validation import RANGE_ERRORS, problem
 
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["bf16-mixed", "fp16-mixed", "bf16-true", "fp32"]
@@ -24,6 +25,11 @@ Loss = Literal["ce", "ce+contrastive"]
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_targets", "lora_dropout")
 FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops its input
+# the largest counts a step may name: beyond them no GPU holds it, and the search over them
+# would take hours (a micro-batch, an accumulation, a rank, a number of loss chunks)
+MOST = 65_536
+MOST_SEQ = 16_777_216  # 16M tokens: past the longest context any model offers (10M)
+MOST_GPUS = 65_536
 
 
 def _version(text: str) -> Any:
@@ -50,7 +56,7 @@ class TrainJob(BaseModel):
     """One training step of one model: method, precision, optimizer, shapes, batch layout,
     loss and parallelism."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     method: Method = Field("lora", description="full fine-tuning, LoRA, or QLoRA (4-bit NF4 base)")
     precision: Precision = Field(
@@ -64,15 +70,21 @@ class TrainJob(BaseModel):
         description="update each weight as soon as its gradient is complete, then free the "
         "gradient (one GPU, no accumulation, no clipping, no fp16 loss scaling)",
     )
-    lora_r: int = Field(16, description="LoRA rank")
-    lora_alpha: int | None = Field(None, description="LoRA alpha (default: 2 x rank)")
+    lora_r: int = Field(16, ge=1, le=MOST, description="LoRA rank")
+    lora_alpha: int | None = Field(
+        None, gt=0, le=MOST, description="LoRA alpha (default: 2 x rank)"
+    )
     lora_targets: str = Field(
         "all-linear", description="module names, comma separated, or all-linear"
     )
-    lora_dropout: float = Field(0.0, description="LoRA dropout (adds a copy of each input)")
-    batch: int = Field(1, description="micro-batch size (sequences per GPU per step)")
-    seq: int = Field(2048, description="sequence length in tokens")
-    grad_accum: int = Field(1, description="gradient accumulation steps")
+    lora_dropout: float = Field(
+        0.0, ge=0, lt=1, description="LoRA dropout (adds a copy of each input)"
+    )
+    batch: int = Field(
+        1, ge=1, le=MOST, description="micro-batch size (sequences per GPU per step)"
+    )
+    seq: int = Field(2048, ge=1, le=MOST_SEQ, description="sequence length in tokens")
+    grad_accum: int = Field(1, ge=1, le=MOST, description="gradient accumulation steps")
     grad_checkpointing: bool = Field(True, description="recompute activations in backward")
     offload_activations: bool = Field(
         False,
@@ -90,10 +102,12 @@ class TrainJob(BaseModel):
     )
     loss_chunks: int = Field(
         0,
+        ge=0,
+        le=MOST,
         description="compute the cross-entropy from the last hidden states in this many "
         "chunks of tokens, never holding the whole logits tensor (exact); 0: the plain loss",
     )
-    gpus: int = Field(1, description="number of GPUs")
+    gpus: int = Field(1, ge=1, le=MOST_GPUS, description="number of GPUs")
     sharding: Sharding = Field("ddp", description="how state is split across GPUs")
     bitsandbytes: str | None = Field(
         None,
@@ -103,13 +117,8 @@ class TrainJob(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainJob:
-        for name in ("batch", "seq", "grad_accum", "gpus"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{_flag(name)} must be at least 1")
         if self.bitsandbytes is not None:
             _version(self.bitsandbytes)
-        if self.loss_chunks < 0:
-            raise ValueError("--loss-chunks must be 0 (the plain loss) or a number of chunks")
         if self.loss_chunks and self.sharding in ("fsdp", "zero3"):
             raise ValueError(
                 "--loss-chunks reads the LM head's whole weight: use --sharding ddp or zero2"
@@ -128,15 +137,8 @@ class TrainJob(BaseModel):
             why = in_backward_refusal(self.gpus, self.grad_accum, self.precision)
             if why:
                 raise ValueError(why)
-        if self.method != "full":
-            if self.lora_r < 1:
-                raise ValueError("--lora-r must be a positive rank (e.g. 8, 16, 64)")
-            if self.lora_alpha is not None and self.lora_alpha <= 0:
-                raise ValueError("--lora-alpha must be positive (default: 2 x rank)")
-            if not 0.0 <= self.lora_dropout < 1.0:
-                raise ValueError("--lora-dropout must be in [0, 1)")
-            if not self.target_modules:
-                raise ValueError("--lora-targets is empty: give module names or all-linear")
+        if self.method != "full" and not self.target_modules:
+            raise ValueError("--lora-targets is empty: give module names or all-linear")
         return self
 
     @property
@@ -235,13 +237,10 @@ def make_job(**kwargs: Any) -> TrainJob:
     try:
         return TrainJob(**{k: v for k, v in kwargs.items() if v is not None})
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = err.get("loc") or ()
-        msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        if loc:
-            flag = _flag(str(loc[0]))
-            if err.get("type") == "literal_error":
-                msg = f"{flag}: {msg.lower()}"
-            elif flag not in msg:
-                msg = f"{flag}: {msg}"
+        loc, kind, msg = problem(e, TrainJob)
+        flag = _flag(str(loc[0])) if loc else ""
+        if kind in RANGE_ERRORS:  # "--batch 0: give a whole number of 1 or more"
+            msg = f"{flag} {msg}"
+        elif flag not in msg:
+            msg = f"{flag}: {msg}"
         raise FrugalError(msg) from e
