@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/frugal plan meta-llama/Llama-3.1-8B --tokens 20M --methods lora,qlora --deadline 24 --tag project=demo --write frugal.yaml
+	$(BIN)/frugal plan meta-llama/Llama-3.1-8B --tokens 20M --methods lora,qlora --deadline 24 --tag project=demo --write frugal.yaml --force
 	$(BIN)/frugal estimate meta-llama/Llama-3.1-8B --method qlora --gpu "RTX 4090"
 	$(BIN)/frugal train examples/tiny-train.yaml --output-dir runs/demo --tag project=demo
 	$(BIN)/frugal costs report --by project

@@ -87,6 +87,8 @@ def test_runs_filter_and_show_predicted_beside_actual(client: TestClient,
         "runs"]] == [books["b"]]  # fmt: skip
     assert client.get("/api/runs", params={"gpu": "H100 SXM"}).json()["runs"] == []
     assert client.get("/api/runs", params={"tag": "project"}).status_code == 422
+    bad = client.get("/api/runs", params={"outcome": "finished"})  # not an outcome: say so
+    assert bad.status_code == 422 and "use completed, preempted" in bad.json()["detail"]
 
 
 def test_a_run_with_its_heartbeats_and_metrics(client: TestClient, books: dict[str, Any]) -> None:
@@ -190,6 +192,14 @@ def test_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str],
         port = s.getsockname()[1]
         err = run_error(capsys, "dashboard", "--port", str(port))
     assert f"cannot serve on 127.0.0.1:{port}" in err and "--port" in err
+
+
+def test_a_db_naming_no_ledger_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'missing' / 'ledger.sqlite'}"
+    assert "no ledger there" in run_error(capsys, "dashboard", "--db", url)
+    assert not (tmp_path / "missing").exists()  # nothing made where nothing was
 
 
 # -- the pages, in a real headless Chromium ---------------------------------------------------

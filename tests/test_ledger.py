@@ -13,7 +13,8 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, func, select, text
+from conftest import run_error
+from sqlalchemy import create_engine, func, inspect, select, text
 
 from frugal.errors import FrugalError
 from frugal.ledger import db
@@ -113,9 +114,53 @@ def test_a_damaged_sqlite_file_is_refused_and_left_alone(tmp_path: Path) -> None
     raw = bytearray(path.read_bytes())
     raw[100:4096] = b"\xff" * (4096 - 100)  # the schema page, past the header
     path.write_bytes(bytes(raw))
-    with pytest.raises(FrugalError, match="cannot open the ledger"):
+    with pytest.raises(FrugalError, match="is damaged"):
         db.engine(f"sqlite:///{path}")
     assert path.read_bytes() == bytes(raw)
+
+
+def test_a_ledger_damaged_past_its_schema_takes_no_new_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A page of costs damaged: `costs add` refuses to write where `costs report` would
+    then fail, and the file stays as it was."""
+    path = tmp_path / "ledger.sqlite"
+    led = Ledger(f"sqlite:///{path}")
+    for i in range(400):
+        led.add_cost(1.0 + i, "other", description="x" * 200)
+    db.open_engine.cache_clear()
+    with create_engine(f"sqlite:///{path}").connect() as c:
+        c.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
+    raw = bytearray(path.read_bytes())
+    page = len(raw) // 4096 - 2  # a page of cost rows near the end
+    raw[page * 4096 + 8 : page * 4096 + 4000] = b"\x5a" * (4000 - 8)
+    path.write_bytes(bytes(raw))
+    monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{path}")
+    assert "is damaged" in run_error(capsys, "costs", "add", "5")
+    assert path.read_bytes() == bytes(raw)
+
+
+def test_another_applications_database_is_left_alone(ledger_url: str) -> None:
+    eng = create_engine(ledger_url)
+    with eng.begin() as c:  # an application with its own Alembic migrations
+        c.execute(text("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)"))
+        c.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        c.execute(text("INSERT INTO alembic_version VALUES ('9f1e2a')"))
+    eng.dispose()
+    path = Path(ledger_url.removeprefix("sqlite:///"))
+    before = path.read_bytes() if ledger_url.startswith("sqlite") else b""
+    with pytest.raises(FrugalError, match=r"another application's tables \(alembic_version, cust"):
+        db.engine(ledger_url)
+    if ledger_url.startswith("sqlite"):
+        assert path.read_bytes() == before
+    with create_engine(ledger_url).connect() as c:
+        assert c.execute(text("SELECT version_num FROM alembic_version")).scalar() == "9f1e2a"
+        assert not inspect(c).has_table("runs")
+
+
+def test_every_migration_is_known_to_the_ledger() -> None:
+    scripts = ScriptDirectory(str(Path(db.__file__).parent / "migrations"))
+    assert sorted(r.revision for r in scripts.walk_revisions()) == list(db.REVISIONS)
 
 
 def test_a_bad_url_is_one_line() -> None:

@@ -5,7 +5,6 @@ billing exports in, reports, advice and chargebacks out (frugal.ledger.report, .
 from __future__ import annotations
 
 import csv
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from rich.table import Table
 from frugal.cli import console, print_json
 from frugal.cli.options import JSON_HELP, argument, number
 from frugal.errors import FrugalError
+from frugal.files import check_target, replacing
 from frugal.ledger.tags import resolve
 from frugal.run.meter import usd
 
@@ -185,6 +185,7 @@ def export(
         "jsonl", "--format", help="jsonl (the whole ledger) or focus (a FOCUS chargeback CSV)."
     ),
     output: str | None = typer.Option(None, help="Write to this file \\[default: stdout]."),
+    force: bool = typer.Option(False, "--force", help="Replace the --output file if it exists."),
 ) -> None:
     """Export the books (`frugal costs import` reads both formats back, losslessly)."""
     from frugal.ledger.focus import FORMATS, write_export
@@ -192,21 +193,14 @@ def export(
 
     if format_ not in FORMATS:
         raise FrugalError(f"--format {format_!r}: use jsonl (the whole ledger) or focus (CSV)")
+    if output is not None:
+        check_target(output, "--output", force=force)
     led = Ledger()
     if output is None:
         write_export(led, format_, sys.stdout)
         return
-    path = Path(output)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            n = write_export(led, format_, f)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise FrugalError(
-            f"--output {output}: cannot write it ({e.strerror}): check the path"
-        ) from None
+    with replacing(output) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        n = write_export(led, format_, f)
     console().print(f"wrote {n:,} rows to {output} ({format_})")
 
 

@@ -26,6 +26,10 @@ def dashboard(
         raise FrugalError(
             "frugal dashboard needs its extra: pip install 'frugal-ft[dashboard]'"
         ) from None
+    if db is not None:
+        from frugal.ledger.db import existing
+
+        existing(db, "--db")
     _check_free(host, port)
     token, generated = dashboard_token(host)
     app = create_app(db, token)  # opens the ledger: a bad URL fails here, in one line

@@ -17,6 +17,7 @@ from rich.table import Table
 from frugal.cli import console, print_json
 from frugal.cli.options import JSON_HELP, option
 from frugal.errors import FrugalError
+from frugal.files import check_target, replacing
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
 from frugal.step.job import TrainJob
 
@@ -38,6 +39,7 @@ def check(
         "auto", "--format", help="auto, text, prompt_completion or chat (as data.format)."
     ),
     plot: str | None = typer.Option(None, help="Write a length histogram: FILE.png/.svg/.pdf."),
+    force: bool = typer.Option(False, "--force", help="Replace the --plot file if it exists."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Rows, tokens, lengths, duplicates and empty rows as `frugal train` will see them."""
@@ -45,6 +47,8 @@ def check(
 
     if plot and Path(plot).suffix.lower() not in IMAGE_SUFFIXES:
         raise FrugalError(f"--plot {plot}: end the name in .png, .svg or .pdf")
+    if plot:
+        check_target(plot, "--plot", force=force)
     src = tokenizer or model
     if not src:
         raise FrugalError("give --model M (its tokenizer counts the tokens) or --tokenizer DIR")
@@ -142,7 +146,8 @@ def write_plot(out: dict[str, Any], path: str) -> None:
     ax.set_ylabel("rows")
     ax.set_title(f"frugal data check: {out['rows']:,} rows, {out['tokens']:,} tokens")
     fig.tight_layout()
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 

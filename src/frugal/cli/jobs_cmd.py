@@ -12,7 +12,7 @@ from rich.table import Table
 from frugal.cli import console, print_json
 from frugal.config import apply_overrides, validate_run_config
 from frugal.errors import FrugalError
-from frugal.files import write_text_atomic
+from frugal.files import check_dir, check_target, write_text_atomic
 from frugal.hardware.offers import Offer
 from frugal.plan.emit import skypilot_jobs_task, to_run_config
 from frugal.plan.jobs import Packing
@@ -40,12 +40,19 @@ def run_jobs(
     write: str | None,
     json_out: bool,
     spot: str = "auto",
+    force: bool = False,
 ) -> None:
     jobs = read_jobs(path)
+    if write:  # the directory and each job's run config, before any planning
+        check_dir(write, "--write")
+        for job in jobs:
+            check_target(Path(write) / f"{job.name}.yaml", "--write", force=force)
     history = read_price_history(history_file) if history_file else None
     packing, planned, notes = plan_jobs(jobs, offers, history, parse_now(now), spot)
     out = to_json(packing, planned, notes)
     if write:
+        for i in range(1, len(packing.vms) + 1):
+            check_target(Path(write) / f"vm{i}.sky.yaml", "--write", force=force)
         out["wrote"] = write_all(packing, planned, Path(write))
     if json_out:
         print_json(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -13,7 +14,7 @@ from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, number, option, to
 from frugal.config import DataConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
-from frugal.files import write_text_atomic
+from frugal.files import check_target, write_text_atomic
 from frugal.hardware.offers import KWH_USD, select_offers
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import load_spec
@@ -104,6 +105,9 @@ def plan(
     now: str | None = typer.Option(
         None, help="With --jobs: plan as if it were this UTC time (ISO 8601) [default: now]."
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Replace files that exist (--write, --emit-file, --plot)."
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The cheapest (or fastest) plan that fits and meets the deadline, with its reasons."""
@@ -111,9 +115,11 @@ def plan(
     if jobs is not None:
         if model is not None or tokens is not None or dataset is not None:
             raise FrugalError("--jobs plans the jobs of its file: drop MODEL, --tokens, --dataset")
+        if emit or emit_file or plot:
+            raise FrugalError("--jobs writes a task per VM with --write DIR: drop --emit, --plot")
         offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers)
         spot_mode = "auto" if spot is None else ("only" if spot else "never")
-        run_jobs(jobs, offers, price_history, now, write, json_out, spot_mode)
+        run_jobs(jobs, offers, price_history, now, write, json_out, spot_mode, force)
         return
     if price_history or now:
         raise FrugalError("--price-history and --now time the VMs of --jobs: add --jobs FILE")
@@ -121,10 +127,7 @@ def plan(
         raise FrugalError("give MODEL (a hub id, directory or config.json), or --jobs FILE")
     if (tokens is None) == (dataset is None):
         raise FrugalError("give the amount of training: --tokens N or --dataset FILE")
-    if emit not in (None, "hf", "skypilot"):
-        raise FrugalError(f"--emit {emit!r}: use hf or skypilot")
-    if plot:
-        check_plot_path(plot)
+    targets = _targets(write, emit, emit_file, plot, force)  # checked before any work
     flags = list(tag or [])
     resolve(flags, required=False)  # a bad --tag fails before the search
     method_list = listed(methods or method) or ()
@@ -202,25 +205,56 @@ def plan(
     if run_cfg.plan:
         run_cfg.plan.ledger_id = plan_id
     wrote: dict[str, str] = {}  # what was written: "run config", "hf", "skypilot", "plot"
-    if write:
-        run_cfg.write(write)
-        wrote["run config"] = write
-    if emit:
-        path = emit_file or {"hf": "train_hf.py", "skypilot": "sky.yaml"}[emit]
-        text = (
-            hf_script(run_cfg, rec.speed.step_time_s)
-            if emit == "hf"
-            else skypilot_task(rec, write or "frugal.yaml")
-        )
-        write_text_atomic(path, text)
-        wrote[emit] = path
-    if plot:
-        write_plot(result, k, plot)
-        wrote["plot"] = plot
+    for what, path in targets.items():
+        if what == "run config":
+            run_cfg.write(path)
+        elif what == "plot":
+            write_plot(result, k, path)
+        else:  # the task launches the run config written just above, in this same call
+            text = (
+                hf_script(run_cfg, rec.speed.step_time_s)
+                if what == "hf"
+                else skypilot_task(rec, targets["run config"])
+            )
+            write_text_atomic(path, text)
+        wrote[what] = path
     if json_out:
         print_json(to_json(spec.id, k, result, wrote) | {"plan_id": plan_id, "tags": tags})
     else:
         render(spec.id, k, result, wrote)
+
+
+FLAGS = {"run config": "--write", "hf": "--emit-file", "skypilot": "--emit-file", "plot": "--plot"}
+EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml"}
+
+
+def _targets(
+    write: str | None, emit: str | None, emit_file: str | None, plot: str | None, force: bool
+) -> dict[str, str]:
+    """The files this plan will write, in order, each checked before the search: writable,
+    and not a file that exists unless --force. A SkyPilot task trains the run config
+    written beside it in the same call, so it needs --write."""
+    if emit not in (None, "hf", "skypilot"):
+        raise FrugalError(f"--emit {emit!r}: use hf or skypilot")
+    if emit_file and not emit:
+        raise FrugalError("--emit-file names where --emit writes: add --emit hf or skypilot")
+    if emit == "skypilot" and not write:
+        raise FrugalError(
+            "--emit skypilot launches `frugal train` on this plan's run config: add --write "
+            "FILE (the task trains that file)"
+        )
+    out = {"run config": write} if write else {}
+    if emit:
+        out[emit] = emit_file or EMITTED[emit]
+    if plot:
+        check_plot_path(plot)
+        out["plot"] = plot
+    paths = [Path(p).resolve() for p in out.values()]
+    if len(set(paths)) < len(paths):
+        raise FrugalError("--write, --emit-file and --plot name the same file: give each its own")
+    for what, path in out.items():
+        check_target(path, FLAGS[what], force=force)
+    return out
 
 
 def to_json(model: str, k: Constraints, result: Result, wrote: dict[str, str]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from rich.table import Table
 from frugal.cli import console, print_json
 from frugal.cli.options import JSON_HELP, MODEL_HELP, Number, listed, number
 from frugal.errors import FrugalError
-from frugal.files import write_text_atomic
+from frugal.files import check_target, write_text_atomic
 from frugal.hardware.gpus import find_gpu
 from frugal.hardware.offers import select_offers
 from frugal.models.specs import load_spec
@@ -238,12 +238,18 @@ def plan_cmd(
         help="For --emit: the quantized checkpoint to serve (AWQ/GPTQ hub id or path, .gguf "
         "file or REPO:QUANT) when the plan picks a pre-quantized format.",
     ),
+    force: bool = typer.Option(False, "--force", help="Replace the --emit-file if it exists."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The cheapest GPU, tensor parallel size and replicas that carry the load within the
     latency targets, beside the hosted APIs and managed platforms."""
     if emit not in (None, "vllm", "skypilot"):
         raise FrugalError(f"--emit {emit!r}: use vllm or skypilot")
+    if emit_file and not emit:
+        raise FrugalError("--emit-file names where --emit writes: add --emit vllm or skypilot")
+    path = emit_file or ("serve.yaml" if emit == "skypilot" else None)
+    if path:
+        check_target(path, "--emit-file", force=force)
     term = Number(ge=1, le=120, whole=True)  # the longest commitment sold: 10 years
     try:
         months = tuple(int(term(m)) for m in listed(commitment_months) or ())
@@ -262,12 +268,8 @@ def plan_cmd(
             f"the servers carry {ask.rate:g}"
         )
     text = emitted(p, emit, adapter, weights) if emit else ""
-    path = emit_file or ("serve.yaml" if emit == "skypilot" else None)
     if emit and path:
-        try:
-            write_text_atomic(path, text)
-        except OSError as e:
-            raise FrugalError(f"--emit-file {path}: {e.strerror}") from None
+        write_text_atomic(path, text)
         out[f"wrote_{emit}"] = path
     elif emit:
         out["vllm_command"] = text.strip()

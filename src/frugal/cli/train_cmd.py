@@ -22,6 +22,7 @@ from frugal.cli.options import number, option
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.run.launch import launch
+from frugal.run.outdir import check
 from frugal.run.summary import RunSummary
 from frugal.step.job import TrainJob
 
@@ -66,6 +67,7 @@ def train(
     if cfg.job.gpus > 1 and "LOCAL_RANK" not in os.environ:
         from frugal.run.books import preflight  # the ledger: SQLAlchemy
 
+        check(Path(cfg.output_dir))  # frugal's, or refused before any process starts
         out = Path(cfg.output_dir) / ("dry-run" if dry_run else "")
         preflight(cfg, list(tag or []), force, out, bool(dry_run))  # before any process starts
         raise typer.Exit(launch(cfg.job.gpus, cli.ARGV))

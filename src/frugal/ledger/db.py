@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sqlite3
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from frugal.errors import FrugalError
 from frugal.paths import user_path
 
 HEAD = "0003"  # the newest revision in migrations/versions (a test checks)
+REVISIONS = ("0001", "0002", HEAD)  # every revision frugal's migrations have written
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another's transaction to end
 SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -31,8 +33,24 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 def ledger_url() -> str:
     """`FRUGAL_DB_URL`, else `ledger.sqlite` in frugal's data dir (`FRUGAL_DATA_DIR` or the
     user data directory)."""
-    url = os.environ.get("FRUGAL_DB_URL")
-    return url or f"sqlite:///{user_path('FRUGAL_DATA_DIR', 'data', '') / 'ledger.sqlite'}"
+    return os.environ.get("FRUGAL_DB_URL") or default_url()
+
+
+def default_url() -> str:
+    return f"sqlite:///{user_path('FRUGAL_DATA_DIR', 'data', '') / 'ledger.sqlite'}"
+
+
+def existing(url: str, flag: str) -> None:
+    """Refuse a SQLite ledger URL naming no file: a reader (the dashboard) would otherwise
+    make an empty ledger there and show nothing."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # open_engine says so, in one line
+    name = parsed.database
+    file = parsed.get_backend_name() == "sqlite" and name and name != ":memory:"
+    if file and not Path(str(name)).is_file():
+        raise FrugalError(f"{flag} {url}: no ledger there ({name} does not exist)")
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -55,6 +73,33 @@ def _check_sqlite(path: Path) -> None:
             f"ledger {path} is not a SQLite database (it was left untouched): move it "
             "aside and run again, or point FRUGAL_DB_URL at the right database"
         )
+    # read-only, before the engine's first connection sets WAL mode (a write to the file)
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        ) as c:
+            tables = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            row = (
+                c.execute("SELECT version_num FROM alembic_version").fetchone()
+                if "alembic_version" in tables
+                else None
+            )
+            # a damaged ledger is refused before a write could bury the damage deeper
+            found = [ln for r in c.execute("PRAGMA quick_check(20)") for ln in r[0].splitlines()]
+            problems = [ln for ln in found if ln != "ok" and not ln.startswith("***")]
+            check = (
+                problems[0] + (f" and {len(problems) - 1} more" if problems[1:] else "")
+                if problems
+                else "ok"
+            )
+    except sqlite3.DatabaseError as e:
+        check = str(e)
+    if check != "ok":
+        raise FrugalError(
+            f"ledger {path} is damaged ({check}): move it aside and import a backup "
+            "(frugal costs import), or point FRUGAL_DB_URL elsewhere; it was not changed"
+        )
+    _check_ours(tables, row[0] if row else None, str(path))
 
 
 def engine(url: str | None = None) -> Engine:
@@ -77,7 +122,13 @@ def open_engine(url: str) -> Engine:
     if sqlite and parsed.database and parsed.database != ":memory:":
         path = Path(parsed.database)
         _check_sqlite(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if url == default_url():  # frugal's own place: made on first use
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.parent.is_dir():
+            raise FrugalError(
+                f"the ledger's directory {path.parent} does not exist: create it, or fix "
+                "FRUGAL_DB_URL (or --db)"
+            )
     # a server that does not answer must not hold a run up: give up connecting after 10 s,
     # and any statement after 60 s (the run spools its records meanwhile)
     pg = parsed.get_backend_name() == "postgresql"
@@ -101,11 +152,29 @@ def open_engine(url: str) -> Engine:
 
 
 def at_head(eng: Engine) -> bool:
-    """Whether the schema is at the newest revision: one query, without loading Alembic."""
+    """Whether the schema is at the newest revision: one query, without loading Alembic.
+    A database that holds another application's tables, and no frugal ledger, is refused
+    before anything is written to it."""
     with eng.connect() as conn:  # a damaged schema fails here
-        if not inspect(conn).has_table("alembic_version"):
-            return False
-        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD
+        found = inspect(conn).get_table_names()
+        version = (
+            conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            if "alembic_version" in found
+            else None
+        )
+    _check_ours(found, version, eng.url.render_as_string(hide_password=True))
+    return version == HEAD
+
+
+def _check_ours(tables: list[str], version: str | None, where: str) -> None:
+    """Refuse a database that holds tables and no frugal ledger: another application's."""
+    if tables and version not in REVISIONS:
+        shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+        raise FrugalError(
+            f"the database at {where} holds another application's tables ({shown}) and no "
+            "frugal ledger: point FRUGAL_DB_URL at a new or frugal database (nothing was "
+            "changed)"
+        )
 
 
 def migrate(eng: Engine) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frugal.errors import FrugalError
-from frugal.files import write_text_atomic
+from frugal.files import replacing, write_text_atomic
 
 if TYPE_CHECKING:
     from frugal.plan.search import Constraints, Plan, Result
@@ -86,7 +86,8 @@ def _matplotlib_chart(result: Result, k: Constraints, path: str) -> None:
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 

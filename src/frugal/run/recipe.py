@@ -54,6 +54,7 @@ from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.run import checkpoint as ckpt
+from frugal.run import outdir
 from frugal.run.books import Cap, RunBooks, Watchdog, is_main_process, preflight
 from frugal.run.build import (
     auto_micro_batch,
@@ -386,6 +387,8 @@ def train(
     estimate would cross a budget (see frugal.run.books)."""
     out = Path(cfg.output_dir) / ("dry-run" if dry_run else "")
     main = is_main_process()
+    if main:
+        outdir.check(Path(cfg.output_dir))  # frugal's, or refused before any work
     pre = preflight(cfg, tags or [], force, out, bool(dry_run)) if main else None  # no work yet
     if dry_run and main:
         shutil.rmtree(out, ignore_errors=True)  # measurements only: the run's files stay
@@ -468,6 +471,7 @@ def start(run: Run, source: Path | None, meter: CostMeter) -> TrainState:
     if source is not None:
         state = _restore(run, store, source, meter)
     if run.main:
+        outdir.claim(Path(cfg.output_dir))
         out.mkdir(parents=True, exist_ok=True)
         cfg.write(out / "config.yaml")  # the resolved config, beside every output
         _truncate_metrics(out / "metrics.jsonl", state.step)

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from frugal.errors import FrugalError
 from frugal.ledger import budgets as B
-from frugal.ledger.report import daily_spend_by, parse_period, report
+from frugal.ledger.report import OUTCOMES, RUNNING, daily_spend_by, parse_period, report
 from frugal.ledger.schema import Heartbeat, PlanRecord, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
 
@@ -107,7 +107,12 @@ def runs(
         q = q.where(RunRecord.started_at >= p.start)
     if p.end is not None:
         q = q.where(RunRecord.started_at < p.end)
-    if outcome == "running":
+    if outcome and outcome not in (*OUTCOMES, RUNNING):
+        raise HTTPException(
+            status_code=422,
+            detail=f"outcome {outcome!r}: use {', '.join(OUTCOMES)} or {RUNNING}",
+        )
+    if outcome == RUNNING:
         q = q.where(RunRecord.outcome.is_(None))
     elif outcome:
         q = q.where(RunRecord.outcome == outcome)
