@@ -10,3 +10,4 @@ class FrugalError(Exception):
 
 
 RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped on a signal, checkpoint saved, run `--resume auto`
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: a second Ctrl-C stopped it at once

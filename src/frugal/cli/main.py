@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok; 2 bad input or no feasible answer (one line on stderr naming the fix);
 1 a bug (a traceback only with --debug); 75 training stopped by a signal with a checkpoint
-saved (run it again to resume).
+saved (run it again to resume); 130 interrupted by a second Ctrl-C (or by Ctrl-C outside
+training): what was saved before is intact.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from frugal.cli import (
     tco_cmd,
     train_cmd,
 )
-from frugal.errors import FrugalError
+from frugal.errors import INTERRUPTED_EXIT, FrugalError
 
 app = typer.Typer(
     help="frugal: exact memory, FLOPs and cost for fine-tuning LLMs, before you spend.",
@@ -104,7 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Exit, getattr(cx, "Exit", typer.Exit)) as e:
         return int(getattr(e, "exit_code", 0))
     except (typer.Abort, getattr(cx, "Abort", typer.Abort)):
-        return 130
+        return INTERRUPTED_EXIT
+    except KeyboardInterrupt:  # Ctrl-C outside training's own handling (loading, planning)
+        if debug:
+            raise
+        print("interrupted: run the command again (what was saved before is intact)",
+              file=sys.stderr)  # fmt: skip
+        return INTERRUPTED_EXIT
     except Exception as e:
         if debug:
             raise

@@ -20,7 +20,7 @@ from frugal import cli
 from frugal.cli import print_json
 from frugal.cli.options import number, option
 from frugal.config import RunConfig, load_run_config
-from frugal.errors import RESUMABLE_EXIT, FrugalError
+from frugal.errors import INTERRUPTED_EXIT, RESUMABLE_EXIT, FrugalError
 from frugal.run.launch import launch
 from frugal.run.outdir import check
 from frugal.run.summary import RunSummary
@@ -81,6 +81,8 @@ def train(
             print_json(summary.model_dump(mode="json"))
         else:
             render(summary, dry_run is not None)
+    if summary.interrupted:
+        raise typer.Exit(INTERRUPTED_EXIT)
     if summary.resumable:
         raise typer.Exit(RESUMABLE_EXIT)
     if summary.outcome == "failed":
@@ -113,8 +115,15 @@ def render(s: RunSummary, dry: bool) -> None:
         c.print(f"best eval loss {s.best_eval_loss:.4f} at step {s.best_step}")
     for k, v in s.outputs.items():
         c.print(f"{k}: {v}")
-    if s.resumable:
-        c.print("checkpoint saved: run the same command again to resume (--resume auto)")
+    if s.interrupted:
+        c.print("run the same command again to resume from the newest checkpoint it kept")
+    elif s.resumable and s.steps == 0:
+        c.print("no checkpoint (nothing was trained yet): run the same command again to start")
+    elif s.resumable:
+        c.print(
+            f"checkpoint of step {s.steps} saved: run the same command again to resume "
+            "(--resume auto)"
+        )
 
 
 def _fmt(v: Any) -> str:

@@ -27,7 +27,6 @@ import gc
 import json
 import math
 import shutil
-import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -65,6 +64,7 @@ from frugal.run.build import (
     shard,
 )
 from frugal.run.diagnose import Diagnostics, Finding
+from frugal.run.interrupt import Stop
 from frugal.run.meter import CostMeter, Progress, Sinks
 from frugal.run.predict import expected_step_s, predict
 from frugal.run.state import FindingRecord, TrainState
@@ -345,28 +345,6 @@ def evaluate(run: Run) -> float | None:
 # -- the loop ----------------------------------------------------------------------------------
 
 
-class _Stop:
-    """Set by SIGTERM/SIGINT; acted on at the next step boundary."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self.old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Stop:
-        for s in (signal.SIGTERM, signal.SIGINT):
-            self.old[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        self.signal = signum
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-
 Clock = Callable[[], float]
 
 
@@ -402,7 +380,7 @@ def train(
         usd, hours = books.start(predict(cfg, 0, 0, None), _cuda_device())
     loop: Loop | None = None
     try:
-        with _Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
+        with Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
             run = setup(cfg)
             run.out = out
             run.notes += notes
@@ -414,6 +392,14 @@ def train(
             idle_s = 60 * (cfg.training.idle_stop_min or float("inf"))
             with Watchdog(idle_s, loop.hung) as loop.dog:
                 summary = loop.train()
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, the last checkpoint intact
+        if loop is None:
+            if books is not None:
+                books.end_failed("preempted", "interrupted before the first step",
+                                 round(meter.spent_usd(), 4), round(meter.elapsed_s() / 3600, 5),
+                                 0, 0.0)  # fmt: skip
+            raise
+        summary = loop.interrupted()
     except BaseException as e:
         if books is not None:
             step, tokens = (loop.state.step, loop.state.tokens) if loop else (0, 0.0)
@@ -454,13 +440,32 @@ def find_source(
     elif resume == "auto" and not dry_run:
         source = store.latest()
         notes = [f"skipped checkpoint {why}" for why in store.skipped(source)]
-    finished = [f for f in ("final", "run_summary.json") if (out / f).exists()]
-    if source is None and (store.any() or finished):
+    if source is None and store.any():  # --resume never
         raise FrugalError(
             f"{out} already holds a run: continue it with --resume auto, or set output_dir "
             "to a new directory (nothing there was changed)"
         )
+    trained = _trained(out)
+    if source is None and trained:
+        raise FrugalError(
+            f"{out} holds a run that {trained}, and no checkpoint to continue it from: start "
+            "again in a new output_dir (nothing there was changed)"
+        )
     return source, notes
+
+
+def _trained(out: Path) -> str | None:
+    """What the run in `out` got done, when it trained at all (a run stopped before its
+    first step trained nothing: its directory is free to start again)."""
+    if (out / "final").exists():
+        return "finished"
+    try:
+        steps = json.loads((out / "run_summary.json").read_text())["steps"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return "left an unreadable run_summary.json"
+    return f"reached step {steps}" if steps else None
 
 
 def start(run: Run, source: Path | None, meter: CostMeter) -> TrainState:
@@ -469,13 +474,37 @@ def start(run: Run, source: Path | None, meter: CostMeter) -> TrainState:
     store = ckpt.Checkpoints(out / "checkpoints", cfg.training.keep_checkpoints)
     state = TrainState.fresh(run.micro, run.world, _run_key(run))
     if source is not None:
-        state = _restore(run, store, source, meter)
+        state = _restore(run, store, _intact(run, store, source), meter)
     if run.main:
         outdir.claim(Path(cfg.output_dir))
         out.mkdir(parents=True, exist_ok=True)
         cfg.write(out / "config.yaml")  # the resolved config, beside every output
         _truncate_metrics(out / "metrics.jsonl", state.step)
     return state
+
+
+def _intact(run: Run, store: ckpt.Checkpoints, source: Path) -> Path:
+    """The checkpoint to resume: `source`, or where it is damaged the newest intact one
+    before it (said in the run's notes). The main process reads them whole, once, and
+    tells the others."""
+    chosen: Path | None = source
+    notes: list[str] = []
+    if run.main:
+        if source.parent == store.root:
+            chosen, notes = store.intact(source)
+        elif (why := ckpt.damage(source)) is not None:  # --resume DIR: that one, or none
+            raise FrugalError(f"--resume {source}: {why}: resume from another checkpoint")
+    if run.world > 1:
+        from accelerate.utils import broadcast_object_list
+
+        chosen = broadcast_object_list([chosen])[0]
+    if chosen is None:
+        raise FrugalError(
+            f"no intact checkpoint in {store.root} ({'; '.join(notes)}): move it aside "
+            "to start again (nothing was changed)"
+        )
+    run.notes += notes
+    return chosen
 
 
 def _restore(run: Run, store: ckpt.Checkpoints, source: Path, meter: CostMeter) -> TrainState:
@@ -516,7 +545,7 @@ class Loop:
     then `step`, `evaluate` or `checkpoint`; `finish` saves and summarizes."""
 
     def __init__(
-        self, run: Run, state: TrainState, meter: CostMeter, stop: _Stop, clock: Clock,
+        self, run: Run, state: TrainState, meter: CostMeter, stop: Stop, clock: Clock,
         dry_run: int | None, on_step: Callable[[int, dict[str, float]], None] | None,
         quiet: bool, books: RunBooks | None = None,
     ) -> None:  # fmt: skip
@@ -549,6 +578,7 @@ class Loop:
         self.start_step = self.saved_step = state.step  # nothing new to save yet
         self.eval_due = False
         self.outcome: Outcome = "completed"
+        self.was_interrupted = False  # by a second Ctrl-C
         self.stopped = False  # set with outcome and reason by whatever ends the run
         self.reason = f"reached {self.total} steps"
         self.peak_alloc = self.peak_res = 0.0
@@ -609,7 +639,9 @@ class Loop:
             ),
         )
         if sig:
-            return self._stop("preempted", f"signal {self.stop.signal or 'on another process'}")
+            before = " before the first step: nothing to save" if step == 0 else ""
+            got = self.stop.signal or "on another process"
+            return self._stop("preempted", f"signal {got}{before}")
         if idle:
             return self._stop(
                 "idle-stopped", f"nothing progressed for {t.idle_stop_min:g} min (idle_stop_min)"
@@ -740,9 +772,20 @@ class Loop:
         self.save_s = max(took, self.save_s) if saved_before else took
         self.last_save, self.saved_step = self.clock(), st.step
 
-    def finish(self) -> RunSummary:
+    def interrupted(self) -> RunSummary:
+        """A second Ctrl-C: no final save; the newest checkpoint is where a rerun resumes."""
+        self.outcome, self.was_interrupted = "preempted", True
+        kept = (
+            f"the checkpoint of step {self.saved_step} is kept"
+            if self.saved_step
+            else "no checkpoint: nothing was saved yet"
+        )
+        self.reason = f"interrupted twice, stopped at once at step {self.state.step}; {kept}"
+        return self.finish(save=False)
+
+    def finish(self, save: bool = True) -> RunSummary:
         self.progress.close()
-        if not self.dry_run and self.outcome != "failed":
+        if save and not self.dry_run and self.outcome != "failed":
             self.checkpoint()
         summary = _summary(self)
         if self.sinks:
@@ -871,6 +914,7 @@ def _summary(loop: Loop) -> RunSummary:
         outcome=loop.outcome,
         reason=loop.reason,
         resumable=loop.outcome in ("preempted", "idle-stopped"),
+        interrupted=loop.was_interrupted,
         steps=st.step,
         total_steps=loop.total,
         steps_this_session=st.step - loop.start_step,

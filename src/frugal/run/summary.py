@@ -31,6 +31,7 @@ class RunSummary(BaseModel):
     outcome: Outcome
     reason: str
     resumable: bool  # stopped by a signal: `--resume auto` continues it
+    interrupted: bool = False  # by a second Ctrl-C: stopped at once, no final save (exit 130)
     steps: int
     total_steps: int
     steps_this_session: int
