@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import sys
+
 
 class FrugalError(Exception):
     """Bad input or no feasible answer: the message names the fix."""
 
     exit_code = 2
+
+
+_said: set[str] = set()
+
+
+def notice(message: str) -> None:
+    """Something the user should know that does not stop the command (a damaged cache
+    entry, rebuilt): one line on stderr, once per process (stdout stays the answer's)."""
+    if message not in _said:
+        _said.add(message)
+        print(f"note: {message}", file=sys.stderr)
 
 
 RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped on a signal, checkpoint saved, run `--resume auto`

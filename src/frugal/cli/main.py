@@ -104,7 +104,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (typer.Exit, getattr(cx, "Exit", typer.Exit)) as e:
         return int(getattr(e, "exit_code", 0))
-    except (typer.Abort, getattr(cx, "Abort", typer.Abort)):
+    except (typer.Abort, getattr(cx, "Abort", typer.Abort)) as e:
+        # click turns a KeyboardInterrupt, and also any EOFError, into Abort
+        if isinstance(e.__context__, EOFError):
+            if debug:
+                raise
+            print(f"internal error (EOFError: {e.__context__}); this is a bug in frugal, "
+                  "rerun with --debug for the traceback", file=sys.stderr)  # fmt: skip
+            return 1
+        print("interrupted: run the command again (what was saved before is intact)",
+              file=sys.stderr)  # fmt: skip
         return INTERRUPTED_EXIT
     except KeyboardInterrupt:  # Ctrl-C outside training's own handling (loading, planning)
         if debug:

@@ -33,7 +33,7 @@ from typing import Any, overload
 import numpy as np
 
 from frugal.data.rows import FORMATS, detect_format, messages, read_rows
-from frugal.errors import FrugalError
+from frugal.errors import FrugalError, notice
 from frugal.paths import cache_dir
 from frugal.step.loss import IGNORE
 
@@ -323,7 +323,15 @@ def tokenized(path: str, tok: Any, fmt: str = "auto") -> tuple[Examples, str]:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait here, then read what it wrote
         if not (final / "format.json").exists():
             _tokenize_into(path, tok, fmt, final)
-    return _load(final)
+        try:
+            return _load(final)
+        except Exception as e:  # Arrow, datasets, json: what a damaged entry makes them raise
+            notice(
+                f"the cached tokens of {path} in {final} were damaged ({type(e).__name__}: "
+                f"{str(e)[:80]}): tokenizing again"
+            )
+            _tokenize_into(path, tok, fmt, final)
+            return _load(final)
 
 
 def _tokenize_into(path: str, tok: Any, fmt: str, final: Path) -> None:
@@ -349,7 +357,9 @@ def _tokenize_into(path: str, tok: Any, fmt: str, final: Path) -> None:
     tmp = final.with_name(f".tmp-{final.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     ds.save_to_disk(str(tmp))
-    (tmp / "format.json").write_text(json.dumps({"format": found}))  # written last: complete
+    sizes = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
+    # written last: complete; the sizes tell a truncated entry on the next load
+    (tmp / "format.json").write_text(json.dumps({"format": found, "bytes": sizes}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
 
@@ -357,11 +367,15 @@ def _tokenize_into(path: str, tok: Any, fmt: str, final: Path) -> None:
 def _load(final: Path) -> tuple[Examples, str]:
     import datasets
 
+    meta = json.loads((final / "format.json").read_text())
+    for name, size in meta.get("bytes", {}).items():
+        if (final / name).stat().st_size != size:
+            raise ValueError(f"{name} is not the size it was written at")
     ds = datasets.load_from_disk(str(final))  # memory-mapped Arrow
     table = ds.data.table
     ids, offsets = _flat(table.column("input_ids"))
     labels, _ = _flat(table.column("labels"))
-    return Examples(ids, labels, offsets), json.loads((final / "format.json").read_text())["format"]
+    return Examples(ids, labels, offsets), meta["format"]
 
 
 def _flat(column: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 from frugal import DISTRIBUTION, paths
+from frugal.errors import notice
 from frugal.estimate.profile import LayerFit, Profile
 from frugal.step.job import installed_version
 
@@ -67,7 +68,11 @@ def profile_key(config: dict[str, Any], job_key: dict[str, Any], regime: str) ->
 
 
 def load(key: str) -> Profile | None:
+    """The cached profile `key`, or None: missing, or damaged (truncated, empty, a bad
+    CRC, other bytes): a damaged entry is said once, removed, and simulated again."""
     path = cache_dir() / f"{key}.npz"
+    if not path.exists():
+        return None
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
@@ -84,9 +89,18 @@ def load(key: str) -> Profile | None:
                         trainable_params=f["trainable_params"],
                     )
                 )
-    except (OSError, KeyError, ValueError):
-        return None  # missing or unreadable: simulate again
-    return Profile(meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
+        profile = Profile(meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
+    except FileNotFoundError:
+        return None  # removed meanwhile by another process
+    except Exception as e:  # zipfile, numpy, json: whatever a damaged file makes them raise
+        notice(
+            f"the cached profile {path} was damaged ({type(e).__name__}: "
+            f"{str(e)[:80]}): simulating it again"
+        )
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    return profile
 
 
 @contextlib.contextmanager
