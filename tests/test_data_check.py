@@ -53,7 +53,9 @@ def test_counts_and_json_keys(capsys: pytest.CaptureFixture[str], mixed: str) ->
     assert len(d["histogram"]) <= 10
     assert all(b["lo"] <= b["hi"] for b in d["histogram"])
     warnings = " ".join(d["warnings"])
-    assert "job.seq" in warnings and "dedupe" in warnings and "format" in warnings
+    assert "2 of 5 rows are longer than --seq 10 and are cut to it: 18 of 59 tokens" in warnings
+    assert d["kept_tokens"] == 59 - 18 and d["lost_tokens"] == 18
+    assert "dedupe" in warnings and "format" in warnings
     assert check(capsys, mixed, "--seq", "64")["over_length"] == 0
 
 

@@ -82,11 +82,8 @@ def summarize(st: DataStats, seq: int) -> dict[str, Any]:
     median = int(median) if float(median).is_integer() else median
     warnings: list[str] = []
     share = st.over_length / st.rows
-    if st.over_length:
-        warnings.append(
-            f"{st.over_length} rows ({share:.0%}) are longer than seq {seq} and will be "
-            f"truncated: raise job.seq (--seq) to at least {ls[-1]}, or split those rows"
-        )
+    if cut := st.cut(seq, "--seq"):
+        warnings.append(cut)
     if st.duplicates:
         warnings.append(
             f"{st.duplicates} rows ({st.duplicates / st.rows:.0%}) repeat an earlier row and "
@@ -110,6 +107,8 @@ def summarize(st: DataStats, seq: int) -> dict[str, Any]:
         "over_length": st.over_length,
         "over_length_share": share,
         "tokens": st.tokens,
+        "kept_tokens": st.kept_tokens,
+        "lost_tokens": st.tokens - st.kept_tokens,
         "trained_tokens": st.trained_tokens,
         "length": {
             "min": ls[0],

@@ -151,9 +151,9 @@ def plan(
     spec = load_spec(model)
     notes: list[str] = []
     if dataset:
-        tc = count_tokens(dataset, model)
-        per_epoch = float(tc.tokens)
-        notes.append(f"{dataset}: {tc.rows:,} rows, {tc.tokens:,} tokens ({tc.how})")
+        tc = count_tokens(dataset, model, seq)
+        per_epoch = float(tc.tokens)  # what the run reads: rows cut to --seq
+        notes.append(tc.note(dataset, seq))
     else:
         per_epoch = tokens or 0.0
     if spec.max_positions and seq > spec.max_positions:

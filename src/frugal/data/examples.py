@@ -71,6 +71,7 @@ def load_examples(
     trained = full.trained_per_example(seq)
     st.rows, st.format = len(full), found
     st.tokens, st.lengths = int(lengths.sum()), lengths.tolist()
+    st.kept_tokens = int(np.minimum(lengths, seq).sum())
     st.over_length = int((lengths > seq).sum())
     st.empty = int((trained == 0).sum())
     st.trained_tokens = int(trained.sum())

@@ -165,8 +165,10 @@ def plan_jobs(
     memo: dict[Any, Any] = {}
     for job in jobs:
         if job.dataset:
-            tc = count_tokens(job.dataset, job.model)
+            tc = count_tokens(job.dataset, job.model, job.seq)
             per_epoch = float(tc.tokens)
+            if cut := tc.stats.cut(job.seq, "seq"):
+                notes.append(f"{job.name}: {cut}")
         else:
             per_epoch = float(job.tokens or 0)
         size, how = _size(job, per_epoch)

@@ -47,7 +47,7 @@ from frugal.data.examples import (
     split,
     unpacked,
 )
-from frugal.data.tokens import Examples
+from frugal.data.tokens import DataStats, Examples
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
@@ -146,7 +146,9 @@ def setup(cfg: RunConfig) -> Run:
     model, tok = load_model(cfg, precision, empty=sharded and not acc.is_main_process)
 
     assert cfg.data.path  # refuse_unsupported checked it
-    examples = load_examples(cfg.data.path, tok, job.seq, cfg.data.format)
+    st = DataStats()
+    examples = load_examples(cfg.data.path, tok, job.seq, cfg.data.format, st)
+    notes = [cut] if (cut := st.cut(job.seq, "job.seq")) else []
     if cfg.data.val_path:
         train_ex, val_ex = examples, load_examples(cfg.data.val_path, tok, job.seq, cfg.data.format)
     else:
@@ -193,7 +195,7 @@ def setup(cfg: RunConfig) -> Run:
         val_batches=Batcher(val_rows, pad, cfg.job.packing), schedule=sched_data,
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
         total_steps=total, params=params, sharded=sharded,
-        notes=[f"micro-batch {micro}: {why}"],
+        notes=[f"micro-batch {micro}: {why}", *notes],
     )  # fmt: skip
     return run
 
