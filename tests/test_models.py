@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TINY_LLAMA, write_config
+from conftest import TINY_LLAMA, run_error, write_config
 
 from frugal.errors import FrugalError
 from frugal.models import specs
@@ -250,3 +250,32 @@ def test_an_unknown_id_online_costs_one_short_probe(silent_hub: tuple[str, list[
     assert run.returncode == 2 and took < specs.PROBE_S + 2.0, (took, run.stderr)
     assert len(run.stderr.strip().splitlines()) == 1 and "Retry" not in run.stderr
     assert accepted == [1]  # one probe, no retries
+
+
+def test_an_unknown_model_type_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    d = write_config(tmp_path / "m", {**TINY_LLAMA, "model_type": "nonesuch"})
+    for argv in (["estimate", str(d)], ["plan", str(d), "--tokens", "1M", "--providers", "aws"]):
+        msg = run_error(capsys, *argv)
+        assert "model_type 'nonesuch' is not a causal language model this transformers" in msg
+
+
+def test_lora_targets_the_model_lacks_are_named(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
+) -> None:
+    # PEFT alone would train q_proj and quietly skip the name it cannot find
+    msg = run_error(capsys, "estimate", str(tiny_llama_dir), "--lora-targets", "q_proj,qproj")
+    assert "--lora-targets: no module qproj in this model; its linear layers are down_proj" in msg
+
+
+def test_a_damaged_config_json_is_named_not_taken_for_a_missing_tokenizer(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": ')
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "x"}\n')
+    msg = run_error(capsys, "data", "check", str(data), "--model", str(d))
+    assert f"{d / 'config.json'} is not valid JSON" in msg

@@ -436,8 +436,52 @@ def test_detect_format() -> None:
     assert "f.jsonl:3" in msg and "answer, question" in msg and "data.format" in msg
     with pytest.raises(FrugalError, match="keys: none"):
         detect_format({}, "w")
-    with pytest.raises(FrugalError, match="keys: text"):
-        detect_format({"text": None}, "w")
+    # a null text is a text row, an empty one (counted and dropped as such), not "no text"
+    assert detect_format({"text": None}, "w") == "text"
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ('{"text": ["a", "b"]}\n', "f.jsonl:1: 'text' is a list, not a string"),
+        ('{"text": 42}\n', "f.jsonl:1: 'text' is a number, not a string"),
+        ('{"prompt": "a", "completion": {"x": 1}}\n', "'completion' is an object"),
+        ('{"text": "fine"}\n{"text": "bad \\ud800 here"}\n',
+         "f.jsonl:2: 'text' holds a lone surrogate (\\ud800 at character 4)"),
+        ('{"messages": [{"role": "user", "content": ["x"]}]}\n',
+         "f.jsonl:1: message 1: 'content' is a list"),
+    ],
+)  # fmt: skip
+def test_a_row_that_is_not_text_is_one_line_naming_it(
+    tok: Any, tmp_path: Path, content: str, says: str
+) -> None:
+    path = tmp_path / "f.jsonl"
+    path.write_text(content)
+    with pytest.raises(FrugalError) as e:
+        load_examples(str(path), tok, 64)
+    assert says in str(e.value).replace(str(tmp_path) + "/", "")
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "says"),
+    [
+        ('text\nfine\n"a\nb\n"c\n', 3, "',' expected after '\"'"),  # three rows, not two
+        ('text\nfine\n"never closed\nmore\n', 3, "a quoted cell is never closed"),
+        ('text\n"one, two",three\n', 2, "2 cells where the header has 1"),
+        ('text,label\nonly\n', 2, "1 cells where the header has 2"),
+    ],
+)  # fmt: skip
+def test_a_csv_that_would_be_misread_is_refused(
+    tok: Any, tmp_path: Path, content: str, line: int, says: str
+) -> None:
+    path = tmp_path / "f.csv"
+    path.write_text(content)
+    with pytest.raises(FrugalError) as e:
+        load_examples(str(path), tok, 64)
+    assert f"f.csv:{line}: " in str(e.value) and says in str(e.value)
+    multi = tmp_path / "ok.csv"  # a quoted cell over several lines is CSV, and one row
+    multi.write_text('text\n"one\ntwo"\nthree\n')
+    assert len(load_examples(str(multi), tok, 64)) == 2
 
 
 def test_unknown_keys_in_a_file(tok: Any, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from frugal.data.rows import detect_format, read_rows, row_text
-from frugal.data.tokens import DataStats
+from frugal.data.stats import DataStats
 from frugal.errors import FrugalError
 
 CHARS_PER_TOKEN = 4.0  # English text with BPE vocabularies of 32k-256k tokens

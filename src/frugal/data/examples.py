@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
@@ -100,6 +102,15 @@ def load_tokenizer(src: str, fix: str) -> Any:
     a FrugalError that ends with `fix` when there is none."""
     from transformers import AutoTokenizer
 
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
+        file = Path(src) / name  # a local directory's own files, damaged: say which
+        if file.is_file():
+            try:
+                json.loads(file.read_bytes())
+            except (ValueError, RecursionError) as e:
+                raise FrugalError(
+                    f"{file} is not valid JSON ({str(e)[:60]}): download the model's {name} again"
+                ) from None
     try:
         return AutoTokenizer.from_pretrained(src, local_files_only=True)
     except Exception as e:  # not cached, no tokenizer files, offline

@@ -85,14 +85,31 @@ def _jsonl(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _csv(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Strict CSV: a quote that opens a cell and is never closed, or text after a closing
+    quote, is an error naming the row's first line (a lenient reader would silently run
+    the following rows into one cell)."""
     fix = "save it as UTF-8 CSV with a header row"
     lines = (line for _, line in _text_lines(path, fix))
-    reader = csv.DictReader(lines)
+    reader = csv.DictReader(lines, strict=True)
+    start = 2  # the first line of the row being read
     try:
         for row in reader:
-            yield f"{path}:{reader.line_num}", row
+            where = f"{path}:{start}"
+            header = len(reader.fieldnames or ())
+            extra = row.pop(None, None) or []  # cells past the header
+            short = sum(v is None for v in row.values())  # cells the row lacks
+            if extra or short:
+                raise FrugalError(
+                    f"{where}: {header + len(extra) - short} cells where the header has "
+                    f"{header}: quote a cell that holds a comma, and give each row every column"
+                )
+            yield where, row
+            start = reader.line_num + 1
     except csv.Error as e:
-        raise FrugalError(f"{path}:{reader.line_num}: not CSV ({e}); {fix}") from None
+        why = "a quoted cell is never closed" if "end of data" in str(e) else str(e)
+        raise FrugalError(
+            f"{path}:{start}: not CSV in the row from this line ({why}); {fix}"
+        ) from None
 
 
 def _parquet(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -138,13 +155,32 @@ def detect_format(row: dict[str, Any], where: str) -> str:
         return "chat"
     if given("prompt") or given("completion"):
         return "prompt_completion"
-    if row.get("text") is not None:  # a blank text is still a text row
+    if "text" in row:  # a blank or null text is still a text row: an empty one
         return "text"
     keys = ", ".join(sorted(row)) or "none"
     raise FrugalError(
         f"{where}: no 'text', 'prompt'/'completion' or 'messages' (keys: {keys}); "
         "rename the column or set data.format"
     )
+
+
+def text(row: dict[str, Any], key: str, where: str) -> str:
+    """The string in `row[key]` ("" when missing or null): a list, number or object there,
+    or a lone surrogate (JSON's "\\ud800", not Unicode text), is an error naming it."""
+    value = row.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        kind = {list: "a list", dict: "an object", bool: "true/false"}.get(type(value), "a number")
+        raise FrugalError(f"{where}: '{key}' is {kind}, not a string: give one text per cell")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise FrugalError(
+            f"{where}: '{key}' holds a lone surrogate (\\u{ord(value[e.start]):04x} at "
+            f"character {e.start:,}), which is not Unicode text: fix that escape in the file"
+        ) from None
+    return value
 
 
 def messages(row: dict[str, Any], where: str) -> list[dict[str, str]]:
@@ -159,13 +195,17 @@ def messages(row: dict[str, Any], where: str) -> list[dict[str, str]]:
     )
     if not ok:
         raise FrugalError(f"{where}: 'messages' must be a list of {{role, content}} objects")
-    return list(msgs)  # type: ignore[arg-type]
+    return [
+        {"role": text(m, "role", f"{where}: message {i}"),
+         "content": text(m, "content", f"{where}: message {i}")}
+        for i, m in enumerate(msgs, 1)  # type: ignore[arg-type]
+    ]  # fmt: skip
 
 
 def row_text(row: dict[str, Any], fmt: str, where: str) -> str:
     """The row's text as one string (to estimate tokens from characters)."""
     if fmt == "chat":
-        return "\n".join(str(m["content"]) for m in messages(row, where))
+        return "\n".join(m["content"] for m in messages(row, where))
     if fmt == "prompt_completion":
-        return f"{row.get('prompt') or ''}{row.get('completion') or ''}"
-    return str(row.get("text") or "")
+        return text(row, "prompt", where) + text(row, "completion", where)
+    return text(row, "text", where)

@@ -25,14 +25,15 @@ import itertools
 import json
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
 
-from frugal.data.rows import FORMATS, detect_format, messages, read_rows
+from frugal.data.rows import FORMATS, detect_format, messages, read_rows, text
+from frugal.data.stats import DataStats as DataStats  # part of this module's API
 from frugal.errors import FrugalError, notice
 from frugal.paths import cache_dir
 from frugal.step.loss import IGNORE
@@ -121,30 +122,6 @@ class Examples:
             trained &= self.positions() < seq
         cum = np.concatenate([[0], np.cumsum(trained, dtype=np.int64)])
         return cum[self.offsets[1:]] - cum[self.offsets[:-1]]
-
-
-@dataclass
-class DataStats:
-    rows: int = 0
-    empty: int = 0  # no text, or nothing left to train after masking
-    duplicates: int = 0
-    over_length: int = 0  # longer than seq (truncated)
-    tokens: int = 0  # before truncation
-    kept_tokens: int = 0  # after truncation: what the model reads (and a plan bills)
-    trained_tokens: int = 0  # after truncation, labels not masked
-    lengths: list[int] = field(default_factory=list)
-    format: str = ""
-
-    def cut(self, seq: int, flag: str) -> str | None:
-        """What truncation to `seq` costs, in one sentence (None when no row is longer):
-        said the same by `data check`, `plan --dataset` and `train`."""
-        if not self.over_length:
-            return None
-        return (
-            f"{self.over_length:,} of {self.rows:,} rows are longer than {flag} {seq:,} and "
-            f"are cut to it: {self.tokens - self.kept_tokens:,} of {self.tokens:,} tokens are "
-            f"not trained (raise {flag} to {max(self.lengths):,}, or split those rows)"
-        )
 
 
 # -- tokenizing, batched -------------------------------------------------------------------
@@ -260,9 +237,9 @@ def row_fields(row: dict[str, Any], fmt: str, where: str) -> dict[str, str]:
     if fmt == "chat":
         return {"messages": json.dumps(messages(row, where))}
     if fmt == "prompt_completion":
-        return {"prompt": str(row.get("prompt") or ""),
-                "completion": str(row.get("completion") or "")}  # fmt: skip
-    return {"text": str(row.get("text") or "")}
+        return {"prompt": text(row, "prompt", where),
+                "completion": text(row, "completion", where)}  # fmt: skip
+    return {"text": text(row, "text", where)}
 
 
 def _columns(path: str, fmt: str) -> tuple[str, dict[str, list[Any]]]:

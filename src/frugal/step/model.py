@@ -36,6 +36,7 @@ from unittest.mock import patch
 import torch
 from torch import nn
 
+from frugal.errors import FrugalError
 from frugal.models.specs import NO_SDPA, is_moe_config
 from frugal.step.job import TrainJob
 
@@ -62,8 +63,16 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
 
     A shallow copy of a model that mixes layer types (sliding and full attention) keeps one
     layer of each kind, so every kind's shared buffers (masks) are there."""
-    from transformers import CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING, __version__
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    kind = config.get("model_type")
+    if kind not in CONFIG_MAPPING or kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise FrugalError(
+            f"model_type {kind!r} is not a causal language model this transformers "
+            f"({__version__}) can train: upgrade transformers, or give the config.json of a "
+            "decoder model (Llama, Qwen, Mistral, ...)"
+        )
     d = copy.deepcopy(config)
     if n_layers is not None:
         types = d.get("layer_types")
@@ -81,6 +90,26 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
         # transformers' grouped-GEMM experts: static shapes, as fast MoE kernels allocate
         cfg._experts_implementation = "grouped_mm"
     return cfg
+
+
+def _check_targets(model: torch.nn.Module, job: TrainJob) -> None:
+    """Each module named in --lora-targets is in the model, as PEFT matches names (the
+    whole name, or its last parts): PEFT itself takes a list where one name matches and
+    quietly skips the others."""
+    if job.target_modules == "all-linear":
+        return
+    names = [n for n, _ in model.named_modules()]
+    missing = [t for t in job.target_modules
+               if not any(n == t or n.endswith("." + t) for n in names)]  # fmt: skip
+    if missing:
+        linear = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")}
+        )  # fmt: skip
+        raise FrugalError(
+            f"--lora-targets: no module {', '.join(missing)} in this model; its linear "
+            f"layers are {', '.join(linear)} (or give all-linear)"
+        )
 
 
 def attention_kernel(config: dict[str, Any], job: TrainJob) -> str:
@@ -153,6 +182,7 @@ def build_model(
 
     logging.getLogger("peft").setLevel(logging.ERROR)
     where = torch.device("meta") if weights == "meta" else contextlib.nullcontext()
+    _check_targets(model, job)
     with where, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = get_peft_model(model, job.lora_config(), autocast_adapter_dtype=False)
