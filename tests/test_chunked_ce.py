@@ -14,7 +14,10 @@ from conftest import run_json
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from frugal.errors import FrugalError
+from frugal.models.specs import ModelSpec
 from frugal.step.chunked_ce import chunked_ce_bytes, chunked_linear_cross_entropy
+from frugal.step.job import make_job
 from frugal.step.loss import IGNORE, causal_lm_loss
 
 # "128K-vocabulary shaped": Llama-3's vocabulary, a tiny hidden size
@@ -320,3 +323,36 @@ def test_plan_turns_the_chunked_loss_on_where_the_plain_loss_does_not_fit(
     offers = select_offers(local=["RTX 4090"], providers_csv="local")
     with pytest.raises(FrugalError, match="nothing fits"):
         search(load_spec("meta-llama/Llama-3.1-8B"), plain, offers, k)
+
+
+@pytest.mark.parametrize("chunks", [16, 48, 96, 128, 256])
+def test_the_simulated_lengths_give_every_chunk_its_share_of_tokens(
+    tiny_llama: ModelSpec, monkeypatch: pytest.MonkeyPatch, chunks: int
+) -> None:
+    """The profile is fitted from three simulated lengths: each must split into `chunks`
+    chunks of s / chunks tokens, growing with s as at the real length. At 64 tokens, 128
+    chunks held 1, 1 and 2 tokens and the fit found 7.9 GiB of gradients for 4.9M weights."""
+    from frugal.estimate import core, simulate
+
+    seen: list[list[tuple[int, int]]] = []
+
+    def record(config: Any, job: Any, n: int, shapes: list[tuple[int, int]]) -> Any:
+        seen.append(shapes)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(simulate, "simulate", record)
+    monkeypatch.setattr(core.cache, "load", lambda key: None)
+    job = make_job(loss_chunks=chunks, seq=2048)
+    with pytest.raises(RuntimeError, match="recorded"):
+        core.get_profile(tiny_llama, job, 2048)
+    tokens = [b * s for b, s in seen[0]]
+    assert all(n % chunks == 0 for n in tokens), tokens  # whole tokens per chunk
+    per = [n // chunks for n in tokens]
+    assert per == [per[0], 2 * per[0], 3 * per[0]] and per[0] >= 1
+
+
+def test_more_chunks_than_tokens_or_than_256_is_refused() -> None:
+    with pytest.raises(FrugalError, match="more chunks than the 100 tokens"):
+        make_job(loss_chunks=200, seq=100)
+    with pytest.raises(FrugalError, match="--loss-chunks 512: give a whole number from 0 to 256"):
+        make_job(loss_chunks=512)

@@ -30,6 +30,9 @@ FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops i
 MOST = 65_536
 MOST_SEQ = 16_777_216  # 16M tokens: past the longest context any model offers (10M)
 MOST_GPUS = 65_536
+# 256 chunks keep one chunk's logits under 0.4 GB even for 128K tokens of a 128K vocabulary;
+# more only add ops (the estimate simulates each chunk: 1,024 of them take two minutes)
+MOST_CHUNKS = 256
 
 
 def _version(text: str) -> Any:
@@ -103,7 +106,7 @@ class TrainJob(BaseModel):
     loss_chunks: int = Field(
         0,
         ge=0,
-        le=MOST,
+        le=MOST_CHUNKS,
         description="compute the cross-entropy from the last hidden states in this many "
         "chunks of tokens, never holding the whole logits tensor (exact); 0: the plain loss",
     )
@@ -119,6 +122,12 @@ class TrainJob(BaseModel):
     def _check(self) -> TrainJob:
         if self.bitsandbytes is not None:
             _version(self.bitsandbytes)
+        if self.loss_chunks > self.batch * self.seq:
+            raise ValueError(
+                f"--loss-chunks {self.loss_chunks} is more chunks than the "
+                f"{self.batch * self.seq:,} tokens of a micro-batch: give at most that (16 "
+                "is plenty)"
+            )
         if self.loss_chunks and self.sharding in ("fsdp", "zero3"):
             raise ValueError(
                 "--loss-chunks reads the LM head's whole weight: use --sharding ddp or zero2"
