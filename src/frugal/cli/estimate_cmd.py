@@ -70,7 +70,7 @@ def estimate(
     if gpu is not None and gpu_memory is not None:
         raise FrugalError("give --gpu or --gpu-memory, not both")
     spec = load_spec(model)
-    card = find_gpu(gpu) if gpu else None
+    card = find_gpu(gpu, "--gpu-memory GIB") if gpu else None
     est = run_estimate(spec, job, gpu=card, gpu_memory_gib=gpu_memory)
     if json_out:
         print_json(est.to_json())

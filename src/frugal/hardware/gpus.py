@@ -123,14 +123,17 @@ def lookup_gpu(name: str) -> GPU | None:
     return None
 
 
-def find_gpu(name: str) -> GPU:
-    """Match forgivingly: 'l40s', 'RTX 4090', 'rtx4090', 'h100-sxm' all work."""
+def find_gpu(name: str, otherwise: str = "") -> GPU:
+    """Match forgivingly: 'l40s', 'RTX 4090', 'rtx4090', 'h100-sxm' all work. An unknown
+    name's error names the closest GPUs, `frugal gpus`, and `otherwise` (the command's
+    other way to say the card, e.g. "--gpu-memory GIB"), when it has one."""
     g = lookup_gpu(name)
     if g is not None:
         return g
     names = [g.name for g in gpus()]
     hint = closest(name, names)
+    alt = f", or pass {otherwise}" if otherwise else ""
     raise FrugalError(
         f"unknown GPU {name!r}; closest: {', '.join(hint) if hint else ', '.join(names)} "
-        "(or pass --gpu-memory GIB)"
+        f"(all of them: frugal gpus{alt})"
     )
