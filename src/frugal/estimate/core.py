@@ -108,10 +108,7 @@ def base_length(spec: ModelSpec, seq: int, loss_chunks: int = 0) -> int:
     the real one. Shorter, a chunk holds one token or none at every simulated length (128
     chunks of 64 tokens), and the fit extrapolated 7.9 GiB of gradients for 4.9M weights."""
     w = spec.sliding_window
-    if w and seq > w:
-        s0 = w + 64
-    else:
-        s0 = 64 if not w else max(4, min(64, w // 3))
+    s0 = 64 if not w else w + 64 if seq > w else max(4, min(64, w // 3))
     return -(-s0 // loss_chunks) * loss_chunks if loss_chunks else s0
 
 
