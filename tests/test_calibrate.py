@@ -216,9 +216,10 @@ def test_calibration_lowers_the_error_on_held_back_runs(ledger_url: str, no_cali
         and mem.before_pct
         and mem.after_pct is not None
     )
-    # 0.7x speed is a 43% over-prediction; 1.5 GiB is ~7% of these peaks
+    # 0.7x speed is a 43% over-prediction; 1.5 GiB is 4.5-7.5% of these peaks (which five
+    # runs are held back follows their random ids: a test run saw 4.52%)
     assert tps.before_pct > 35 and tps.after_pct < 10
-    assert mem.before_pct > 5 and mem.after_pct < 1
+    assert mem.before_pct > 3 and mem.after_pct < 1
     new = {(c.where, c.key): c.new for c in cal.changes}
     assert 0.3 < new["speed", "eff_max_datacenter"] < 0.5  # was 0.63: slower
     assert 1300 < new["memory", "reserve_fixed_mib"] < 2000  # was 128: + ~1536 MiB

@@ -45,13 +45,13 @@ def run_jobs(
     jobs = read_jobs(path)
     if write:  # the directory and each job's run config, before any planning
         check_dir(write, "--write")
-        for job in jobs:
+        for job in jobs if Path(write).is_dir() else ():  # a new directory holds nothing
             check_target(Path(write) / f"{job.name}.yaml", "--write", force=force)
     history = read_price_history(history_file) if history_file else None
     packing, planned, notes = plan_jobs(jobs, offers, history, parse_now(now), spot)
     out = to_json(packing, planned, notes)
     if write:
-        for i in range(1, len(packing.vms) + 1):
+        for i in range(1, len(packing.vms) + 1) if Path(write).is_dir() else ():
             check_target(Path(write) / f"vm{i}.sky.yaml", "--write", force=force)
         out["wrote"] = write_all(packing, planned, Path(write))
     if json_out:
