@@ -1,11 +1,15 @@
-"""FOCUS billing imports, chargeback exports and the lossless export and import of the
-ledger (frugal.ledger.focus, `frugal costs import|export`), on SQLite and PostgreSQL."""
+"""FOCUS billing imports, the FOCUS 1.2 chargeback, and the lossless export and import of
+the ledger (frugal.ledger.billing, .focus, .backup, .exchange: `frugal costs
+import|export`), on SQLite and PostgreSQL. The chargeback is checked against the columns and
+rules of the FOCUS 1.2 specification (tests/data/focus/spec-1.2, from its column files)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,12 +20,13 @@ from sqlalchemy import func, select
 
 from frugal.cli.main import main
 from frugal.errors import FrugalError
-from frugal.ledger import focus
+from frugal.ledger import exchange, focus
 from frugal.ledger.budgets import set_budget
 from frugal.ledger.report import report
 from frugal.ledger.schema import Alert, CostEntry, Heartbeat, PlanRecord, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
 
+FOCUS_DATA = Path(__file__).parent / "data" / "focus"
 PLAN = {"method": "qlora", "provider": "runpod", "instance": "1x RTX 4090", "region": "",
         "gpu": "RTX 4090", "gpus": 1, "spot": True, "price_per_hour_usd": 0.34,
         "est_hours": 2.5, "est_cost_usd": 0.85}  # fmt: skip
@@ -106,7 +111,7 @@ def test_billing_rows_match_runs_by_resource_id_and_by_tags(
 ) -> None:
     led, ids = runs
     path = write_bill(tmp_path / "aws-2026-05.csv", bill(ids))
-    r = focus.import_file(led, path)
+    r = exchange.import_file(led, path)
     assert (r.format, r.rows, r.added, r.skipped) == ("billing", 7, {"costs": 7}, {"costs": 0})
     assert r.matched == {"resource_id": 2, "run_id_tag": 1, "tags": 1} and r.unmatched == 3
     assert r.added_usd == pytest.approx(67)
@@ -131,17 +136,17 @@ def test_importing_twice_counts_once(runs: tuple[Ledger, dict[str, str]], tmp_pa
     led, ids = runs
     rows = bill(ids)
     path = write_bill(tmp_path / "bill.csv", rows)
-    focus.import_file(led, path)
+    exchange.import_file(led, path)
     before = report(led, "team", "all", extras=False).totals.spend_usd
-    again = focus.import_file(led, path)
+    again = exchange.import_file(led, path)
     assert (again.added, again.skipped) == ({"costs": 0}, {"costs": 7})
     assert len(costs(led)) == 7
     assert report(led, "team", "all", extras=False).totals.spend_usd == pytest.approx(before)
     write_bill(path, [*rows, rows[-1], bill_row(9, "2026-05-20T00:00:00Z")])  # the bill grew
-    grown = focus.import_file(led, path)
+    grown = exchange.import_file(led, path)
     assert (grown.added, grown.skipped) == ({"costs": 2}, {"costs": 7})  # a repeated row counts
     assert len(costs(led)) == 9
-    other = focus.import_file(led, write_bill(tmp_path / "other.csv", rows[:1]))
+    other = exchange.import_file(led, write_bill(tmp_path / "other.csv", rows[:1]))
     assert other.added == {"costs": 1}  # another file's rows are its own
 
 
@@ -151,7 +156,7 @@ def test_a_bill_not_in_usd_is_refused_whole(ledger_url: str, tmp_path: Path) -> 
     rows[1]["BillingCurrency"] = "EUR"
     path = write_bill(tmp_path / "eur.csv", rows)
     with pytest.raises(FrugalError, match=r"eur\.csv line 3: BillingCurrency is EUR.*in USD"):
-        focus.import_file(led, path)
+        exchange.import_file(led, path)
     assert costs(led) == []
 
 
@@ -215,8 +220,23 @@ def full_books(led: Ledger) -> None:
 
 def export(led: Ledger, fmt: str) -> str:
     out = io.StringIO()
-    focus.write_export(led, fmt, out)
+    exchange.write_export(led, fmt, out)
     return out.getvalue()
+
+
+def spend_rows(text: str) -> list[dict[str, str]]:
+    """A FOCUS export's rows with frugal's run ids written as RUN (a run's id is random: two
+    ledgers made alike differ there, and nowhere else)."""
+    rows = list(csv.DictReader(io.StringIO(text)))
+    ids = {r["x_RunId"] for r in rows if r["x_RunId"]}
+    out = []
+    for r in rows:
+        for k, v in r.items():
+            for i in ids:
+                v = v.replace(i, "RUN")
+            r[k] = v
+        out.append(r)
+    return out
 
 
 def counts(led: Ledger) -> dict[str, int]:
@@ -225,26 +245,37 @@ def counts(led: Ledger) -> dict[str, int]:
                 for t in (PlanRecord, RunRecord, Heartbeat, CostEntry, Tag, Alert)}  # fmt: skip
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "focus"])
-def test_export_import_export_is_byte_identical(fmt: str, ledger_url: str, tmp_path: Path) -> None:
+def test_export_import_export_is_byte_identical(ledger_url: str, tmp_path: Path) -> None:
     source = Ledger(f"sqlite:///{tmp_path / 'source.sqlite'}")
     full_books(source)
-    first = export(source, fmt)
-    path = tmp_path / f"books.{'csv' if fmt == 'focus' else 'jsonl'}"
+    first = export(source, "jsonl")
+    path = tmp_path / "books.jsonl"
     path.write_text(first, encoding="utf-8")
     target = Ledger(ledger_url)  # empty, on either backend
-    r = focus.import_file(target, path)
-    assert r.format == fmt and sum(r.skipped.values()) == 0
-    assert export(target, fmt) == first
-    if fmt == "jsonl":  # the whole ledger, budgets and alerts too
-        assert counts(target) == counts(source)
-        assert export(target, "focus") == export(source, "focus")
-    else:  # the spend: runs with their plans and heartbeats, costs, their tags
-        assert counts(target) == counts(source) | {"plans": 1, "alerts": 0, "tags": 4}
-    again = focus.import_file(target, path)
-    assert sum(again.added.values()) == 0 and export(target, fmt) == first
+    r = exchange.import_file(target, path)
+    assert r.format == "jsonl" and sum(r.skipped.values()) == 0
+    assert export(target, "jsonl") == first
+    assert counts(target) == counts(source)  # the whole ledger, budgets and alerts too
+    assert export(target, "focus") == export(source, "focus")
+    again = exchange.import_file(target, path)
+    assert sum(again.added.values()) == 0 and export(target, "jsonl") == first
     new = target.add_cost(1.0, "other")  # ids carry on after the restored ones
     assert new > max(c.id for c in costs(source))
+
+
+def test_an_earlier_frugals_chargeback_with_its_records_still_restores(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """frugal 0.1 exported its records inside the FOCUS file (x_FrugalRecords): such a file,
+    written by that version from `full_books`, still restores the spend it carried."""
+    source = Ledger(f"sqlite:///{tmp_path / 'source.sqlite'}")
+    full_books(source)
+    target = Ledger(ledger_url)
+    r = exchange.import_file(target, FOCUS_DATA / "frugal-0.1-chargeback.csv")
+    assert r.format == "focus" and r.added["runs"] == 2
+    # the spend: runs with their plans and heartbeats, costs, their tags
+    assert counts(target) == counts(source) | {"plans": 1, "alerts": 0, "tags": 4}
+    assert spend_rows(export(target, "focus")) == spend_rows(export(source, "focus"))
 
 
 def test_import_into_books_that_use_the_same_ids(ledger_url: str, tmp_path: Path) -> None:
@@ -256,7 +287,7 @@ def test_import_into_books_that_use_the_same_ids(ledger_url: str, tmp_path: Path
     other_plan = target.record_plan(PLAN | {"est_cost_usd": 9.0}, "other", 1.0)
     other_cost = target.add_cost(99.0, "other", tags={"team": "theirs"})
     assert (other_plan, other_cost) == (1, 1)  # the ids the source uses too
-    focus.import_file(target, path)
+    exchange.import_file(target, path)
     with target.session() as s:
         run = s.scalar(select(RunRecord).where(RunRecord.model == "llama-8b"))
         assert run is not None and run.plan_id is not None and run.plan_id != other_plan
@@ -267,30 +298,180 @@ def test_import_into_books_that_use_the_same_ids(ledger_url: str, tmp_path: Path
     assert target.tags("cost", str(storage.id)) == {"project": "demo"}
     assert target.tags("cost", str(other_cost)) == {"team": "theirs"}
     assert target.tags("plan", str(run.plan_id)) == {"project": "demo"}
-    assert sum(focus.import_file(target, path).added.values()) == 0
+    assert sum(exchange.import_file(target, path).added.values()) == 0
 
 
-def test_the_focus_chargeback(tmp_path: Path) -> None:
+# -- the FOCUS 1.2 chargeback, checked against the specification ------------------------------
+
+SPEC = FOCUS_DATA / "spec-1.2"
+DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")  # datetime_format.md
+# numeric_format.md: a sign only when negative, one point, no thousands separator; E notation
+# with a sign only on a negative exponent. frugal writes a point and no exponent (the
+# FinOps Foundation's validator reads a number without a point as an integer, not a Decimal)
+DECIMAL = re.compile(r"^-?\d+\.\d+$")
+UNIT = re.compile(
+    r"^[A-Z][A-Za-z]*(-[A-Z][a-z]+s|/[A-Z][a-z]+)?$"
+)  # unit_format.md, the forms used
+
+
+def spec_columns() -> dict[str, dict[str, str]]:
+    lines = [ln for ln in (SPEC / "columns.csv").read_text().splitlines() if ln[:1] != "#"]
+    return {r["column"]: r for r in csv.DictReader(lines)}
+
+
+def spec_subcategories() -> dict[str, str]:
+    lines = [ln for ln in (SPEC / "subcategories.csv").read_text().splitlines() if ln[:1] != "#"]
+    return {r["subcategory"]: r["category"] for r in csv.DictReader(lines)}
+
+
+def _row_problems(
+    row: dict[str, str], header: list[str], spec: dict[str, dict[str, str]],
+    subcategories: dict[str, str],
+) -> Iterator[str]:  # fmt: skip
+    """What one row breaks; empty cells are nulls."""
+
+    def null(c: str) -> bool:
+        return row.get(c, "") == ""
+
+    for c in (c for c in header if c in spec):
+        col, v = spec[c], row[c]
+        if v == "":
+            if col["allows_nulls"] == "False":
+                yield f"{c} is null"
+            continue
+        if col["data_type"] == "Decimal" and not DECIMAL.match(v):
+            yield f"{c} {v!r} is not a decimal in FOCUS's numeric format"
+        if col["data_type"] == "Date/Time" and not DATETIME.match(v):
+            yield f"{c} {v!r} is not YYYY-MM-DDTHH:mm:ssZ"
+        if col["data_type"] == "JSON":
+            obj = json.loads(v)
+            if not isinstance(obj, dict) or any(isinstance(x, dict | list) for x in obj.values()):
+                yield f"{c} is not a JSON object of plain values"
+        if col["allowed_values"] and v not in col["allowed_values"].split("|"):
+            yield f"{c} {v!r} is not an allowed value"
+        if v != v.strip():
+            yield f"{c} {v!r} has spaces around it"
+    if row["BillingCurrency"] != "USD":  # ISO 4217 national currency; the books are in USD
+        yield "BillingCurrency is not USD"
+    usage = row["ChargeCategory"] in ("Usage", "Purchase") and null("ChargeClass")
+    for c in ("ListUnitPrice", "ContractedUnitPrice", "PricingCategory", "PricingQuantity",
+              "SkuId", "SkuPriceId", "ConsumedQuantity"):  # fmt: skip
+        if c in header and usage and null(c):
+            yield f"{c} is null on a Usage row"
+    for a, b in (("PricingQuantity", "PricingUnit"), ("ConsumedQuantity", "ConsumedUnit"),
+                 ("RegionId", "RegionName"), ("ResourceId", "ResourceType"),
+                 ("SubAccountId", "SubAccountName"), ("SkuId", "SkuMeter")):  # fmt: skip
+        if a in header and b in header and null(a) != null(b):
+            yield f"{b} is {'null' if null(b) else 'not null'} where {a} is not"
+    if not null("ResourceName") and null("ResourceId"):
+        yield "ResourceName without a ResourceId"
+    if not null("SkuPriceDetails") and null("SkuPriceId"):
+        yield "SkuPriceDetails without a SkuPriceId"
+    for unit in ("PricingUnit", "ConsumedUnit"):
+        if not null(unit) and not UNIT.match(row[unit]):
+            yield f"{unit} {row[unit]!r} is not in FOCUS's unit format"
+    for price, cost in (("ListUnitPrice", "ListCost"), ("ContractedUnitPrice", "ContractedCost")):
+        if null(price) or null("PricingQuantity"):
+            continue
+        product = float(row[price]) * float(row["PricingQuantity"])
+        if abs(product - float(row[cost])) > 1e-6 * max(1.0, abs(float(row[cost]))):
+            yield f"{price} x PricingQuantity is {product}, {cost} {row[cost]}"
+        if float(row[price]) < 0:
+            yield f"{price} is negative"
+    sub = row.get("ServiceSubcategory", "")
+    if "ServiceSubcategory" in header and subcategories.get(sub) != row["ServiceCategory"]:
+        yield f"ServiceSubcategory {sub!r} is not one of {row['ServiceCategory']!r}'s"
+    for start, end in (("BillingPeriodStart", "BillingPeriodEnd"),
+                       ("ChargePeriodStart", "ChargePeriodEnd")):  # fmt: skip
+        if row[end] < row[start]:
+            yield f"{end} before {start}"
+    if row["ChargeFrequency"] == "Usage-Based" and row["ChargeCategory"] == "Purchase":
+        yield "a Purchase is not Usage-Based"
+
+
+def conformance_problems(text: str) -> list[str]:
+    """Every way `text` (a FOCUS CSV) breaks the FOCUS 1.2 rules that apply to what frugal
+    writes: the columns' presence, order and names, data types and formats, nulls, allowed
+    values, and the rules that tie columns together."""
+    spec, subcategories = spec_columns(), spec_subcategories()
+    header = next(csv.reader(io.StringIO(text)))
+    bad: list[str] = []
+    focus_cols = [c for c in header if not c.startswith("x_")]
+    bad += [f"{c}: not a FOCUS 1.2 column (custom ones start x_)" for c in focus_cols
+            if c not in spec]  # fmt: skip
+    bad += [f"{c}: Mandatory, missing" for c, r in spec.items()
+            if r["level"] == "Mandatory" and c not in header]  # fmt: skip
+    if header[: len(focus_cols)] != focus_cols:
+        bad.append("custom x_ columns come before FOCUS columns")
+    bad += [f"{c}: not PascalCase" for c in header
+            if not re.fullmatch(r"(x_)?[A-Z][A-Za-z0-9]*", c)]  # fmt: skip
+    for n, row in enumerate(csv.DictReader(io.StringIO(text)), 2):
+        bad += [f"line {n}: {w}" for w in _row_problems(row, header, spec, subcategories)]
+    return bad
+
+
+def test_the_rules_catch_what_they_say() -> None:
+    """The checker itself: each kind of break in a good row is found."""
+    led = Ledger("sqlite://")
+    led.add_cost(3.5, "storage", "bucket", tags={"project": "demo"}, at=T("2026-05-04"))
+    good = export(led, "focus")
+    assert conformance_problems(good) == []
+    head, row = good.splitlines()
+    cells = dict(zip(next(csv.reader([head])), next(csv.reader([row])), strict=True))
+
+    def broken(**change: str) -> list[str]:
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=list(cells), lineterminator="\n")
+        w.writeheader()
+        w.writerow(cells | change)
+        return conformance_problems(out.getvalue())
+
+    assert broken(BilledCost="1,012.5") and broken(BilledCost="3") and broken(BilledCost="")
+    assert broken(ChargePeriodStart="2026-05-04 00:00:00") and broken(ChargeCategory="usage")
+    assert broken(ServiceSubcategory="Other (Compute)") and broken(PricingUnit="")
+    assert broken(Tags='{"a": {"b": 1}}') and broken(ListUnitPrice="9.0")
+
+
+def test_the_chargeback_conforms_to_focus_1_2(tmp_path: Path) -> None:
     led = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     full_books(led)
-    rows = list(csv.DictReader(io.StringIO(export(led, "focus"))))
+    text = export(led, "focus")
+    assert conformance_problems(text) == []
+    rows = list(csv.DictReader(io.StringIO(text)))
     header = list(rows[0])
-    x = [c for c in header if c.startswith("x_")]
-    assert header[: -len(x)] == list(focus.FOCUS_COLUMNS) and header[-len(x) :] == x
-    assert {r["ChargeCategory"] for r in rows} == {"Usage"}
-    assert {r["BillingCurrency"] for r in rows} == {"USD"}
+    mandatory = [c for c, r in spec_columns().items() if r["level"] == "Mandatory"]
+    assert set(mandatory) <= set(header) and len(mandatory) == 21
+    assert header[: len(focus.COLUMNS)] == list(focus.COLUMNS)
+    assert "x_FrugalRecords" not in header  # the backup is the jsonl export, not this file
     run = next(r for r in rows if r["x_FrugalKind"] == "run" and r["x_Outcome"] == "completed")
     assert (run["ChargePeriodStart"], run["ChargePeriodEnd"]) == (
         "2026-05-04T10:00:00Z", "2026-05-04T12:24:01Z")  # fmt: skip
     assert (run["BilledCost"], run["ConsumedQuantity"], run["ConsumedUnit"]) == (
         "0.82", "2.4", "GPU-Hours")  # fmt: skip
+    assert (run["ListUnitPrice"], run["PricingUnit"], run["PricingCategory"]) == (
+        "0.34", "Hours", "Dynamic")  # its plan's spot price per hour  # fmt: skip
     assert json.loads(run["Tags"])["team"] == "nlp"
     assert (run["BillingPeriodStart"], run["BillingPeriodEnd"]) == (
         "2026-05-01T00:00:00Z", "2026-06-01T00:00:00Z")  # fmt: skip
+    bucket = next(r for r in rows if r["ChargeDescription"] == "bucket")
+    assert (bucket["SubAccountId"], bucket["SubAccountName"]) == ("project/demo", "demo")
+    assert bucket["ServiceSubcategory"] == "Other (Storage)"
     # a cost matched to a run bills nothing of its own: the column adds up to the spend
     billed = sum(float(r["BilledCost"]) for r in rows)
     assert billed == pytest.approx(report(led, "team", "all", extras=False).totals.spend_usd)
     assert billed == pytest.approx(0.82 + 0.01 + 3.5)
+
+
+def test_the_focus_metadata_declares_1_2(tmp_path: Path) -> None:
+    meta = focus.metadata(T("2026-05-04T10:00:00"), "0.1.0")
+    schema = meta["Schema"]
+    assert (schema["FocusVersion"], schema["CreationDate"]) == ("1.2", "2026-05-04T10:00:00Z")
+    assert meta["DataGenerator"] == "frugal"
+    names = [c["ColumnName"] for c in schema["ColumnDefinition"]]
+    assert names == [*focus.COLUMNS, *focus.X_COLUMNS]
+    tags = next(c for c in schema["ColumnDefinition"] if c["ColumnName"] == "Tags")
+    assert tags == {"ColumnName": "Tags", "DataType": "JSON", "ProviderTagPrefixes": []}
+    assert focus.metadata(T("2027-01-01"), "0.2.0")["Schema"]["SchemaId"] == schema["SchemaId"]
 
 
 def test_costs_export_and_import_commands(
@@ -302,10 +483,18 @@ def test_costs_export_and_import_commands(
     printed = capsys.readouterr().out
     out = tmp_path / "books.csv"
     assert main(["costs", "export", "--format", "focus", "--output", str(out)]) == 0
-    assert "wrote 4 rows" in capsys.readouterr().out
+    said = " ".join(capsys.readouterr().out.split())
+    assert "wrote 4 rows" in said and "books.focus-metadata.json" in said
     assert out.read_text() == printed
+    meta = json.loads((tmp_path / "books.focus-metadata.json").read_text())
+    assert meta["Schema"]["FocusVersion"] == "1.2"
+    backup = tmp_path / "books.jsonl"
+    assert main(["costs", "export", "--output", str(backup)]) == 0
+    capsys.readouterr()
     monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{tmp_path / 'b.sqlite'}")
-    got = run_json(capsys, "costs", "import", str(out), "--json")
-    assert got["format"] == "focus" and got["added"]["runs"] == 2
-    assert main(["costs", "import", str(out)]) == 0
+    # the chargeback is not a bill: imported, its runs would count twice
+    assert "is frugal's own chargeback" in run_error(capsys, "costs", "import", str(out))
+    got = run_json(capsys, "costs", "import", str(backup), "--json")
+    assert got["format"] == "jsonl" and got["added"]["runs"] == 2
+    assert main(["costs", "import", str(backup)]) == 0
     assert "added nothing" in capsys.readouterr().out

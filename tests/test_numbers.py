@@ -176,7 +176,7 @@ def test_a_span_back_past_2000_is_refused(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_a_billing_row_in_year_one_names_its_line(tmp_path: Any) -> None:
-    from frugal.ledger.focus import import_file
+    from frugal.ledger.exchange import import_file
     from frugal.ledger.report import report
     from frugal.ledger.store import Ledger
 

@@ -5,6 +5,7 @@ billing exports in, reports, advice and chargebacks out (frugal.ledger.report, .
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from frugal import DISTRIBUTION
 from frugal.cli import console, print_json
 from frugal.cli.options import JSON_HELP, argument, number
 from frugal.errors import FrugalError
-from frugal.files import check_target, replacing
+from frugal.files import check_target, replacing, write_text_atomic
 from frugal.ledger.tags import resolve
 from frugal.run.meter import usd
+from frugal.step.job import installed_version
 
 app = typer.Typer(
     help="Other spend, billing imports (FOCUS), reports, showback and exports.",
@@ -75,7 +78,7 @@ def import_(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Import a FOCUS billing export (matched to runs) or a frugal export; twice adds nothing."""
-    from frugal.ledger.focus import import_file
+    from frugal.ledger.exchange import import_file
     from frugal.ledger.store import Ledger
 
     led = Ledger()
@@ -187,21 +190,32 @@ def export(
     output: str | None = typer.Option(None, help="Write to this file \\[default: stdout]."),
     force: bool = typer.Option(False, "--force", help="Replace the --output file if it exists."),
 ) -> None:
-    """Export the books (`frugal costs import` reads both formats back, losslessly)."""
-    from frugal.ledger.focus import FORMATS, write_export
-    from frugal.ledger.store import Ledger
+    """Export the books: jsonl, the backup `frugal costs import` restores losslessly; focus,
+    the chargeback in FOCUS 1.2 for FinOps tools (with --output, its FOCUS metadata beside
+    it: FILE.focus-metadata.json)."""
+    from frugal.ledger.exchange import FORMATS, write_export
+    from frugal.ledger.focus import metadata
+    from frugal.ledger.store import Ledger, now
 
     if format_ not in FORMATS:
         raise FrugalError(f"--format {format_!r}: use jsonl (the whole ledger) or focus (CSV)")
+    meta = None
     if output is not None:
         check_target(output, "--output", force=force)
+        if format_ == "focus":
+            meta = Path(output).with_name(Path(output).stem + ".focus-metadata.json")
+            check_target(meta, "--output", force=force)
     led = Ledger()
     if output is None:
         write_export(led, format_, sys.stdout)
         return
     with replacing(output) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
         n = write_export(led, format_, f)
-    console().print(f"wrote {n:,} rows to {output} ({format_})")
+    if meta is not None:
+        version = installed_version(DISTRIBUTION) or "unknown"
+        write_text_atomic(meta, json.dumps(metadata(now(), version), indent=1) + "\n")
+    also = f"; FOCUS metadata in {meta}" if meta else ""
+    console().print(f"wrote {n:,} rows to {output} ({format_}){also}")
 
 
 @app.command("sync")
