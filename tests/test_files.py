@@ -245,3 +245,24 @@ def test_train_takes_an_empty_directory_and_its_own_runs(
     # marked as frugal's: the same directory is taken again
     assert json.loads((out / ".frugal-run").read_text()) == {"written_by": "frugal train"}
     assert main(["train", str(cfg), "--output-dir", str(out), "--json"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["offers", "--prices", "{long}"],
+        ["data", "check", "{long}", "--model", TINY],
+        ["costs", "import", "{long}"],
+        ["train", "{long}"],
+        ["estimate", "{long}"],
+        ["plan", "--jobs", "{long}"],
+    ],
+)
+def test_a_path_to_read_that_cannot_be_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    argv: list[str],
+) -> None:  # fmt: skip
+    _ledger(monkeypatch, tmp_path)
+    long = str(tmp_path / ("x" * 300))
+    msg = run_error(capsys, *(a.replace("{long}", long) for a in argv))
+    assert "xxxxxxxx" in msg or "not found" in msg or "no such" in msg.lower(), msg

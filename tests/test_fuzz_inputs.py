@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,3 +95,80 @@ def test_config_loading_never_crashes(tmp_path: Path) -> None:
             load_run_config(path, ["training.max_steps=5"] if case % 3 == 0 else [])
         except FrugalError as e:
             assert "\n" not in str(e).strip(), f"case {case}: {e}"
+
+
+# -- every option of every command ---------------------------------------------------------
+
+BAD_NUMBERS = ("nan", "inf", "-inf", "-1", "0", "1e400", "1e30", "0.5", "abc", "", "1,5")
+BAD_TEXT = ("", " ", "x" * 300, "\u00e9t\u00e9", "a,b,,", "/proc/self/frugal-x", "../..", "-",
+            "=", "a=", "=b", "2026-13-45", "9999-12", "nan", "\t", "DROP TABLE runs")  # fmt: skip
+SKIP = {("dashboard",)}  # it serves until stopped when its options are good
+
+
+def _commands() -> list[tuple[tuple[str, ...], Any]]:
+    import typer.main
+
+    from frugal.cli.main import app
+
+    out = []
+
+    def walk(cmd: Any, path: tuple[str, ...]) -> None:
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in sorted(subs.items()):
+                walk(sub, (*path, name))
+        elif path not in SKIP:
+            out.append((path, cmd))
+
+    walk(typer.main.get_command(app), ())
+    return out
+
+
+def _argv(path: tuple[str, ...], cmd: Any, rng: random.Random) -> list[str]:
+    """The command with its required arguments (a model that is not there, a file that is
+    not there) and one to three of its options given a bad or odd value."""
+    import typing
+
+    hints = typing.get_type_hints(cmd.callback)
+    argv = [*path]
+    options, positional = [], []
+    for p in cmd.params:
+        types = typing.get_args(hints[p.name]) or (hints[p.name],)
+        numeric = (int in types or float in types) and bool not in types
+        values = BAD_NUMBERS if numeric else BAD_TEXT
+        flag = next((o for o in getattr(p, "opts", []) if o.startswith("--")), None)
+        if flag is None:  # a positional argument: the tiny model, the toy data, or nothing
+            real = {"model": TINY, "file": str(ROOT / "examples" / "data" / "spell.jsonl")}
+            given = real.get(p.name, "no-such-thing") if rng.random() < 0.7 else "no-such-thing"
+            positional.append(given if not numeric else rng.choice(values))
+        elif bool in types or hints[p.name] is bool:
+            options.append([flag])
+        else:
+            options.append([flag, rng.choice(values)])
+    for picked in rng.sample(options, k=min(len(options), rng.randint(1, 3))):
+        argv += picked
+    return [*argv, *positional]
+
+
+@pytest.mark.slow
+def test_every_command_answers_bad_options_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random bad values for every command's options: a result or one line (exit 0 or 2),
+    never a traceback or an internal error; `--json` is one JSON object."""
+    monkeypatch.setenv("FRUGAL_DB_URL", f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    monkeypatch.chdir(tmp_path)  # what a command may write lands here
+    rng = random.Random(int(os.environ.get("FUZZ_SEED", "20261125")))
+    for path, cmd in _commands():
+        for _ in range(int(os.environ.get("FUZZ_N", "6"))):
+            argv = _argv(path, cmd, rng)
+            rc = main(argv)
+            out, err = capsys.readouterr()
+            what = " ".join(repr(a) if " " in a or not a else a for a in argv)
+            assert rc in (0, 2), f"frugal {what}: exit {rc}: {err[-600:]}"
+            assert "Traceback" not in err and "internal error" not in err, f"{what}: {err}"
+            if rc == 2:
+                lines = err.strip().splitlines()
+                assert len(lines) == 1 and lines[0].startswith("error: "), f"{what}: {err}"
+            if rc == 0 and "--json" in argv:
+                json.loads(out)

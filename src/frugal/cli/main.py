@@ -121,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: run the command again (what was saved before is intact)",
               file=sys.stderr)  # fmt: skip
         return INTERRUPTED_EXIT
+    except OSError as e:  # a path the user gave: too long, not readable, a disk full
+        if debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}: check the path and the disk", file=sys.stderr)
+        return 2
     except Exception as e:
         if debug:
             raise

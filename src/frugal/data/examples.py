@@ -104,13 +104,16 @@ def load_tokenizer(src: str, fix: str) -> Any:
 
     for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
         file = Path(src) / name  # a local directory's own files, damaged: say which
-        if file.is_file():
-            try:
-                json.loads(file.read_bytes())
-            except (ValueError, RecursionError) as e:
-                raise FrugalError(
-                    f"{file} is not valid JSON ({str(e)[:60]}): download the model's {name} again"
-                ) from None
+        try:
+            raw = file.read_bytes()
+        except OSError:  # not there (a hub id), or no such path at all
+            continue
+        try:
+            json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise FrugalError(
+                f"{file} is not valid JSON ({str(e)[:60]}): download the model's {name} again"
+            ) from None
     try:
         return AutoTokenizer.from_pretrained(src, local_files_only=True)
     except Exception as e:  # not cached, no tokenizer files, offline
