@@ -207,3 +207,21 @@ def test_a_resume_dir_given_by_hand_that_is_damaged_is_refused(
     cfg.write(path)
     msg = run_error(capsys, "train", str(path), "--resume", str(copy), "--quiet")
     assert f"--resume {copy}: scheduler.pt does not match the checksum" in msg
+
+
+def test_a_second_train_into_a_directory_in_use_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from frugal.run import outdir
+
+    out = tmp_path / "b"
+    cfg = make_cfg(out, "training.max_steps=2")
+    path = tmp_path / "c.yaml"
+    cfg.write(path)
+    with outdir.held(out):  # a run writing there now (the lock is per open file: as another's)
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        msg = run_error(capsys, "train", str(path), "--quiet")
+        assert f"--output-dir {out} is in use by another frugal train (pid " in msg
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    s = recipe.train(cfg, quiet=True)  # let go: the directory is free again
+    assert s.outcome == "completed"

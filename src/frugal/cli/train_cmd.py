@@ -22,7 +22,7 @@ from frugal.cli.options import number, option
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import INTERRUPTED_EXIT, RESUMABLE_EXIT, FrugalError
 from frugal.run.launch import launch
-from frugal.run.outdir import check
+from frugal.run.outdir import check, held
 from frugal.run.summary import RunSummary
 from frugal.step.job import TrainJob
 
@@ -70,7 +70,9 @@ def train(
         check(Path(cfg.output_dir))  # frugal's, or refused before any process starts
         out = Path(cfg.output_dir) / ("dry-run" if dry_run else "")
         preflight(cfg, list(tag or []), force, out, bool(dry_run))  # before any process starts
-        raise typer.Exit(launch(cfg.job.gpus, cli.ARGV))
+        with held(Path(cfg.output_dir)):  # the workers run under this process's hold
+            code = launch(cfg.job.gpus, cli.ARGV)
+        raise typer.Exit(code)
 
     from frugal.run.recipe import train as run_train
 

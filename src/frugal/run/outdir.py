@@ -1,18 +1,25 @@
-"""A run's output directory is frugal's: `frugal train` writes there only where it is new,
-empty, or a run of its own, so pointing --output-dir at a directory of the user's (the one
-holding their config.yaml, say) changes nothing in it."""
+"""A run's output directory is frugal's, and one run's at a time: `frugal train` writes
+there only where it is new, empty, or a run of its own, so pointing --output-dir at a
+directory of the user's (the one holding their config.yaml, say) changes nothing in it;
+and a second `frugal train` into a directory a running one holds is refused, so two runs
+never write one set of checkpoints."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from frugal.errors import FrugalError
 from frugal.files import check_dir, write_text_atomic
 
 MARK = ".frugal-run"  # written first into a run's directory: the directory is frugal's
+LOCK = ".frugal-run.lock"  # held (flock) by the one frugal train writing there
 # what frugal train wrote into a run directory before it marked them (resumed after upgrading)
-OWN = ("checkpoints", "run_summary.json", "metrics.jsonl")
+OWN = ("checkpoints", "run_summary.json", "metrics.jsonl", LOCK)
 
 
 def check(out: Path) -> None:
@@ -31,8 +38,30 @@ def check(out: Path) -> None:
             )
 
 
-def claim(out: Path) -> None:
-    """Make `out` this run's directory (after `check`): created, and marked frugal's."""
+@contextmanager
+def held(out: Path) -> Iterator[None]:
+    """`out` made this run's (after `check`): created, marked frugal's, and locked while the
+    block runs; a directory another `frugal train` holds is refused with one line. The lock
+    is the operating system's (flock): a run killed with -9 lets go of it with its life."""
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / MARK).is_file():
-        write_text_atomic(out / MARK, json.dumps({"written_by": "frugal train"}) + "\n")
+    f = open(out / LOCK, "a+")  # noqa: SIM115 (closed below, which lets the lock go)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise FrugalError(
+            f"--output-dir {out} is in use by another frugal train ({holder}): wait for it "
+            "to end, or give another output directory (nothing there was changed)"
+        ) from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        if not (out / MARK).is_file():
+            write_text_atomic(out / MARK, json.dumps({"written_by": "frugal train"}) + "\n")
+        yield
+    finally:
+        f.close()

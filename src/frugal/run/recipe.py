@@ -23,9 +23,11 @@ What the runner adds to a plain loop, and where:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
+import os
 import shutil
 import time
 import warnings
@@ -54,7 +56,7 @@ from frugal.files import write_text_atomic
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.run import checkpoint as ckpt
 from frugal.run import outdir
-from frugal.run.books import Cap, RunBooks, Watchdog, is_main_process, preflight
+from frugal.run.books import Cap, Preflight, RunBooks, Watchdog, is_main_process, preflight
 from frugal.run.build import (
     auto_micro_batch,
     choose_precision,
@@ -370,6 +372,20 @@ def train(
     if main:
         outdir.check(Path(cfg.output_dir))  # frugal's, or refused before any work
     pre = preflight(cfg, tags or [], force, out, bool(dry_run)) if main else None  # no work yet
+    # one run at a time in a directory: this process holds it (the processes a multi-GPU
+    # run's launcher starts run under the launcher's hold)
+    alone = main and "LOCAL_RANK" not in os.environ
+    with outdir.held(Path(cfg.output_dir)) if alone else contextlib.nullcontext():
+        return _session(cfg, out, pre, resume, dry_run, on_step, quiet, clock)
+
+
+def _session(
+    cfg: RunConfig, out: Path, pre: Preflight | None, resume: str, dry_run: int | None,
+    on_step: Callable[[int, dict[str, float]], None] | None, quiet: bool, clock: Clock,
+) -> RunSummary:  # fmt: skip
+    """One session of the run in `out`: set up, start or resume, train, save, summarize,
+    with its books kept (`pre`: the preflight's tags and warnings, on the main process)."""
+    main = pre is not None
     if dry_run and main:
         shutil.rmtree(out, ignore_errors=True)  # measurements only: the run's files stay
     source, notes = find_source(cfg, out, resume, dry_run)  # refuses a dir holding a run
@@ -478,7 +494,6 @@ def start(run: Run, source: Path | None, meter: CostMeter) -> TrainState:
     if source is not None:
         state = _restore(run, store, _intact(run, store, source), meter)
     if run.main:
-        outdir.claim(Path(cfg.output_dir))
         out.mkdir(parents=True, exist_ok=True)
         cfg.write(out / "config.yaml")  # the resolved config, beside every output
         _truncate_metrics(out / "metrics.jsonl", state.step)
