@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -498,3 +499,23 @@ def test_costs_export_and_import_commands(
     assert got["format"] == "jsonl" and got["added"]["runs"] == 2
     assert main(["costs", "import", str(backup)]) == 0
     assert "added nothing" in capsys.readouterr().out
+
+
+def test_the_same_bill_imported_twice_at_once_counts_once(ledger_url: str, tmp_path: Path) -> None:
+    """Two `frugal costs import` of one file at the same moment (two people, a retried
+    job): the second waits for the first and finds its rows on the books."""
+    import subprocess
+    import sys
+
+    rows = [bill_row(0.25 + i / 100, f"2026-05-{1 + i % 28:02d}T00:00:00Z",
+                     resource=f"i-{i}") for i in range(2000)]  # fmt: skip
+    bill = write_bill(tmp_path / "bill.csv", rows)
+    Ledger(ledger_url)  # migrated before the race: the race is the import's
+    env = {**os.environ, "FRUGAL_DB_URL": ledger_url}
+    cmd = [sys.executable, "-m", "frugal.cli.main", "costs", "import", str(bill), "--json"]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    added = [json.loads(p.communicate(timeout=120)[0])["added"]["costs"] for p in procs]
+    assert sorted(added) == [0, 2000]
+    assert report(Ledger(ledger_url), "team", "all", extras=False).totals.spend_usd == (
+        pytest.approx(sum(0.25 + i / 100 for i in range(2000)))
+    )

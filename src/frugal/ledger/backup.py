@@ -160,7 +160,7 @@ def restore(led: Ledger, records: list[Record], fmt: str, name: str) -> ImportRe
     result = ImportResult(name, fmt, rows=len(records))
     maps: dict[str, dict[Any, Any]] = {}  # table -> old id -> id on the books
     known: dict[str, set[Any]] = {}  # table -> ids on the books (now)
-    with led.session() as s:
+    with led.exclusive() as s:  # twice at once: the second sees the first's records
         for table in tables.values():
             rows = [_decode(table, row, where) for where, row in by_table.get(table.name, [])]
             added, skipped = _restore_table(s, table, rows, maps, known)

@@ -217,7 +217,7 @@ def import_billing(led: Ledger, p: Path, header: list[str],
     assert cost_column is not None
     charges = [_parse_charge(row, cost_column, p, line) for line, row in rows]
     result = ImportResult(p.name, "billing", rows=len(charges))
-    with led.session() as s:
+    with led.exclusive() as s:  # twice at once: the second sees the first's rows
         have = Counter(
             (aware(c.at).astimezone(UTC), utc_or_none(c.period_end), c.amount_usd, c.description,
              c.resource_id, c.provider, c.kind)

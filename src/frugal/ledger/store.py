@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from frugal.ledger.db import engine
@@ -41,6 +41,19 @@ class Ledger:
     @contextmanager
     def session(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    @contextmanager
+    def exclusive(self) -> Iterator[Session]:
+        """A session that writes alone from its first statement, so what it reads stays
+        true until it commits: an import that skips the rows already on the books, run
+        twice at once, adds them once. SQLite: a no-op write takes the database's one write
+        lock (the other writer waits, busy_timeout); PostgreSQL: an advisory lock."""
+        with self.session() as s:
+            if s.get_bind().dialect.name == "postgresql":
+                s.execute(text("SELECT pg_advisory_xact_lock(7340032)"))
+            else:
+                s.execute(text("UPDATE alembic_version SET version_num = version_num"))
             yield s
 
     def _tag(self, s: Session, kind: str, ref: str, tags: dict[str, str]) -> None:
