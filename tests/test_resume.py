@@ -33,6 +33,14 @@ def _stop_at(step: int) -> Any:
     return kill
 
 
+def _stopped_at_2(tmp_path: Path) -> tuple[Path, Any]:
+    """A four-step run, a checkpoint every step, stopped by SIGTERM at step 2."""
+    out = tmp_path / "b"
+    cfg = make_cfg(out, *EVERY_STEP[:1], "training.max_steps=4")
+    recipe.train(cfg, on_step=_stop_at(2), quiet=True)
+    return out, cfg
+
+
 def _flip(path: Path, at: int) -> None:
     raw = bytearray(path.read_bytes())
     raw[at] ^= 0xFF
@@ -100,9 +108,7 @@ def test_a_damaged_state_is_passed_over_and_none_intact_is_one_line(
 def test_a_checkpoint_of_an_earlier_frugal_without_checksums_still_resumes(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "b"
-    cfg = make_cfg(out, *EVERY_STEP[:1], "training.max_steps=4")
-    recipe.train(cfg, on_step=_stop_at(2), quiet=True)
+    out, cfg = _stopped_at_2(tmp_path)
     marker = out / "checkpoints" / "step-00000002" / ckpt.MARKER
     old = {k: v["bytes"] for k, v in ckpt._recorded(marker.parent).items()}
     marker.write_text(ckpt.json.dumps({"step": 2, "files": old}))  # sizes only
@@ -136,9 +142,7 @@ def test_a_stop_before_the_first_step_saves_nothing_and_starts_again(
 def test_deleted_checkpoints_of_a_run_that_trained_say_so(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    out = tmp_path / "b"
-    cfg = make_cfg(out, *EVERY_STEP[:1], "training.max_steps=4")
-    recipe.train(cfg, on_step=_stop_at(2), quiet=True)
+    out, cfg = _stopped_at_2(tmp_path)
     shutil.rmtree(out / "checkpoints")
     with pytest.raises(FrugalError) as e:
         recipe.train(cfg, quiet=True)
@@ -197,9 +201,7 @@ def test_a_second_ctrl_c_waits_for_a_swap_to_finish() -> None:
 def test_a_resume_dir_given_by_hand_that_is_damaged_is_refused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    out = tmp_path / "b"
-    cfg = make_cfg(out, *EVERY_STEP[:1], "training.max_steps=4")
-    recipe.train(cfg, on_step=_stop_at(2), quiet=True)
+    out, cfg = _stopped_at_2(tmp_path)
     copy = tmp_path / "copy"
     shutil.copytree(out / "checkpoints" / "step-00000002", copy)
     _flip(copy / "scheduler.pt", 5)
