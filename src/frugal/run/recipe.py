@@ -372,23 +372,24 @@ def train(
     if main:
         outdir.check(Path(cfg.output_dir))  # frugal's, or refused before any work
     pre = preflight(cfg, tags or [], force, out, bool(dry_run)) if main else None  # no work yet
+    source, notes = find_source(cfg, out, resume, dry_run)  # refuses a dir holding a run
     # one run at a time in a directory: this process holds it (the processes a multi-GPU
     # run's launcher starts run under the launcher's hold)
     alone = main and "LOCAL_RANK" not in os.environ
     with outdir.held(Path(cfg.output_dir)) if alone else contextlib.nullcontext():
-        return _session(cfg, out, pre, resume, dry_run, on_step, quiet, clock)
+        return _session(cfg, out, pre, source, notes, dry_run, on_step, quiet, clock)
 
 
 def _session(
-    cfg: RunConfig, out: Path, pre: Preflight | None, resume: str, dry_run: int | None,
-    on_step: Callable[[int, dict[str, float]], None] | None, quiet: bool, clock: Clock,
+    cfg: RunConfig, out: Path, pre: Preflight | None, source: Path | None, notes: list[str],
+    dry_run: int | None, on_step: Callable[[int, dict[str, float]], None] | None,
+    quiet: bool, clock: Clock,
 ) -> RunSummary:  # fmt: skip
-    """One session of the run in `out`: set up, start or resume, train, save, summarize,
-    with its books kept (`pre`: the preflight's tags and warnings, on the main process)."""
-    main = pre is not None
-    if dry_run and main:
+    """One session of the run in `out`, from `source` (a checkpoint, or None: fresh): set
+    up, start or resume, train, save, summarize, with its books kept (`pre`: the
+    preflight's tags and warnings, on the main process)."""
+    if dry_run and pre is not None:
         shutil.rmtree(out, ignore_errors=True)  # measurements only: the run's files stay
-    source, notes = find_source(cfg, out, resume, dry_run)  # refuses a dir holding a run
     meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=clock)  # bills setup too
     books = None
     if pre is not None:  # on the books before setup, so a budget's other runs see it
