@@ -5,6 +5,7 @@ gives; the next command finds the rebuilt entry and says nothing."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,15 +43,32 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[dict[str, obje
     return json.loads(out), err
 
 
+ESTIMATE = ("estimate", "--seq", "64", "--json")
+
+
+@pytest.fixture(scope="module")
+def intact(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Path:
+    """A cache holding the tiny model's profile (simulated once for the module's tests,
+    each of which damages its own copy)."""
+    cache = tmp_path_factory.mktemp("intact")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FRUGAL_CACHE_DIR", str(cache))
+        assert main([ESTIMATE[0], str(tiny_llama_dir), *ESTIMATE[1:]]) == 0
+    return cache
+
+
 @pytest.mark.parametrize("how", list(DAMAGE))
 def test_a_damaged_profile_is_said_once_and_simulated_again(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-    tiny_llama_dir: Path, how: str,
+    tiny_llama_dir: Path, intact: Path, how: str,
 ) -> None:  # fmt: skip
-    monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path))
-    argv = ("estimate", str(tiny_llama_dir), "--seq", "64", "--json")
-    first, _ = _run(capsys, *argv)
-    (entry,) = (tmp_path / "profiles").glob("*.npz")
+    shutil.copytree(intact, tmp_path / "cache")
+    monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path / "cache"))
+    argv = (ESTIMATE[0], str(tiny_llama_dir), *ESTIMATE[1:])
+    capsys.readouterr()
+    first, err = _run(capsys, *argv)  # from the intact cache: nothing to say
+    assert err == ""
+    (entry,) = (tmp_path / "cache" / "profiles").glob("*.npz")
     DAMAGE[how](entry)
     again, err = _run(capsys, *argv)
     assert again == first

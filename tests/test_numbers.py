@@ -203,9 +203,13 @@ def test_spot_that_never_finishes_is_not_planned() -> None:
     assert math.isfinite(spot.expected_wall(10.0, 1.0, 0.1, 0.2, 5.0))
 
 
-def test_a_spot_only_plan_that_never_finishes_says_so(
-    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Any
-) -> None:
-    msg = run_error(capsys, "plan", str(tiny_llama_dir), "--tokens", "100M", "--spot",
-                    "--spot-mtbi-hours", "1s", "--providers", "aws")  # fmt: skip
-    assert "nothing finishes" in msg and "raise --spot-mtbi-hours, or drop --spot" in msg
+def test_a_spot_only_plan_that_never_finishes_says_so(tiny_llama: Any) -> None:
+    from frugal.hardware.offers import select_offers
+    from frugal.plan.search import Constraints, Infeasible, search
+    from frugal.step.job import make_job
+
+    offers = [o for o in select_offers(providers_csv="aws") if o.spot_usd_h and o.gpus == 1]
+    k = Constraints.build(tokens=1e8, spot="only", mtbi_h="1s", auto_loss_chunks=False,
+                          auto_offload=False, auto_in_backward=False)  # fmt: skip
+    with pytest.raises(Infeasible, match=r"nothing finishes: .*raise --spot-mtbi-hours, or drop"):
+        search(tiny_llama, make_job(seq=256), offers[:1], k)
