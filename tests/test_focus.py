@@ -151,6 +151,29 @@ def test_importing_twice_counts_once(runs: tuple[Ledger, dict[str, str]], tmp_pa
     assert other.added == {"costs": 1}  # another file's rows are its own
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        # a quote never closed would run the next rows into one cell: $1 read for $6
+        ('BilledCost,BillingCurrency,ChargePeriodStart,ChargeDescription\n'
+         '1,USD,2026-05-01T00:00:00Z,"oops\n2,USD,2026-05-02T00:00:00Z,b\n'
+         '3,USD,2026-05-03T00:00:00Z,c\n', "line 2: not CSV (a quoted cell is never closed)"),
+        # a short row would import with its missing cells empty
+        ("BilledCost,BillingCurrency,ChargePeriodStart,ProviderName\n"
+         "1,USD,2026-05-01T00:00:00Z,AWS\n2,USD\n", "line 3: not CSV (2 cells where the header"),
+    ],
+)  # fmt: skip
+def test_a_bill_that_would_be_misread_is_refused_whole(
+    ledger_url: str, tmp_path: Path, text: str, says: str
+) -> None:
+    bill = tmp_path / "bill.csv"
+    bill.write_text(text)
+    led = Ledger(ledger_url)
+    with pytest.raises(FrugalError, match=re.escape(says)):
+        exchange.import_file(led, bill)
+    assert costs(led) == []
+
+
 def test_a_bill_not_in_usd_is_refused_whole(ledger_url: str, tmp_path: Path) -> None:
     led = Ledger(ledger_url)
     rows = [bill_row(5, "2026-05-01T00:00:00Z"), bill_row(6, "2026-05-01T00:00:00Z")]

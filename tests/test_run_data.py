@@ -484,6 +484,27 @@ def test_a_csv_that_would_be_misread_is_refused(
     assert len(load_examples(str(multi), tok, 64)) == 2
 
 
+def test_what_excel_and_long_context_data_look_like_still_reads(tok: Any, tmp_path: Path) -> None:
+    """A UTF-8 byte-order mark (Excel's "CSV UTF-8"), a cell past the csv module's 128 KiB
+    default (a long-context row), and blank lines between rows; an error after a blank line
+    names the row's own line."""
+    from frugal.data.rows import read_rows
+
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes("\ufefftext\nhello\n".encode())
+    assert [r for _, r in read_rows(str(bom))] == [{"text": "hello"}]
+    jsonl = tmp_path / "bom.jsonl"
+    jsonl.write_bytes('\ufeff{"text": "hi"}\n'.encode())
+    assert [r for _, r in read_rows(str(jsonl))] == [{"text": "hi"}]
+    long = tmp_path / "long.csv"
+    long.write_text("text\n" + '"' + "word " * 40_000 + '"\n')
+    assert len(next(iter(read_rows(str(long))))[1]["text"]) == 200_000
+    gaps = tmp_path / "gaps.csv"
+    gaps.write_text('text\n"a"\n\n"b" c\n')
+    with pytest.raises(FrugalError, match=r"gaps\.csv:4: not CSV"):
+        list(read_rows(str(gaps)))
+
+
 def test_unknown_keys_in_a_file(tok: Any, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "q.jsonl", [{"input": "a", "output": "b"}])
     with pytest.raises(FrugalError, match=r"q\.jsonl:1: .*keys: input, output.*data\.format"):

@@ -8,12 +8,12 @@ string as CSV cells hold it). Errors name the file and line.
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from frugal.csvrows import CsvError, Rows
 from frugal.errors import FrugalError
 
 FORMATS = ("text", "prompt_completion", "chat")
@@ -63,7 +63,7 @@ def _text_lines(path: str, fix: str) -> Iterator[tuple[int, str]]:
                     f"not a text file; {fix}"
                 )
             offset += len(raw)
-            yield i, line
+            yield i, line.removeprefix("\ufeff") if i == 1 else line  # Excel's UTF-8 mark
 
 
 def _jsonl(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -85,30 +85,15 @@ def _jsonl(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _csv(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Strict CSV: a quote that opens a cell and is never closed, or text after a closing
-    quote, is an error naming the row's first line (a lenient reader would silently run
-    the following rows into one cell)."""
+    """Strict CSV (frugal.csvrows): a quote never closed, text after a closing quote, or a
+    row with more or fewer cells than the header is an error naming the row's first line."""
     fix = "save it as UTF-8 CSV with a header row"
-    lines = (line for _, line in _text_lines(path, fix))
-    reader = csv.DictReader(lines, strict=True)
-    start = 2  # the first line of the row being read
     try:
-        for row in reader:
-            where = f"{path}:{start}"
-            header = len(reader.fieldnames or ())
-            extra = row.pop(None, None) or []  # cells past the header
-            short = sum(v is None for v in row.values())  # cells the row lacks
-            if extra or short:
-                raise FrugalError(
-                    f"{where}: {header + len(extra) - short} cells where the header has "
-                    f"{header}: quote a cell that holds a comma, and give each row every column"
-                )
-            yield where, row
-            start = reader.line_num + 1
-    except csv.Error as e:
-        why = "a quoted cell is never closed" if "end of data" in str(e) else str(e)
+        for line, row in Rows(line for _, line in _text_lines(path, fix)):
+            yield f"{path}:{line}", row
+    except CsvError as e:
         raise FrugalError(
-            f"{path}:{start}: not CSV in the row from this line ({why}); {fix}"
+            f"{path}:{e.line}: not CSV in the row from this line ({e.why}); {fix}"
         ) from None
 
 

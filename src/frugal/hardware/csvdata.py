@@ -1,26 +1,32 @@
-"""Reading frugal's data files: CSV whose '#' lines carry the source and date."""
+"""Reading frugal's data files and the price files users give: CSV (frugal.csvrows, strict)
+whose '#' lines carry the source and date."""
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 
-
-def _kept(text: str) -> list[tuple[int, str]]:
-    return [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and ln[0] != "#"]
-
-
-def header(text: str) -> list[str]:
-    """The column names (the first line that is not a comment)."""
-    kept = _kept(text)
-    return [c.strip() for c in kept[0][1].split(",")] if kept else []
+from frugal.csvrows import CsvError, Rows
+from frugal.errors import FrugalError
 
 
-def data_rows(text: str) -> Iterator[tuple[int, dict[str, str]]]:
-    """Rows with their 1-based line numbers in `text`; comments and blank lines skipped."""
-    kept = _kept(text)
-    if not kept:
-        return
-    reader = csv.DictReader(line for _, line in kept)
-    for (lineno, _), row in zip(kept[1:], reader, strict=False):
-        yield lineno, row
+def _rows(text: str, where: str) -> Rows:
+    try:
+        return Rows(text.splitlines(keepends=True), comments=True)
+    except CsvError as e:
+        raise FrugalError(f"{where}:{e.line}: not CSV ({e.why})") from None
+
+
+def header(text: str, where: str = "data file") -> list[str]:
+    """The column names (the first row that is not a comment), stripped."""
+    return [c.strip() for c in _rows(text, where).header]
+
+
+def data_rows(text: str, where: str = "data file") -> Iterator[tuple[int, dict[str, str]]]:
+    """Rows with the line each starts on in `text`; comments and blank lines skipped; a row
+    that is not CSV is one line naming `where` (the file) and the line."""
+    rows = _rows(text, where)
+    try:
+        for line, row in rows:
+            yield line, {k.strip(): v for k, v in row.items()}
+    except CsvError as e:
+        raise FrugalError(f"{where}:{e.line}: not CSV ({e.why})") from None

@@ -132,7 +132,7 @@ class _Where:
 
 def parse_offers(text: str, file: str) -> list[Offer]:
     """Offers from frugal's own CSV format (see data/offers.csv)."""
-    present = set(header(text))
+    present = set(header(text, file))
     missing = [c for c in OFFER_COLUMNS if c not in present]
     if missing:
         raise FrugalError(
@@ -140,7 +140,7 @@ def parse_offers(text: str, file: str) -> list[Offer]:
             f"{','.join(OFFER_COLUMNS)} (or a SkyPilot catalog vms.csv)"
         )
     out = []
-    for lineno, r in data_rows(text):
+    for lineno, r in data_rows(text, file):
         at = _Where(file, lineno)
         provider = (r["provider"] or "").strip().lower()
         if provider not in providers():
@@ -186,7 +186,7 @@ def parse_skypilot(text: str, file: str, cloud: str) -> list[Offer]:
     GPU-only GCP rows are summed with the host VM their family needs (a2/a3); rows of
     fractional or unknown GPUs and rows without an on-demand price are skipped.
     """
-    rows = list(data_rows(text))
+    rows = list(data_rows(text, file))
     hosts: dict[tuple[str, str], tuple[float, float | None]] = {}
     for lineno, r in rows:
         if not (r.get("AcceleratorName") or "").strip() and r.get("InstanceType"):
@@ -255,7 +255,7 @@ def read_price_file(path: str) -> list[Offer]:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise FrugalError(f"cannot read price file {path}: {e}") from None
-    columns = header(text)
+    columns = header(text, path)
     if "AcceleratorName" in columns and "InstanceType" in columns:
         cloud = next((c for c in providers() if c in str(p).lower()), "")
         if not cloud:

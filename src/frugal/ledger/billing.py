@@ -37,8 +37,6 @@ grew adds only its new rows (identical rows are counted, not collapsed).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import re
@@ -52,6 +50,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from frugal.csvrows import CsvError, Rows
 from frugal.errors import FrugalError
 from frugal.ledger.schema import CostEntry, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
@@ -97,20 +96,14 @@ class ImportResult:
 
 
 def read_csv(p: Path, content: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
-    csv.field_size_limit(2**31 - 1)  # a run's records (heartbeats) make one long cell
-    reader = csv.DictReader(io.StringIO(content, newline=""))
+    """The header and rows of a billing CSV (frugal.csvrows: strict), names and cells
+    stripped of surrounding spaces; one line naming the file and line where it is not CSV."""
     try:
-        header = [h.strip() for h in reader.fieldnames or []]
-        reader.fieldnames = header
-        rows = []
-        for row in reader:
-            if None in row:
-                raise FrugalError(f"{p} line {reader.line_num}: more cells than the header has "
-                                  "columns: quote cells that hold commas")  # fmt: skip
-            rows.append((reader.line_num, {k: (v or "").strip() for k, v in row.items()}))
-    except csv.Error as e:
-        raise FrugalError(f"{p} line {reader.line_num}: not CSV ({e}): export it again") from None
-    return header, rows
+        reader = Rows(content.splitlines(keepends=True))
+        rows = [(n, {k.strip(): v.strip() for k, v in row.items()}) for n, row in reader]
+    except CsvError as e:
+        raise FrugalError(f"{p} line {e.line}: not CSV ({e.why}): export it again") from None
+    return [h.strip() for h in reader.header], rows
 
 
 def err(p: Path | str, line: int, what: str) -> FrugalError:

@@ -136,13 +136,13 @@ def _read_csv(text: str, path: str) -> list[PricePoint]:
     if not kept:
         raise FrugalError(f"{path}:1: no header and no prices; give {FORMATS}")
     head_line = kept[0]
-    missing = [c for c in CSV_COLUMNS if c not in header(text)]
+    missing = [c for c in CSV_COLUMNS if c not in header(text, path)]
     if missing:
         raise FrugalError(
             f"{path}:{head_line}: missing column(s) {', '.join(missing)}; give {FORMATS}"
         )
     known, out = providers(), []
-    for lineno, row in data_rows(text):
+    for lineno, row in data_rows(text, path):
         at, r = f"{path}:{lineno}", {c: (row.get(c) or "").strip() for c in CSV_COLUMNS}
         t = _time(r["time"], at, "column 'time':")
         provider = r["provider"].lower()

@@ -96,12 +96,12 @@ class _Row:
 def _rows(text: str, file: str, record: type) -> list[_Row]:
     """The data rows of a file whose columns are the fields of `record`."""
     columns = [f.name for f in fields(record)]
-    missing = [c for c in columns if c not in header(text)]
+    missing = [c for c in columns if c not in header(text, file)]
     if missing:
         raise FrugalError(
             f"{file}: missing column(s) {', '.join(missing)}; need {','.join(columns)}"
         )
-    return [_Row(file, line, row) for line, row in data_rows(text)]
+    return [_Row(file, line, row) for line, row in data_rows(text, file)]
 
 
 def _bundled(name: str) -> str:
