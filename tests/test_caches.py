@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from frugal import errors
 from frugal.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,9 @@ DAMAGE: dict[str, Callable[[Path], None]] = {"truncated": _truncate, "empty": _e
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[dict[str, object], str]:
+    """A command's answer and what it said on stderr, as a new process would say it (a note
+    is said once per process: forget the ones said before)."""
+    errors._said.clear()
     assert main(list(argv)) == 0
     out, err = capsys.readouterr()
     return json.loads(out), err

@@ -529,14 +529,19 @@ def test_the_same_bill_imported_twice_at_once_counts_once(ledger_url: str, tmp_p
     job): the second waits for the first and finds its rows on the books."""
     import subprocess
     import sys
+    import time
 
     rows = [bill_row(0.25 + i / 100, f"2026-05-{1 + i % 28:02d}T00:00:00Z",
                      resource=f"i-{i}") for i in range(2000)]  # fmt: skip
     bill = write_bill(tmp_path / "bill.csv", rows)
-    Ledger(ledger_url)  # migrated before the race: the race is the import's
+    led = Ledger(ledger_url)  # migrated before the race: the race is the import's
     env = {**os.environ, "FRUGAL_DB_URL": ledger_url}
     cmd = [sys.executable, "-m", "frugal.cli.main", "costs", "import", str(bill), "--json"]
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    with led.exclusive():  # the books busy: both imports start, and meet at the same point
+        procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+                 for _ in range(2)]  # fmt: skip
+        time.sleep(6)  # started, and each waiting for the books (without the lock: each has
+        assert all(p.poll() is None for p in procs)  # read that nothing is there yet)
     added = [json.loads(p.communicate(timeout=120)[0])["added"]["costs"] for p in procs]
     assert sorted(added) == [0, 2000]
     assert report(Ledger(ledger_url), "team", "all", extras=False).totals.spend_usd == (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,6 +157,31 @@ def test_another_applications_database_is_left_alone(ledger_url: str) -> None:
     with create_engine(ledger_url).connect() as c:
         assert c.execute(text("SELECT version_num FROM alembic_version")).scalar() == "9f1e2a"
         assert not inspect(c).has_table("runs")
+
+
+@pytest.mark.parametrize(
+    ("tables", "version", "says"),
+    [
+        # another application whose Alembic revisions are numbered as frugal's are
+        (("customers",), "0001", "another application's tables (alembic_version, customers)"),
+        # frugal's tables at a revision past this frugal's: a newer frugal wrote it
+        (("plans", "runs", "costs", "tags"), "0099", "written by a newer frugal (schema 0099"),
+    ],
+)
+def test_a_ledger_not_this_frugals_is_left_alone(
+    ledger_url: str, tables: tuple[str, ...], version: str, says: str
+) -> None:
+    eng = create_engine(ledger_url)
+    with eng.begin() as c:
+        for t in tables:
+            c.execute(text(f"CREATE TABLE {t} (id INTEGER PRIMARY KEY)"))
+        c.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        c.execute(text(f"INSERT INTO alembic_version VALUES ('{version}')"))
+    eng.dispose()
+    with pytest.raises(FrugalError, match=re.escape(says)):
+        db.engine(ledger_url)
+    with create_engine(ledger_url).connect() as c:
+        assert c.execute(text("SELECT version_num FROM alembic_version")).scalar() == version
 
 
 def test_every_migration_is_known_to_the_ledger() -> None:

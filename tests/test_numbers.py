@@ -62,8 +62,13 @@ def test_the_walk_finds_the_numeric_options() -> None:
 )
 def test_every_numeric_option_has_a_range(path: list[str], flag: str, info: Any) -> None:
     number = info.parser
-    if number is parse_count:  # a token count: 20M, 1.5B (frugal.counts), whole, from 1
-        number = Number(ge=1, le=1e15)
+    if number is parse_count:  # a token count: 20M, 1.5B (frugal.counts), whole, 1 to 1e15
+        for bad in ("nan", "inf", "-inf", "0", "0.5", "1.5", "1e16", "-5M", "12abc", ""):
+            with pytest.raises(ValueError, match="give a whole count from 1 to 1e15"):
+                parse_count(bad)
+        assert (parse_count("20M"), parse_count("1.33M"), parse_count("2e7")) == (
+            2e7, 1_330_000.0, 2e7)  # fmt: skip
+        return
     assert isinstance(number, Number), f"frugal {' '.join(path)} {flag} is not a Number"
     # no quantity frugal asks for means anything below zero: each option says its floor
     assert number.ge is not None or number.gt is not None, f"{flag} has no lower bound"

@@ -99,7 +99,10 @@ def replacing(path: str | Path, durable: bool = False) -> Iterator[Path]:
     fsyncs the file before the rename and the directory after it, so the new content
     survives a power loss, not only a crash."""
     path = Path(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:100]}.", suffix=path.suffix)
+    # a name within the 255 bytes a file name may have, whatever the target's length in bytes
+    stem = path.name.encode()[:100].decode(errors="ignore")
+    suffix = path.suffix if len(path.suffix.encode()) <= 16 else ""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{stem}.", suffix=suffix)
     os.close(fd)
     tmp = Path(name)
     # mkstemp makes the file private (0600): give it the mode the file had, or a new file's

@@ -74,10 +74,12 @@ def add(
 
 @app.command("import")
 def import_(
-    file: str = typer.Argument(..., help="A FOCUS CSV billing export, or a frugal export."),
+    file: str = typer.Argument(
+        ..., help="A FOCUS CSV billing export, or a frugal backup (costs export --format jsonl)."
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Import a FOCUS billing export (matched to runs) or a frugal export; twice adds nothing."""
+    """Import a FOCUS billing export (matched to runs) or a frugal backup; twice adds nothing."""
     from frugal.ledger.exchange import import_file
     from frugal.ledger.store import Ledger
 

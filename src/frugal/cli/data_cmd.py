@@ -159,7 +159,8 @@ def render(file: str, out: dict[str, Any]) -> None:
     t.add_column(justify="left")
     t.add_column(justify="right")
     t.add_row("tokens", f"{out['tokens']:,}")
-    t.add_row("trained tokens", f"{out['trained_tokens']:,}")
+    t.add_row(f"kept at seq {out['seq']} (plan bills)", f"{out['kept_tokens']:,}")
+    t.add_row("trained tokens (not masked)", f"{out['trained_tokens']:,}")
     t.add_row("empty rows", f"{out['empty']:,}")
     t.add_row("duplicate rows", f"{out['duplicates']:,}")
     t.add_row(

@@ -8,6 +8,7 @@ training): what was saved before is intact.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -53,6 +54,10 @@ app.add_typer(costs_cmd.app, name="costs")
 app.add_typer(serve_cmd.app, name="serve")
 
 _DEBUG = False
+# a file system's answer about a path the user gave: theirs to fix (one line, exit 2)
+PATH_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
+               errno.ENAMETOOLONG, errno.EROFS, errno.ELOOP, errno.ENOSPC, errno.EDQUOT,
+               errno.ETXTBSY, errno.EEXIST}  # fmt: skip
 
 
 def _click_exceptions() -> Any:
@@ -121,15 +126,17 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: run the command again (what was saved before is intact)",
               file=sys.stderr)  # fmt: skip
         return INTERRUPTED_EXIT
-    except OSError as e:  # a path the user gave: too long, not readable, a disk full
-        if debug:
-            raise
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or e}: check the path and the disk", file=sys.stderr)
-        return 2
+    except BrokenPipeError:  # `frugal ... --json | head`: the reader stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:
         if debug:
             raise
+        if isinstance(e, OSError) and e.filename is not None and e.errno in PATH_ERRORS:
+            # the file system's answer about a path the user gave: theirs to fix
+            print(f"error: {e.filename}: {e.strerror}: check the path and the disk",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         if type(e).__module__.startswith("sqlalchemy"):  # the ledger's database, once open
             why = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:200]
             print(

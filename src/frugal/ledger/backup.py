@@ -27,7 +27,7 @@ from frugal.ledger.billing import ImportResult, check_usd, chunks, err, parse_ta
 from frugal.ledger.db import HEAD
 from frugal.ledger.schema import Base
 from frugal.ledger.store import Ledger, aware
-from frugal.times import parse_time
+from frugal.times import parse_time, utc
 
 FORMAT, FORMAT_VERSION = "frugal-ledger", 1
 RECORDS = "x_FrugalRecords"  # earlier versions' FOCUS exports: the records behind each row
@@ -48,10 +48,6 @@ def _tables() -> list[Table]:
     """Every table, parents before children, tags (which point at several) last."""
     tables = [t for t in Base.metadata.sorted_tables if t.name != "tags"]
     return [*tables, Base.metadata.tables["tags"]]
-
-
-def _utc(t: datetime | None) -> datetime | None:
-    return None if t is None else aware(t).astimezone(UTC)
 
 
 def _encode(table: Table, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,7 +260,7 @@ def _identities(s: Session, table: Table, cols: tuple[str, ...],
     n = len(cols)
     for batch in batches:
         for row in s.execute(batch):
-            ident = tuple(_utc(v) if isinstance(v, datetime) else v for v in row[:n])
+            ident = tuple(utc(v) if isinstance(v, datetime) else v for v in row[:n])
             out[ident] = row[n] if pk else None
     return out
 

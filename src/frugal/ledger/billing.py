@@ -54,7 +54,7 @@ from frugal.csvrows import CsvError, Rows
 from frugal.errors import FrugalError
 from frugal.ledger.schema import CostEntry, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
-from frugal.times import parse_time
+from frugal.times import parse_time, utc
 
 CURRENCY = "USD"
 RUN_ID_TAG = "frugal_run_id"
@@ -212,7 +212,7 @@ def import_billing(led: Ledger, p: Path, header: list[str],
     result = ImportResult(p.name, "billing", rows=len(charges))
     with led.exclusive() as s:  # twice at once: the second sees the first's rows
         have = Counter(
-            (aware(c.at).astimezone(UTC), utc_or_none(c.period_end), c.amount_usd, c.description,
+            (utc(c.at), c.period_end and utc(c.period_end), c.amount_usd, c.description,
              c.resource_id, c.provider, c.kind)
             for c in s.scalars(select(CostEntry).where(CostEntry.source == p.name))
         )  # fmt: skip
@@ -334,7 +334,3 @@ def _match_one(ch: _Charge, by_id: dict[str, _Span], same_resource: list[_Span],
     if scored and (len(scored) == 1 or scored[0][0] > scored[1][0]):
         return "tags", scored[0][1]
     return "", None
-
-
-def utc_or_none(t: datetime | None) -> datetime | None:
-    return None if t is None else aware(t).astimezone(UTC)

@@ -26,6 +26,7 @@ from frugal.paths import user_path
 
 HEAD = "0003"  # the newest revision in migrations/versions (a test checks)
 REVISIONS = ("0001", "0002", HEAD)  # every revision frugal's migrations have written
+LEDGER_TABLES = ("plans", "runs", "costs", "tags", "alembic_version")  # since 0001
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another's transaction to end
 SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -167,14 +168,26 @@ def at_head(eng: Engine) -> bool:
 
 
 def _check_ours(tables: list[str], version: str | None, where: str) -> None:
-    """Refuse a database that holds tables and no frugal ledger: another application's."""
-    if tables and version not in REVISIONS:
-        shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+    """Refuse a database that holds tables and no frugal ledger (another application's,
+    even one with Alembic revisions named like frugal's), and a ledger a newer frugal wrote
+    (its schema is past this one's)."""
+    if not tables:
+        return
+    frugal = set(LEDGER_TABLES) <= set(tables)
+    if frugal and version in REVISIONS:
+        return
+    if frugal and version is not None:
         raise FrugalError(
-            f"the database at {where} holds another application's tables ({shown}) and no "
-            "frugal ledger: point FRUGAL_DB_URL at a new or frugal database (nothing was "
-            "changed)"
+            f"the ledger at {where} was written by a newer frugal (schema {version}, this one "
+            f"knows up to {HEAD}): upgrade frugal (pip install -U frugal-ft); nothing was "
+            "changed"
         )
+    shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+    raise FrugalError(
+        f"the database at {where} holds another application's tables ({shown}) and no "
+        "frugal ledger: point FRUGAL_DB_URL at a new or frugal database (nothing was "
+        "changed)"
+    )
 
 
 def migrate(eng: Engine) -> None:

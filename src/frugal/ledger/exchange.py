@@ -28,7 +28,7 @@ def import_file(led: Ledger, path: str | Path) -> ImportResult:
         content = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise FrugalError(
-            f"{p}: no such file: give a FOCUS CSV export or a frugal export"
+            f"{p}: no such file: give a FOCUS CSV export or a frugal backup (jsonl)"
         ) from None
     except UnicodeDecodeError:
         raise FrugalError(f"{p}: not UTF-8 text: export the bill again as UTF-8 CSV") from None

@@ -604,7 +604,7 @@ def _next_technique(job: TrainJob, k: Constraints, method: str) -> TrainJob | No
     first, the chunked loss (one more LM-head matmul), the optimizer in backward (no time,
     but no clipping; full fine-tuning, one GPU), offloading (host-link copies), AdamW in 8
     bits (LoRA; full fine-tuning tries every listed optimizer anyway)."""
-    if k.auto_loss_chunks and not job.loss_chunks:
+    if k.auto_loss_chunks and not job.loss_chunks and job.seq >= AUTO_LOSS_CHUNKS:
         return job.model_copy(update={"loss_chunks": AUTO_LOSS_CHUNKS})
     if method == "full" and k.auto_in_backward and not job.optimizer_in_backward:
         return job.model_copy(update={"optimizer_in_backward": True})  # LoRA's gradients: small

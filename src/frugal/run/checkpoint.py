@@ -336,7 +336,9 @@ class Checkpoints:
             why = damage(p)
             if why is None:
                 for d, _ in damaged:
-                    d.rename(d.with_name(f"damaged-{d.name}"))
+                    aside = d.with_name(f"damaged-{d.name}")
+                    shutil.rmtree(aside, ignore_errors=True)  # damaged there before, again
+                    d.rename(aside)
                 return p, [f"skipped checkpoint {d.name}: {w} (moved to damaged-{d.name})"
                            for d, w in damaged]  # fmt: skip
             damaged.append((p, why))

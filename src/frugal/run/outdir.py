@@ -19,7 +19,8 @@ from frugal.files import check_dir, write_text_atomic
 MARK = ".frugal-run"  # written first into a run's directory: the directory is frugal's
 LOCK = ".frugal-run.lock"  # held (flock) by the one frugal train writing there
 # what frugal train wrote into a run directory before it marked them (resumed after upgrading)
-OWN = ("checkpoints", "run_summary.json", "metrics.jsonl", LOCK)
+OWN = ("checkpoints", "run_summary.json", "metrics.jsonl", "dry-run", LOCK)
+IGNORED = (".DS_Store", "Thumbs.db")  # what a file browser leaves in any directory
 
 
 def check(out: Path) -> None:
@@ -29,7 +30,7 @@ def check(out: Path) -> None:
     if (out / MARK).is_file():
         return
     if out.is_dir():
-        entries = sorted(p.name for p in out.iterdir())
+        entries = sorted(p.name for p in out.iterdir() if p.name not in IGNORED)
         if entries and not any(name in OWN for name in entries):
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
             raise FrugalError(

@@ -507,20 +507,26 @@ def _intact(run: Run, store: ckpt.Checkpoints, source: Path) -> Path:
     tells the others."""
     chosen: Path | None = source
     notes: list[str] = []
+    refused = ""  # why the resume cannot go on: every process raises it, none is left waiting
     if run.main:
-        if source.parent == store.root:
-            chosen, notes = store.intact(source)
-        elif (why := ckpt.damage(source)) is not None:  # --resume DIR: that one, or none
-            raise FrugalError(f"--resume {source}: {why}: resume from another checkpoint")
+        try:
+            if source.parent == store.root:
+                chosen, notes = store.intact(source)
+            elif (why := ckpt.damage(source)) is not None:  # --resume DIR: that one, or none
+                refused = f"--resume {source}: {why}: resume from another checkpoint"
+        except (FrugalError, OSError) as e:
+            refused = str(e)
+        if chosen is None and not refused:
+            refused = (
+                f"no intact checkpoint in {store.root} ({'; '.join(notes)}): move it aside "
+                "to start again (nothing was changed)"
+            )
     if run.world > 1:
         from accelerate.utils import broadcast_object_list
 
-        chosen = broadcast_object_list([chosen])[0]
-    if chosen is None:
-        raise FrugalError(
-            f"no intact checkpoint in {store.root} ({'; '.join(notes)}): move it aside "
-            "to start again (nothing was changed)"
-        )
+        chosen, refused = broadcast_object_list([chosen, refused])
+    if refused or chosen is None:
+        raise FrugalError(refused)
     run.notes += notes
     return chosen
 
