@@ -266,3 +266,13 @@ def test_a_path_to_read_that_cannot_be_is_one_line(
     long = str(tmp_path / ("x" * 300))
     msg = run_error(capsys, *(a.replace("{long}", long) for a in argv))
     assert "xxxxxxxx" in msg or "not found" in msg or "no such" in msg.lower(), msg
+
+
+@pytest.mark.parametrize("name", ["中" * 83 + ".csv", "a" * 10 + "." + "b" * 200])
+def test_a_name_that_passes_the_check_is_written(tmp_path: Path, name: str) -> None:
+    """The temporary file beside a long name (253 bytes of CJK, a 201-byte suffix) still
+    fits a file name: a name the check passes is written, not refused after the work."""
+    target = tmp_path / name
+    assert len(name.encode()) <= 255
+    write_text_atomic(check_target(target, "--output"), "x\n")
+    assert target.read_text() == "x\n" and [p.name for p in tmp_path.iterdir()] == [name]
