@@ -54,6 +54,7 @@ app.add_typer(costs_cmd.app, name="costs")
 app.add_typer(serve_cmd.app, name="serve")
 
 _DEBUG = False
+INTERRUPTED = "interrupted: run the command again (what was saved before is intact)"
 # a file system's answer about a path the user gave: theirs to fix (one line, exit 2)
 PATH_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
                errno.ENAMETOOLONG, errno.EROFS, errno.ELOOP, errno.ENOSPC, errno.EDQUOT,
@@ -117,14 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"internal error (EOFError: {e.__context__}); this is a bug in frugal, "
                   "rerun with --debug for the traceback", file=sys.stderr)  # fmt: skip
             return 1
-        print("interrupted: run the command again (what was saved before is intact)",
-              file=sys.stderr)  # fmt: skip
+        print(INTERRUPTED, file=sys.stderr)
         return INTERRUPTED_EXIT
     except KeyboardInterrupt:  # Ctrl-C outside training's own handling (loading, planning)
         if debug:
             raise
-        print("interrupted: run the command again (what was saved before is intact)",
-              file=sys.stderr)  # fmt: skip
+        print(INTERRUPTED, file=sys.stderr)
         return INTERRUPTED_EXIT
     except BrokenPipeError:  # `frugal ... --json | head`: the reader stopped reading
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

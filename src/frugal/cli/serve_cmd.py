@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from frugal.cli import console, print_json
-from frugal.cli.options import JSON_HELP, MODEL_HELP, Number, listed, number
+from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, number
 from frugal.errors import FrugalError
 from frugal.files import check_target, write_text_atomic
 from frugal.hardware.gpus import find_gpu
@@ -27,6 +27,7 @@ from frugal.serve.estimate import (
 from frugal.serve.plan import ServeAsk, ServePlan, plan
 from frugal.serve.speed import Load
 from frugal.serve.weights import find_format
+from frugal.validation import Number
 
 app = typer.Typer(
     help="Serving: memory, throughput, latency and dollars per token; the cheapest way to "

@@ -102,8 +102,18 @@ def load_tokenizer(src: str, fix: str) -> Any:
     a FrugalError that ends with `fix` when there is none."""
     from transformers import AutoTokenizer
 
+    try:
+        return AutoTokenizer.from_pretrained(src, local_files_only=True)
+    except Exception as e:  # not cached, no tokenizer files, offline, or a damaged file
+        _name_damaged_json(src)
+        raise FrugalError(f"no tokenizer at {src} offline ({type(e).__name__}): {fix}") from None
+
+
+def _name_damaged_json(src: str) -> None:
+    """Where loading a local directory's tokenizer failed on one of its JSON files, say
+    which, rather than "no tokenizer" (read only after a failure: these files are big)."""
     for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
-        file = Path(src) / name  # a local directory's own files, damaged: say which
+        file = Path(src) / name
         try:
             raw = file.read_bytes()
         except OSError:  # not there (a hub id), or no such path at all
@@ -114,10 +124,6 @@ def load_tokenizer(src: str, fix: str) -> Any:
             raise FrugalError(
                 f"{file} is not valid JSON ({str(e)[:60]}): download the model's {name} again"
             ) from None
-    try:
-        return AutoTokenizer.from_pretrained(src, local_files_only=True)
-    except Exception as e:  # not cached, no tokenizer files, offline
-        raise FrugalError(f"no tokenizer at {src} offline ({type(e).__name__}): {fix}") from None
 
 
 # -- rows of the model's input ----------------------------------------------------------------

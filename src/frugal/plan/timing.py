@@ -46,8 +46,7 @@ from pathlib import Path
 from frugal.errors import FrugalError
 from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.offers import providers
-from frugal.times import parse_time
-from frugal.times import utc as _utc
+from frugal.times import parse_time, utc
 
 CSV_COLUMNS = ("time", "provider", "instance", "region", "spot_usd_h")
 LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
@@ -246,8 +245,8 @@ def price_at(
 
     None before the offer's first point or when the history has nothing for it.
     """
-    offer = _offer(history, provider, instance, region, _utc(t))
-    return offer.at(_utc(t).timestamp() / 3600) if offer else None
+    offer = _offer(history, provider, instance, region, utc(t))
+    return offer.at(utc(t).timestamp() / 3600) if offer else None
 
 
 def _p90(values: Sequence[float]) -> float:
@@ -277,7 +276,7 @@ def best_start(
             f"timing needs finite run_h > 0, step_h > 0 and slack_h (got {run_h}, {step_h}, "
             f"{slack_h})"
         )
-    now = _utc(now)
+    now = utc(now)
     now_h = now.timestamp() / 3600
     offer = _offer(history, provider, instance, region, now)
     if offer is None:

@@ -49,7 +49,8 @@ from frugal.data.examples import (
     split,
     unpacked,
 )
-from frugal.data.tokens import DataStats, Examples
+from frugal.data.stats import DataStats
+from frugal.data.tokens import Examples
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
