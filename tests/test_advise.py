@@ -14,6 +14,7 @@ from frugal.cli.main import main
 from frugal.estimate.core import get_profile
 from frugal.estimate.throughput import step_time
 from frugal.hardware.gpus import find_gpu
+from frugal.hardware.offers import Offer, bundled_offers
 from frugal.ledger.advise import Advice, advise_ledger
 from frugal.ledger.store import Ledger, now
 from frugal.models.specs import ModelSpec
@@ -120,9 +121,11 @@ def test_spot(ledger_url: str, tiny_llama: ModelSpec, spot: bool, hours: float):
         assert got is None
         return
     assert got is not None and got.runs == [rid]
-    # aws g5.xlarge us-east-1: spot $0.4507 today, 10% for work redone
-    assert got.usd_at_stake == pytest.approx(10 * (1.006 - 1.1 * 0.4507), rel=1e-3)
-    assert "g5.xlarge us-east-1" in got.change
+    # the same instance on spot in its region, as the catalog prices it, 10% for work redone
+    best = next(o for o in bundled_offers() if (o.instance, o.region) == ("g5.xlarge", "us-east-1"))
+    assert best.spot_usd_h is not None
+    assert got.usd_at_stake == pytest.approx(10 * (1.006 - 1.1 * best.spot_usd_h), rel=1e-3)
+    assert f"{best.instance} {best.region}" in got.change
 
 
 @pytest.mark.parametrize("patience", [None, 3])
@@ -152,12 +155,21 @@ def test_early_stopping(ledger_url: str, tiny_llama: ModelSpec, patience: int | 
     assert "early_stopping_patience: 2" in got.change and "step 300" in got.change
 
 
-@pytest.mark.parametrize(
-    ("instance", "provider", "price"), [("p5.4xlarge", "aws", 6.88), ("1x-H100_SXM", "vast", 1.87)]
-)
-def test_cheaper_offer(
-    ledger_url: str, tiny_llama: ModelSpec, instance: str, provider: str, price: float
-):
+def _cheapest_h100() -> Offer:
+    return min(
+        (o for o in bundled_offers() if o.gpu.name == "H100 SXM" and o.gpus == 1),
+        key=lambda o: o.ondemand_usd_h,
+    )
+
+
+@pytest.mark.parametrize("cheapest", [False, True])
+def test_cheaper_offer(ledger_url: str, tiny_llama: ModelSpec, cheapest: bool):
+    best = _cheapest_h100()
+    provider, instance, price = (
+        (best.provider, best.instance, best.ondemand_usd_h)
+        if cheapest
+        else ("aws", "p5.4xlarge", 6.88)
+    )
     led = Ledger(ledger_url)
     plan = {
         "method": "lora",
@@ -182,12 +194,12 @@ def test_cheaper_offer(
         instance=instance,
     )
     got = rules(ledger_url).get("cheaper-offer")
-    if provider == "vast":  # the cheapest 1x H100 SXM today already
+    if cheapest:  # the cheapest 1x H100 SXM today already
         assert got is None
         return
     assert got is not None and got.plans == [pid] and got.runs == [rid]
-    assert got.usd_at_stake == pytest.approx(10 * (6.88 - 1.87))
-    assert "vast 1x-H100_SXM" in got.change
+    assert got.usd_at_stake == pytest.approx(10 * (6.88 - best.ondemand_usd_h))
+    assert f"{best.provider} {best.instance}" in got.change
 
 
 @pytest.mark.parametrize("failed_usd", [20.0, 1.0])

@@ -75,18 +75,27 @@ def _find(module: str) -> Path | None:
     return None
 
 
+_VISITING: set[str] = set()
+
+
 @cache
 def _pulls_heavy(module: str) -> bool:
-    """Whether importing frugal `module` imports a heavy library (at its top level)."""
+    """Whether importing frugal `module` imports a heavy library (at its top level); a
+    module met again while its own imports are walked (a cycle: `if TYPE_CHECKING:`
+    imports count as top level here) adds nothing new."""
     path = _find(module)
-    if path is None:
+    if path is None or module in _VISITING:
         return False
-    for name, lazy, _ in _imports(path):
-        if lazy:
-            continue
-        if name.split(".")[0] in HEAVY or (name.startswith("frugal.") and _pulls_heavy(name)):
-            return True
-    return False
+    _VISITING.add(module)
+    try:
+        for name, lazy, _ in _imports(path):
+            if lazy:
+                continue
+            if name.split(".")[0] in HEAVY or (name.startswith("frugal.") and _pulls_heavy(name)):
+                return True
+        return False
+    finally:
+        _VISITING.discard(module)
 
 
 def test_function_level_imports_only_at_the_torch_boundary():

@@ -26,16 +26,27 @@ def test_bundled_catalogs_are_complete() -> None:
         assert g.usable_gib > 0 and g.bandwidth_gbps > 0 and g.tdp_w > 0
         assert g.link in ("nvlink", "pcie")
     offers = bundled_offers()
-    assert {"aws", "gcp", "azure", "lambda", "runpod", "vast"} <= {o.provider for o in offers}
+    # the broad catalog the plans price from: every provider, every GPU with specs
+    assert len(offers) >= 500 and len({o.provider for o in offers}) >= 12
+    assert {"aws", "gcp", "azure", "lambda", "runpod", "vast", "nebius", "oci"} <= {
+        o.provider for o in offers
+    }
+    assert {"B200", "H200", "H100 SXM", "MI300X"} <= {o.gpu.name for o in offers}
     for o in offers:
-        assert o.ondemand_usd_h > 0 and o.gpus >= 1 and o.source
-        assert o.spot_usd_h is None or o.spot_usd_h < o.ondemand_usd_h or o.provider == "gcp"
+        assert o.ondemand_usd_h > 0 and o.gpus >= 1 and o.retrieved
+        assert o.spot_usd_h is None or o.spot_usd_h < o.ondemand_usd_h
+        assert "@" in o.source  # the catalog commit it came from
     for p in providers().values():
         assert p.source
+    for g in {o.gpu for o in offers}:  # every GPU priced has sourced specs
+        assert g.source and g.memory_gb > 0 and (g.bf16_tflops or g.fp16_tflops)
 
 
 def test_gcp_rows_are_host_plus_gpu() -> None:
-    a3 = next(o for o in bundled_offers() if o.instance == "a3-highgpu-1g")
+    a3 = next(
+        o for o in bundled_offers() if o.instance == "a3-highgpu-1g" and o.region == "us-central1"
+    )
+    # skypilot-catalog v8 gcp/vms.csv @006059e, us-central1: host a3-highgpu-1g + H100 x1
     assert a3.ondemand_usd_h == pytest.approx(1.18251 + 4.20076)
 
 

@@ -277,7 +277,7 @@ def test_gpu_counts_that_cannot_share_the_batch_are_rejected(tiny_llama: ModelSp
     r = search(
         tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7, effective_batch=12)
     )
-    assert {p.gpus for p in r.plans} <= {1, 2, 4}
+    assert {p.gpus for p in r.plans} and all(12 % p.gpus == 0 for p in r.plans)
     assert any(x.kind == "batch" and "8 GPUs cannot share" in x.why for x in r.rejected)
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from frugal.hardware.offers import PriceBasis
 
 ARGV: list[str] = []  # the running command's arguments (`frugal train` relaunches them)
 
@@ -16,6 +20,15 @@ def console() -> Console:
     so tables are not cut to 80."""
     con = Console()
     return con if con.is_terminal else Console(width=120)
+
+
+def show_prices(basis: PriceBasis, json_out: bool = False) -> None:
+    """What every priced answer says last: which prices, how old (in --json: its `prices`);
+    prices past their age: a warning on stderr, naming `frugal offers update`."""
+    if not json_out:
+        console().print(f"[dim]{basis.line()}[/]")
+    if warning := basis.warning():
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def print_json(obj: Any) -> None:

@@ -1,15 +1,19 @@
-"""`frugal gpus` and `frugal offers`: the catalogs that `estimate` and `plan` use."""
+"""`frugal gpus` and `frugal offers [update]`: the catalogs that `estimate` and `plan` use."""
 
 from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
-from frugal.cli import print_json
-from frugal.cli.options import JSON_HELP, number
+from frugal.cli import console, print_json, show_prices
+from frugal.cli.options import JSON_HELP, OFFERS_HELP, number
+from frugal.errors import FrugalError
 from frugal.hardware.gpus import gpus as all_gpus
-from frugal.hardware.offers import KWH_USD, select_offers
+from frugal.hardware.offers import KWH_USD, base, price_basis, select_offers
+from frugal.hardware.refresh import SKYPILOT_FILES
+from frugal.hardware.refresh import update as refresh
 
 
 def gpus(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
@@ -37,31 +41,52 @@ def gpus(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None
     Console().print(t)
 
 
+offers_app = typer.Typer(
+    help="GPU offers: provider, instance, GPUs, on-demand and spot $/hour, terms; "
+    "`frugal offers update` refreshes them.",
+    invoke_without_command=True,
+)
+
+
+@offers_app.callback()
 def offers(
+    ctx: typer.Context,
     gpu: str | None = typer.Option(None, help="Only offers of this GPU (forgiving match)."),
     providers: str | None = typer.Option(None, help="Comma-separated providers to keep."),
-    prices: list[str] | None = typer.Option(
-        None, help="Your own price CSV (or a SkyPilot vms.csv)."
-    ),
+    prices: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
     discount: list[str] | None = typer.Option(
         None, help="PROVIDER=PERCENT off its prices, e.g. aws=15."
     ),
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
     kwh_usd: float = number(KWH_USD, "Electricity price for --local, $/kWh.", ge=0, le=10),
+    suspicious_only: bool = typer.Option(
+        False, "--suspicious", help="Only the offers left out of plans as suspicious, and why."
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """GPU offers: provider, instance, GPUs, on-demand and spot $/hour, terms."""
 
-    rows = [
-        o.to_json()
-        for o in select_offers(prices or [], discount or [], local or [], kwh_usd, providers, gpu)
-    ]
+    if ctx.invoked_subcommand is not None:
+        return
+    chosen = select_offers(
+        prices or [], discount or [], local or [], kwh_usd, providers, gpu,
+        include_suspicious=suspicious_only,
+    )  # fmt: skip
+    why = base().suspicious
+    if suspicious_only:
+        chosen = [o for o in chosen if o.key in why]
+    basis = price_basis(chosen, prices or [])
+    rows = [o.to_json() | ({"suspicious": why[o.key]} if o.key in why else {}) for o in chosen]
     if json_out:
-        print_json({"offers": rows})
+        print_json({"offers": rows, "prices": basis.to_json()})
+        show_prices(basis, json_out)
         return
 
-    t = Table(title=f"{len(rows)} offers ($/hour for the whole instance)")
-    for col in ("provider", "instance", "GPUs", "on-demand", "spot", "interrupt", "region"):
+    con = console()
+    what = "suspicious offers, left out of plans" if suspicious_only else "offers"
+    t = Table(title=f"{len(rows)} {what} ($/hour for the whole instance)")
+    cols = ("provider", "instance", "GPUs", "on-demand", "spot", "interrupt", "region", "why")
+    for col in cols if suspicious_only else cols[:-1]:
         t.add_column(col, justify="right" if col in ("on-demand", "spot") else "left")
     for r in sorted(rows, key=lambda r: (str(r["gpu"]), float(r["ondemand_usd_h"]))):  # type: ignore[arg-type]
         spot = r["spot_usd_h"]
@@ -73,5 +98,57 @@ def offers(
             f"${spot:.3f}" if spot is not None else "-",
             str(r["interruption"] or "-"),
             str(r["region"]),
+            *((str(r["suspicious"]),) if suspicious_only else ()),
         )
-    Console().print(t)
+    con.print(t)
+    show_prices(basis)
+
+
+@offers_app.command("update")
+def update(
+    source: str = typer.Option(
+        "skypilot",
+        help="skypilot (SkyPilot's catalogs), a URL or directory of that layout, or a CSV "
+        "file of offers.",
+    ),
+    providers: str | None = typer.Option(
+        None, help=f"Comma-separated providers to update \\[default: {', '.join(SKYPILOT_FILES)}]."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Download today's prices into frugal's cache; plans use them from then on."""
+
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+        console=err, transient=True, disable=json_out or not err.is_terminal,
+    ) as bar:  # fmt: skip
+        tasks: dict[str, TaskID] = {}
+
+        def shown(where: str, got: int, total: int | None) -> None:
+            if where not in tasks:
+                tasks[where] = bar.add_task(where.rsplit("/", 3)[-2] if "/" in where else where)
+            bar.update(tasks[where], completed=got, total=total)
+
+        try:
+            done = refresh(source, providers, shown)
+        except FrugalError as e:  # nothing was installed: say what the plans price from
+            kept = base().snapshot.describe()
+            raise FrugalError(f"{e}; plans keep the prices of the {kept}") from None
+
+    if json_out:
+        print_json(done.to_json())
+        return
+    t = Table(title=f"prices of {done.retrieved:%Y-%m-%d %H:%M} UTC")
+    for col in ("provider", "offers", "GPUs", "regions", "left out"):
+        t.add_column(col, justify="right" if col in ("offers", "regions") else "left")
+    for f in done.fetched:
+        j = f.to_json()
+        t.add_row(
+            f.provider, str(len(f.offers)), ", ".join(j["gpus"]),  # type: ignore[arg-type]
+            str(j["regions"]), f.left_out or "-",
+        )  # fmt: skip
+    con = console()
+    con.print(t)
+    kept = f"; {done.kept} offers of other providers kept" if done.kept else ""
+    con.print(f"wrote {done.path} (the snapshot before it kept beside it){kept}")

@@ -70,6 +70,10 @@ def listed(text: str | None) -> tuple[str, ...] | None:
 
 MODEL_HELP = "Bundled hub id, local dir or config.json, or hub id."
 JSON_HELP = "Print one JSON object."
+OFFERS_HELP = (
+    "Your own offers CSV (negotiated, reserved or on-prem rates; or a SkyPilot vms.csv): its "
+    "rows add to the catalog or replace the same provider, instance and region."
+)
 
 
 def token_count(default: Any, help: str) -> Any:

@@ -8,14 +8,22 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from frugal.cli import console, print_json
+from frugal.cli import console, print_json, show_prices
 from frugal.cli.jobs_cmd import run_jobs
-from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, number, option, token_count
+from frugal.cli.options import (
+    JSON_HELP,
+    MODEL_HELP,
+    OFFERS_HELP,
+    listed,
+    number,
+    option,
+    token_count,
+)
 from frugal.config import DataConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
 from frugal.files import check_target, write_text_atomic
-from frugal.hardware.offers import KWH_USD, select_offers
+from frugal.hardware.offers import KWH_USD, PriceBasis, price_basis, select_offers
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import load_spec
 from frugal.plan.emit import hf_script, skypilot_task, to_run_config
@@ -71,8 +79,9 @@ def plan(
     optimize: str = option(Constraints, "objective"),
     value_of_time: float = option(Constraints, "value_of_time_usd_h"),
     margin: float = option(Constraints, "margin"),
-    prices: list[str] | None = typer.Option(
-        None, help="Your own price CSV (or a SkyPilot vms.csv)."
+    prices: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
+    include_suspicious: bool = typer.Option(
+        False, help="Plan with offers flagged as suspicious too (frugal offers --suspicious)."
     ),
     discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
@@ -183,20 +192,25 @@ def plan(
         objective=optimize,
         value_of_time_usd_h=value_of_time,
     )
-    offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers)
+    offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers,
+                           include_suspicious=include_suspicious)  # fmt: skip
+    basis = price_basis(offers, prices or [])
     try:
         result = search(spec, base, offers, k)
     except Infeasible as e:  # say what came nearest and which changes would give a plan
         every = (
-            select_offers(prices or [], discount or [], local or [], kwh_usd) if providers else None
-        )
+            select_offers(prices or [], discount or [], local or [], kwh_usd,
+                          include_suspicious=include_suspicious)
+            if providers
+            else None
+        )  # fmt: skip
         raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
     result.notes[:0] = notes
     rec = result.recommendation
     tags = resolve(flags, model=spec.id, required=False)
     from frugal.ledger.spool import attempt  # SQLAlchemy: only once there is a plan to record
 
-    whole = to_json(spec.id, k, result, {})  # what --json prints: the frontier, the rejected
+    whole = to_json(spec.id, k, result, {}, basis)  # what --json prints: frontier, rejected
     plan_id, down = attempt(lambda led: led.record_plan(whole, spec.id, k.tokens, tags))
     if down:
         result.notes.append(f"the plan is not on the books (ledger unreachable: {down})")
@@ -219,9 +233,10 @@ def plan(
             write_text_atomic(path, text)
         wrote[what] = path
     if json_out:
-        print_json(to_json(spec.id, k, result, wrote) | {"plan_id": plan_id, "tags": tags})
+        print_json(to_json(spec.id, k, result, wrote, basis) | {"plan_id": plan_id, "tags": tags})
     else:
         render(spec.id, k, result, wrote)
+    show_prices(basis, json_out)
 
 
 FLAGS = {"run config": "--write", "hf": "--emit-file", "skypilot": "--emit-file", "plot": "--plot"}
@@ -257,7 +272,9 @@ def _targets(
     return out
 
 
-def to_json(model: str, k: Constraints, result: Result, wrote: dict[str, str]) -> dict[str, Any]:
+def to_json(
+    model: str, k: Constraints, result: Result, wrote: dict[str, str], basis: PriceBasis
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "model": model,
         "tokens": k.tokens,
@@ -266,6 +283,7 @@ def to_json(model: str, k: Constraints, result: Result, wrote: dict[str, str]) -
         "rejected": [r.to_json() for r in result.rejected],
         "feasible_plans": len(result.plans),
         "notes": result.notes,
+        "prices": basis.to_json(),
     }
     keys = {"run config": "wrote", "hf": "wrote_hf", "skypilot": "wrote_skypilot"}
     out.update({keys.get(what, f"wrote_{what}"): path for what, path in wrote.items()})

@@ -8,12 +8,12 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from frugal.cli import console, print_json
-from frugal.cli.options import JSON_HELP, MODEL_HELP, listed, number
+from frugal.cli import console, print_json, show_prices
+from frugal.cli.options import JSON_HELP, MODEL_HELP, OFFERS_HELP, listed, number
 from frugal.errors import FrugalError
 from frugal.files import check_target, write_text_atomic
 from frugal.hardware.gpus import find_gpu
-from frugal.hardware.offers import select_offers
+from frugal.hardware.offers import price_basis, select_offers
 from frugal.models.specs import load_spec
 from frugal.serve import compare, emit
 from frugal.serve.engines import find_engine
@@ -98,12 +98,16 @@ def estimate_cmd(
         load_spec(model), g, gpus, find_engine(engine), find_format(quant), kv_dtype.lower(),
         memory_fraction, max_num_seqs,
     )  # fmt: skip
-    priced = (price, "--price") if price is not None else catalog_price(g, gpus, select_offers())
+    offers = select_offers()
+    priced = (price, "--price") if price is not None else catalog_price(g, gpus, offers)
     e = estimate(d, input_len, output_len, load, prefix_hit, priced)
+    basis = price_basis(offers) if price is None else None
     if json_out:
-        print_json(e.to_json())
+        print_json(e.to_json() | ({"prices": basis.to_json()} if basis else {}))
     else:
         render(e)
+    if basis:
+        show_prices(basis, json_out)
 
 
 def render(e: ServeEstimate) -> None:
@@ -221,9 +225,7 @@ def plan_cmd(
         "12", help="Commitment terms to price, months, comma-separated ('' for none)."
     ),
     providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
-    prices: list[str] | None = typer.Option(
-        None, help="Your own price CSV (or a SkyPilot vms.csv)."
-    ),
+    prices: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
     discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
     emit: str | None = typer.Option(
         None, help="vllm (the `vllm serve` command) or skypilot (a SkyPilot serve task)."
@@ -261,8 +263,10 @@ def plan_cmd(
         quant, engine, kv_dtype, prefix_hit, response_cache_hit, offline, months,
     )  # fmt: skip
     arriving = ask.rate / (1 - response_cache_hit)
-    p = plan(ask, select_offers(prices or [], discount or [], (), providers_csv=providers))
-    out = plan_json(p)
+    offers = select_offers(prices or [], discount or [], (), providers_csv=providers)
+    p = plan(ask, offers)
+    basis = price_basis(offers, prices or [])
+    out = plan_json(p) | {"prices": basis.to_json()}
     if response_cache_hit:
         out["notes"].append(
             f"a response cache answers {response_cache_hit:.0%} of {arriving:g} requests/s: "
@@ -276,12 +280,14 @@ def plan_cmd(
         out["vllm_command"] = text.strip()
     if json_out:
         print_json(out)
+        show_prices(basis, json_out)
         return
     render_plan(p, out)
     if emit and path:
         console().print(f"wrote {path}")
     elif emit:
         print(text, end="")
+    show_prices(basis)
 
 
 def plan_json(p: ServePlan) -> dict[str, Any]:

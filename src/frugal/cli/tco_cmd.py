@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from frugal.cli import console, print_json
+from frugal.cli import console, print_json, show_prices
 from frugal.cli.options import JSON_HELP, MODEL_HELP, number, token_count
 from frugal.cli.serve_cmd import (
     INPUT_HELP,
@@ -19,7 +19,7 @@ from frugal.cli.serve_cmd import (
     serve_ask,
 )
 from frugal.errors import FrugalError
-from frugal.hardware.offers import HOST_WATTS, KWH_USD, select_offers
+from frugal.hardware.offers import HOST_WATTS, KWH_USD, price_basis, select_offers
 from frugal.plan.search import Constraints, Infeasible, search
 from frugal.serve import compare
 from frugal.serve.plan import Option, plan
@@ -103,11 +103,13 @@ def tco_cmd(
         "rate_requests_per_s": arriving,
         "serving": best.to_json(),
         "training": None if w.training is None else vars(w.training),
+        "prices": (basis := price_basis(offers)).to_json(),
     }
     if json_out:
         print_json(out)
     else:
         render(result, out)
+    show_prices(basis, json_out)
 
 
 def _training(

@@ -48,6 +48,11 @@ class GPU:
     fp8_tflops: float | None = None  # dense FP8 tensor rate; None: no FP8 tensor cores
     host_link_gbps: float = 32.0  # PCIe to the host, GB/s per direction
 
+    @property
+    def vendor(self) -> str:
+        """nvidia or amd (AMD Instinct: MI...): what the trainer's kernels can run on."""
+        return "amd" if self.name.startswith("MI") else "nvidia"
+
     def peak_tflops(self, compute_dtype: str) -> float | None:
         """Dense tensor TFLOPS for the compute dtype; None when the GPU cannot run it."""
         if compute_dtype == "bf16":
@@ -70,6 +75,7 @@ class GPU:
             "fp8_tflops": self.fp8_tflops,
             "bandwidth_gbps": self.bandwidth_gbps,
             "tier": self.tier,
+            "vendor": self.vendor,
             "interconnect": self.link,
             "interconnect_gbps": self.link_gbps,
             "host_link_gbps": self.host_link_gbps,
@@ -108,6 +114,7 @@ def gpus() -> tuple[GPU, ...]:
     )
 
 
+@cache
 def lookup_gpu(name: str) -> GPU | None:
     """Our name, an alias, or the device name CUDA reports ('NVIDIA H100 80GB HBM3',
     'Tesla T4', 'NVIDIA GeForce RTX 4090'): vendor and brand words are dropped first."""

@@ -8,25 +8,34 @@ electricity). Every price error names the file, line and column to fix.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from frugal.errors import FrugalError
+from frugal.errors import FrugalError, notice
 from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.gpus import GPU, find_gpu, gpus, lookup_gpu
-from frugal.hardware.skypilot import GCP_HOST, from_skypilot
+from frugal.hardware.sanity import suspicious
+from frugal.hardware.skypilot import from_skypilot, gcp_host
+from frugal.hardware.snapshot import Snapshot, bundled_text, meta, stored
 from frugal.names import closest
+from frugal.settings import settings_path, table
+from frugal.times import parse_time
 
 BUCKETS = ("<5%", "5-10%", "10-15%", "15-20%", ">20%")
 OFFER_COLUMNS = ("provider", "instance", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "region")
 KWH_USD = 0.17  # US residential average 2024, 16.5 c/kWh (EIA Electric Power Monthly)
 HOST_WATTS = 150.0  # CPU, RAM, disks and fans of a one-GPU workstation under load
 HOURS_PER_MONTH = 730.0  # 8,760 / 12: what clouds bill a month of (AWS pricing calculator)
+MAX_AGE_DAYS = 7.0  # prices older than this make a plan warn (settings [offers] max_age_days)
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,10 @@ class Offer:
     region: str
     interruption: str
     source: str
-    retrieved: str = ""
+    retrieved: str = ""  # when the price was read (ISO date or time; "" = not known)
+    zone: str = ""  # the zone of the spot price, where the catalog lists zones
+    vcpus: float | None = None
+    memory_gib: float | None = None  # host RAM
 
     @property
     def terms(self) -> Provider:
@@ -74,9 +86,17 @@ class Offer:
             "storage_usd_gb_month": t.storage_usd_gb_month,
             "egress_usd_gb": t.egress_usd_gb,
             "interregion_usd_gb": t.interregion_usd_gb,
+            "zone": self.zone or None,
+            "vcpus": self.vcpus,
+            "memory_gib": self.memory_gib,
             "source": self.source,
-            "retrieved": self.retrieved,
+            "retrieved": self.retrieved or None,
         }
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What names an offer in a catalog: a row with the same key replaces it."""
+        return (self.provider, self.instance, self.region)
 
 
 @cache
@@ -129,9 +149,23 @@ class _Where:
             raise self.fail(column, f"{raw!r}: a price must be a number >= 0")
         return value
 
+    def amount(self, row: dict[str, str], column: str) -> float | None:
+        """An optional count or size (vCPUs, GiB): a number >= 0, or None when empty."""
+        raw = (row.get(column) or "").strip()
+        if not raw:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self.fail(column, f"{raw!r} is not a number") from None
+        if not math.isfinite(value) or value < 0:
+            raise self.fail(column, f"{raw!r}: give a number >= 0")
+        return value
 
-def parse_offers(text: str, file: str) -> list[Offer]:
-    """Offers from frugal's own CSV format (see data/offers.csv)."""
+
+def parse_offers(text: str, file: str, retrieved_default: str = "") -> list[Offer]:
+    """Offers from frugal's own CSV format (see data/offers.csv); a row without a
+    `retrieved` date takes `retrieved_default`."""
     present = set(header(text, file))
     missing = [c for c in OFFER_COLUMNS if c not in present]
     if missing:
@@ -163,6 +197,12 @@ def parse_offers(text: str, file: str) -> list[Offer]:
         bucket = (r.get("interruption") or "").strip() or providers()[provider].interruption
         if spot is not None and bucket not in BUCKETS:
             raise at.fail("interruption", f"{bucket!r}: use one of {', '.join(BUCKETS)}")
+        retrieved = (r.get("retrieved") or "").strip() or retrieved_default
+        if retrieved:
+            try:
+                parse_time(retrieved)
+            except ValueError as e:
+                raise at.fail("retrieved", str(e)) from None
         out.append(
             Offer(
                 provider=provider,
@@ -174,28 +214,84 @@ def parse_offers(text: str, file: str) -> list[Offer]:
                 region=(r["region"] or "").strip(),
                 interruption=bucket if spot is not None else "",
                 source=(r.get("source") or file).strip(),
-                retrieved=(r.get("retrieved") or "").strip(),
+                retrieved=retrieved,
+                zone=(r.get("zone") or "").strip(),
+                vcpus=at.amount(r, "vcpus"),
+                memory_gib=at.amount(r, "memory_gib"),
             )
         )
     return out
 
 
-def parse_skypilot(text: str, file: str, cloud: str) -> list[Offer]:
+SNAPSHOT_COLUMNS = (*OFFER_COLUMNS, "zone", "interruption", "vcpus", "memory_gib", "source",
+                    "retrieved")  # fmt: skip
+
+
+def _decimal(x: float | None) -> str:
+    """A number as the catalogs write it: up to 6 decimals, no trailing zeros ("" for None)."""
+    return "" if x is None else f"{x:.6f}".rstrip("0").rstrip(".")
+
+
+def offers_csv(offers: Iterable[Offer]) -> str:
+    """Offers as rows of frugal's offers CSV (the snapshot's body, after its header)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SNAPSHOT_COLUMNS)
+    for o in offers:
+        w.writerow(
+            [o.provider, o.instance, o.gpu.name, o.gpus, _decimal(o.ondemand_usd_h),
+             _decimal(o.spot_usd_h), o.region, o.zone,
+             o.interruption if o.spot_usd_h is not None else "",
+             _decimal(o.vcpus), _decimal(o.memory_gib), o.source, o.retrieved]
+        )  # fmt: skip
+    return buf.getvalue()
+
+
+@dataclass
+class Normalized:
+    """A SkyPilot catalog read into offers, with what was left out and why."""
+
+    offers: list[Offer]
+    unknown: Counter[str]  # rows of GPUs frugal has no specs for, by catalog name
+    no_price: int = 0  # GPU rows without an on-demand price
+    fractional: int = 0  # rows of a fraction of a GPU (no training job fits one)
+
+    def summary(self) -> str:
+        out = []
+        if self.unknown:
+            names = ", ".join(f"{n} ({c})" for n, c in self.unknown.most_common())
+            out.append(f"GPUs without specs in gpus.csv, left out: {names}")
+        if self.no_price:
+            out.append(f"{self.no_price} rows without an on-demand price left out")
+        if self.fractional:
+            out.append(f"{self.fractional} rows of a fraction of a GPU left out")
+        return "; ".join(out)
+
+
+def parse_skypilot(
+    text: str, file: str, cloud: str, retrieved: str = "", source: str = ""
+) -> Normalized:
     """Offers from a SkyPilot catalog vms.csv (InstanceType, AcceleratorName, Price, ...).
 
-    GPU-only GCP rows are summed with the host VM their family needs (a2/a3); rows of
-    fractional or unknown GPUs and rows without an on-demand price are skipped.
+    GPU-only GCP rows are summed with the host VM their family needs (a2/a3/n1); one offer
+    per instance type and region, the zone with the cheapest spot price kept (on-demand is
+    the same in every zone). A GPU without specs in gpus.csv is counted, never guessed.
     """
     rows = list(data_rows(text, file))
-    hosts: dict[tuple[str, str], tuple[float, float | None]] = {}
+    hosts: dict[tuple[str, str], tuple[float, float | None, float | None, float | None]] = {}
     for lineno, r in rows:
         if not (r.get("AcceleratorName") or "").strip() and r.get("InstanceType"):
             at = _Where(file, lineno)
             od = at.price(r, "Price", required=False)
             if od is not None:
                 key = (r["InstanceType"], r.get("Region", ""))
-                hosts.setdefault(key, (od, at.price(r, "SpotPrice", required=False)))
-    out = []
+                spot_host = at.price(r, "SpotPrice", required=False)
+                old = hosts.get(key)
+                if old is None or _cheaper(spot_host, old[1]):
+                    hosts[key] = (od, spot_host, at.amount(r, "vCPUs"), at.amount(r, "MemoryGiB"))
+    done = Normalized([], Counter())
+    best: dict[tuple[str, str, str], Offer] = {}
+    terms = providers()[cloud]
     for lineno, r in rows:
         name = (r.get("AcceleratorName") or "").strip()
         if not name:
@@ -208,43 +304,59 @@ def parse_skypilot(text: str, file: str, cloud: str) -> list[Offer]:
                 "AcceleratorCount", f"{r['AcceleratorCount']!r} is not a number"
             ) from None
         if count_f < 1 or count_f != int(count_f):
-            continue  # fractional GPUs cannot hold a training job
+            done.fractional += 1
+            continue
         count = int(count_f)
         instance = (r.get("InstanceType") or "").strip()
-        gpu_name = from_skypilot(name)
-        if "pcie" in instance.lower() and name == "H100":
-            gpu_name = "H100 PCIe"
-        gpu = lookup_gpu(gpu_name)
+        gpu = lookup_gpu(from_skypilot(name, instance))
+        if gpu is None:
+            done.unknown[name] += 1
+            continue
         od = at.price(r, "Price", required=False)
-        if gpu is None or od is None:
+        if od is None:
+            done.no_price += 1
             continue
         spot = at.price(r, "SpotPrice", required=False)
         region = (r.get("Region") or "").strip()
+        vcpus, memory = at.amount(r, "vCPUs"), at.amount(r, "MemoryGiB")
         if not instance:  # a GCP GPU-only row: add its host
-            family = GCP_HOST.get(gpu.name)
-            host = hosts.get((family.format(n=count), region)) if family else None
-            if host is None:
+            family = gcp_host(name, count)
+            host = hosts.get((family, region)) if family else None
+            if family is None or host is None:
+                done.no_price += 1
                 continue
-            instance = family.format(n=count) if family else instance
+            instance, vcpus, memory = family, host[2], host[3]
             od += host[0]
             spot = spot + host[1] if spot is not None and host[1] is not None else None
-        if spot is not None and spot >= od:
-            spot = None  # no discount: not a spot offer worth the risk
-        terms = providers().get(cloud)
-        out.append(
-            Offer(
-                provider=cloud,
-                instance=instance,
-                gpu=gpu,
-                gpus=count,
-                ondemand_usd_h=od,
-                spot_usd_h=spot,
-                region=region,
-                interruption=(terms.interruption if terms else ">20%") if spot is not None else "",
-                source=f"{file} (SkyPilot catalog)",
-            )
+        if spot is not None and (abs(spot - od) <= 1e-4 * od or spot == 0):
+            # no discount (or one of rounding: AWS lists 8.226100 beside 8.22609), or the
+            # catalog's "none" (Vast lists 0.00 for every row): no spot offer;
+            # spot above on-demand, or an on-demand price of 0, is kept and flagged (sanity)
+            spot = None
+        offer = Offer(
+            provider=cloud,
+            instance=instance,
+            gpu=gpu,
+            gpus=count,
+            ondemand_usd_h=round(od, 6),
+            spot_usd_h=round(spot, 6) if spot is not None else None,
+            region=region,
+            interruption=(terms.interruption or ">20%") if spot is not None else "",
+            source=source or f"{file} (SkyPilot catalog)",
+            retrieved=retrieved,
+            zone=(r.get("AvailabilityZone") or "").strip(),
+            vcpus=vcpus,
+            memory_gib=memory,
         )
-    return out
+        seen = best.get(offer.key)
+        if seen is None or _cheaper(offer.spot_usd_h, seen.spot_usd_h):
+            best[offer.key] = offer
+    done.offers = list(best.values())
+    return done
+
+
+def _cheaper(spot: float | None, than: float | None) -> bool:
+    return spot is not None and (than is None or spot < than)
 
 
 def read_price_file(path: str) -> list[Offer]:
@@ -263,14 +375,152 @@ def read_price_file(path: str) -> list[Offer]:
                 f"{path}: a SkyPilot catalog, but which cloud? keep the cloud in its path "
                 "(e.g. catalogs/v8/aws/vms.csv) or rename it aws-vms.csv"
             )
-        return parse_skypilot(text, str(path), cloud)
+        return parse_skypilot(text, str(path), cloud).offers
     return parse_offers(text, str(path))
 
 
 @cache
+def bundled() -> Base:
+    """The catalog that ships with frugal."""
+    text = bundled_text()
+    snap = meta(text, "bundled catalog", None)
+    assert snap is not None, "data/offers.csv must start with a snapshot header"
+    return Base.of(snap, parse_offers(text, "offers.csv", snap.retrieved.date().isoformat()))
+
+
 def bundled_offers() -> tuple[Offer, ...]:
-    text = (resources.files("frugal.hardware") / "data" / "offers.csv").read_text()
-    return tuple(parse_offers(text, "offers.csv"))
+    return bundled().offers
+
+
+@dataclass(frozen=True)
+class Base:
+    """The offers plans price from, what they are, and which of them look wrong."""
+
+    snapshot: Snapshot
+    offers: tuple[Offer, ...]
+    suspicious: dict[tuple[str, str, str], str]
+
+    @classmethod
+    def of(cls, snap: Snapshot, offers: list[Offer]) -> Base:
+        return cls(snap, tuple(offers), suspicious(offers))
+
+
+_READ: dict[tuple[str, int, int], Base] = {}
+
+
+def base() -> Base:
+    """The last `frugal offers update` (or the one before it, if the last cannot be read),
+    else the bundled catalog. A snapshot that cannot be read is reported once."""
+    for path, text in stored():
+        try:
+            st = path.stat()
+            sig = (str(path), st.st_mtime_ns, st.st_size)
+        except OSError:
+            continue
+        if sig in _READ:
+            return _READ[sig]
+        snap = meta(text, "offers update", str(path))
+        try:
+            if snap is None:
+                raise FrugalError("not a frugal offers snapshot")
+            got = Base.of(snap, parse_offers(text, str(path), snap.retrieved.isoformat()))
+        except FrugalError as e:
+            notice(f"price snapshot {path} cannot be read ({e}): passed over; "
+                   "`frugal offers update` writes a new one")  # fmt: skip
+            continue
+        _READ[sig] = got
+        return got
+    return bundled()
+
+
+def offer_settings() -> tuple[list[str], float]:
+    """Your own offers files and the age past which prices are stale (settings [offers])."""
+    t = table("offers")
+    files = t.get("files", [])
+    age = t.get("max_age_days", MAX_AGE_DAYS)
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise FrugalError(f'settings file {settings_path()}: [offers] files = ["PATH", ...]')
+    if isinstance(age, bool) or not isinstance(age, int | float) or not 0 < age <= 3650:
+        raise FrugalError(
+            f"settings file {settings_path()}: [offers] max_age_days: give days from 1 to 3650"
+        )
+    return [str(Path(f).expanduser()) for f in files], float(age)
+
+
+@dataclass(frozen=True)
+class PriceBasis:
+    """Which prices an answer used and how old they are: every plan says it."""
+
+    snapshot: Snapshot
+    files: tuple[str, ...]  # your own offers files, on top of the snapshot
+    oldest: datetime  # the oldest price among the offers considered
+    max_age_days: float
+    left_out: int  # suspicious offers left out
+
+    def age_days(self, now: datetime | None = None) -> float:
+        return max(0.0, ((now or datetime.now(UTC)) - self.oldest).total_seconds() / 86400)
+
+    def stale(self, now: datetime | None = None) -> bool:
+        return self.age_days(now) > self.max_age_days
+
+    def line(self, now: datetime | None = None) -> str:
+        s = self.snapshot
+        text = f"prices: {s.describe()} ({s.source}), {_age(self.age_days(now))} old"
+        if self.files:
+            text += f", with your offers from {', '.join(self.files)}"
+        if self.left_out:
+            text += f"; {self.left_out} suspicious offers left out (frugal offers --suspicious)"
+        return text
+
+    def warning(self, now: datetime | None = None) -> str | None:
+        if not self.stale(now):
+            return None
+        return (
+            f"the prices are {_age(self.age_days(now))} old (past {self.max_age_days:g} days): "
+            "refresh them with `frugal offers update`"
+        )
+
+    def to_json(self, now: datetime | None = None) -> dict[str, object]:
+        return {
+            "snapshot": self.snapshot.label,
+            "retrieved": self.snapshot.retrieved.isoformat().replace("+00:00", "Z"),
+            "source": self.snapshot.source,
+            "path": self.snapshot.path,
+            "files": list(self.files),
+            "oldest_price": self.oldest.isoformat().replace("+00:00", "Z"),
+            "age_days": round(self.age_days(now), 2),
+            "max_age_days": self.max_age_days,
+            "stale": self.stale(now),
+            "suspicious_left_out": self.left_out,
+        }
+
+
+def _age(days: float) -> str:
+    if days < 1:
+        return f"{days * 24:.0f} hours"
+    return f"{days:.0f} day" + ("" if round(days) == 1 else "s")
+
+
+def price_basis(offers: Iterable[Offer], files: Iterable[str] = ()) -> PriceBasis:
+    """The basis of an answer priced from `offers` (what select_offers gave)."""
+    b = base()
+    own, max_age = offer_settings()
+    times = []
+    for o in offers:
+        if o.provider == "local" or not o.retrieved:
+            continue
+        try:
+            times.append(parse_time(o.retrieved))
+        except ValueError:
+            continue
+    keys = {o.key for o in b.offers}
+    return PriceBasis(
+        snapshot=b.snapshot,
+        files=tuple(dict.fromkeys([*own, *files])),
+        oldest=min(times, default=b.snapshot.retrieved),
+        max_age_days=max_age,
+        left_out=sum(1 for k in b.suspicious if k in keys),
+    )
 
 
 def local_offer(spec: str, kwh_usd: float) -> Offer:
@@ -322,17 +572,22 @@ def catalog(
     local: Iterable[str] = (),
     kwh_usd: float = KWH_USD,
     bundled: bool = True,
+    include_suspicious: bool = False,
 ) -> list[Offer]:
-    """All offers: bundled, then each price file's rows, then local GPUs; discounts applied.
+    """All offers: the snapshot (suspicious ones left out unless asked for), then your own
+    offers files (settings, then each price file), then local GPUs; discounts applied.
 
-    A user row with the same provider, instance and region as a bundled one replaces it.
+    A row of yours with the same provider, instance and region as a catalog one replaces it.
     """
     merged: dict[tuple[str, str, str], Offer] = {}
-    for o in bundled_offers() if bundled else ():
-        merged[(o.provider, o.instance, o.region)] = o
-    for f in price_files:
+    b = base()
+    for o in b.offers if bundled else ():
+        if include_suspicious or o.key not in b.suspicious:
+            merged[o.key] = o
+    own, _ = offer_settings()
+    for f in dict.fromkeys([*own, *price_files]):
         for o in read_price_file(f):
-            merged[(o.provider, o.instance, o.region)] = o
+            merged[o.key] = o
     out = list(merged.values())
     out += [local_offer(s, kwh_usd) for s in local]
     for name, factor in (discounts or {}).items():
@@ -356,18 +611,18 @@ def select_offers(
     kwh_usd: float = KWH_USD,
     providers_csv: str | None = None,
     gpu: str | None = None,
+    include_suspicious: bool = False,
 ) -> list[Offer]:
     """The catalog as the CLI options select it (shared by `offers` and `plan`)."""
     if kwh_usd < 0:
         raise FrugalError("--kwh-usd must be >= 0 (your electricity price, $/kWh)")
-    out = catalog(prices, parse_discounts(discount), local, kwh_usd)
+    out = catalog(prices, parse_discounts(discount), local, kwh_usd,
+                  include_suspicious=include_suspicious)  # fmt: skip
     if providers_csv:
         keep = {find_provider(p) for p in providers_csv.split(",") if p.strip()}
-        if "local" in keep and not list(local):
+        if "local" in keep and not any(o.provider == "local" for o in out):
             raise FrugalError("--providers local needs --local GPU (e.g. --local 'RTX 4090')")
         out = [o for o in out if o.provider in keep]
-    elif not list(local):
-        out = [o for o in out if o.provider != "local"]
     if gpu:
         g = find_gpu(gpu)
         out = [o for o in out if o.gpu == g]

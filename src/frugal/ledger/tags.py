@@ -18,14 +18,12 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from frugal.errors import FrugalError
-from frugal.paths import user_path
+from frugal.settings import read_settings, settings_path
 
 STANDARD = ("project", "team", "model", "env", "user")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,99}$")
@@ -38,19 +36,10 @@ class Settings:
     source: str = ""  # where `required` came from, for the error message
 
 
-def settings_path() -> Path:
-    return user_path("FRUGAL_SETTINGS", "config", "settings.toml")
-
-
 def load_settings() -> Settings:
     """Tag defaults and required tags from the settings file and the environment."""
     path = settings_path()
-    data: dict[str, Any] = {}
-    if path.exists():
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-            raise FrugalError(f"cannot read settings file {path}: {e}; fix or remove it") from None
+    data: dict[str, Any] = read_settings()
     raw_tags = data.get("tags", {})
     required: Any = data.get("required_tags", [])
     if not isinstance(raw_tags, dict) or not isinstance(required, list):

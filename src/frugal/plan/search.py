@@ -157,6 +157,8 @@ class Plan:
     egress_usd: float
     checkpoint_interval_min: float | None = None
     interruptions: float = 0.0
+    mtbi_h: float = 0.0  # on spot: mean hours between interruptions (of the whole run)
+    mtbi_from: str = ""  # and where that figure comes from
     fallback: spot_math.Fallback | None = None
     reasons: list[str] = field(default_factory=list)
     value_of_time_usd_h: float = 0.0  # Constraints.value_of_time_usd_h, weighs the hours
@@ -255,6 +257,8 @@ class Plan:
                 else None
             ),
             "expected_interruptions": round(self.interruptions, 2),
+            "interrupted_every_h": round(self.mtbi_h, 2) if self.spot else None,
+            "interruption_rate_from": self.mtbi_from or None,
             **(
                 {
                     "time_value_usd": round(self.time_value_usd, 2),
@@ -340,6 +344,7 @@ def search(
     plans: list[Plan] = []
     rejected: list[Rejected] = []
     fit_memo: dict[tuple[Any, ...], tuple[TrainJob, Any, Speed, Profile] | str] = {}
+    constants: dict[tuple[str, str], tuple[SpeedConstants, Overheads]] = {}
     offers = list(offers)
     if not offers:
         raise FrugalError("no offers to plan on: check --providers and --prices")
@@ -363,9 +368,21 @@ def search(
                     )
                 continue
             for method in k.methods:
-                # the calibration's constants for this GPU and method (its groups)
-                sc = speed_constants or load_speed_constants(offer.gpu.name, method)
-                ov = load_overheads(method)
+                label = (
+                    f"{offer.provider} {f'{nodes}x ' if nodes > 1 else ''}{offer.instance} {method}"
+                )
+                if offer.gpu.vendor != "nvidia" and method == "qlora":
+                    refused = (f"QLoRA needs bitsandbytes' CUDA kernels; on {offer.gpu.name} "
+                           "(AMD, ROCm) frugal's trainer runs full and LoRA")  # fmt: skip
+                    rejected.append(Rejected(label, refused, "method"))
+                    continue
+                # the calibration's constants for this GPU and method (its groups), read once
+                if (offer.gpu.name, method) not in constants:
+                    constants[offer.gpu.name, method] = (
+                        speed_constants or load_speed_constants(offer.gpu.name, method),
+                        load_overheads(method),
+                    )
+                sc, ov = constants[offer.gpu.name, method]
                 found = _best_config(
                     spec,
                     base,
@@ -381,15 +398,12 @@ def search(
                     terms.node_network_gbps,
                     ov,
                 )
-                label = (
-                    f"{offer.provider} {f'{nodes}x ' if nodes > 1 else ''}{offer.instance} {method}"
-                )
                 if isinstance(found, Rejected):
                     rejected.append(replace(found, label=label))
                     continue
                 priced = _price(offer, nodes, found, k)
                 if not priced and offer.spot_usd_h is not None:  # --spot, and it never ends
-                    every = k.mtbi_h or spot_math.mtbi_hours(offer.interruption)
+                    every = k.mtbi_h or spot_math.offer_mtbi(offer)[0]
                     never = (
                         f"on spot it would not finish: interrupted every {every:.3g} h, "
                         "faster than it restarts (raise --spot-mtbi-hours, or drop --spot)"
@@ -667,7 +681,7 @@ def _price(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
     if k.spot != "only" or offer.provider == "local":
         out.append(plan(False, od_h, od_h * offer.ondemand_usd_h * nodes))
     if k.spot != "never" and offer.spot_usd_h is not None:
-        mtbi = k.mtbi_h or spot_math.mtbi_hours(offer.interruption)
+        mtbi, why = (k.mtbi_h, "--spot-mtbi-hours") if k.mtbi_h else spot_math.offer_mtbi(offer)
         mtbi /= nodes  # any machine lost stops the run
         run = spot_math.spot_run(solve_h, delta_h, setup_h, mtbi)
         hours = setup_h + run.hours
@@ -688,6 +702,7 @@ def _price(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
             p = plan(True, hours, hours * offer.spot_usd_h * nodes)
         p.checkpoint_interval_min = run.interval_h * 60
         p.interruptions = run.interruptions
+        p.mtbi_h, p.mtbi_from = mtbi, why
         out.append(p)
     return out
 
@@ -767,7 +782,8 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
             f"; saves ${same_od[0].cost_usd - best.cost_usd:,.2f} vs on-demand" if same_od else ""
         )
         r.append(
-            f"spot: {best.interruptions:.2f} expected interruptions, checkpoint every "
+            f"spot: {best.interruptions:.2f} expected interruptions (one every "
+            f"{best.mtbi_h:.1f} h: {best.mtbi_from}), checkpoint every "
             f"{best.checkpoint_interval_min:.0f} min (Young/Daly){saving}"
         )
         if best.fallback and best.fallback.spot_share < 1:

@@ -1,0 +1,254 @@
+"""`frugal offers update`: today's prices, downloaded into frugal's cache.
+
+Sources:
+* `skypilot` (default): the per-cloud catalog files SkyPilot itself reads, from its public
+  catalog repository (skypilot-org/skypilot-catalog, format v8), one `vms.csv` per cloud;
+  `FRUGAL_SKYPILOT_URL` points at a mirror of its `catalogs/` directory.
+* a URL or a PATH: a mirror of that layout (`<base>/v8/<cloud>/vms.csv`), or one CSV file
+  (frugal's offers columns, or a SkyPilot vms.csv with the cloud in its name).
+
+Every row is normalized to frugal's offers (one per instance type and region, the zone of
+the cheapest spot price kept; GPUs named as in gpus.csv, a GPU without specs reported, never
+guessed) and stamped with its source and the time it was read. The providers updated
+replace their rows; the others keep theirs. The new snapshot is installed whole or not at
+all (frugal.hardware.snapshot); a provider that cannot be read stops the update, and plans
+go on pricing from the snapshot they had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from frugal.errors import FrugalError
+from frugal.hardware.csvdata import header as columns
+from frugal.hardware.offers import (
+    BUCKETS,
+    Normalized,
+    Offer,
+    base,
+    find_provider,
+    offers_csv,
+    parse_offers,
+    parse_skypilot,
+)
+from frugal.hardware.snapshot import header, install
+
+SKYPILOT_URL = "https://raw.githubusercontent.com/skypilot-org/skypilot-catalog/master/catalogs"
+# the catalog file of each provider; SkyPilot's newest format for each (v8), or the last one
+# it published for a provider that left it
+SKYPILOT_FILES = {
+    "aws": "v8/aws/vms.csv",
+    "gcp": "v8/gcp/vms.csv",
+    "azure": "v8/azure/vms.csv",
+    "lambda": "v8/lambda/vms.csv",
+    "runpod": "v8/runpod/vms.csv",
+    "vast": "v8/vast/vms.csv",
+    "nebius": "v8/nebius/vms.csv",
+    "cudo": "v8/cudo/vms.csv",
+    "oci": "v8/oci/vms.csv",
+    "hyperbolic": "v8/hyperbolic/vms.csv",
+    "primeintellect": "v8/primeintellect/vms.csv",
+    "fluidstack": "v6/fluidstack/vms.csv",  # SkyPilot's last catalog of these two is v6
+    "paperspace": "v6/paperspace/vms.csv",
+}
+# AWS's Spot Instance Advisor feed: the interruption bucket of each instance type per region
+ADVISOR_URL = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
+TIMEOUT_S = 30.0
+MAX_BYTES = 512 << 20  # AWS's catalog is the largest, about 100 MB
+
+Progress = Callable[[str, int, int | None], None]  # (what, bytes so far, total or None)
+
+
+@dataclass
+class Fetched:
+    """One provider's rows as read from the source."""
+
+    provider: str
+    where: str  # the URL or path read
+    offers: list[Offer]
+    left_out: str = ""  # what was left out and why (unknown GPUs, rows without a price)
+    unknown: Counter[str] = field(default_factory=Counter)
+    advised: int = 0  # spot offers given their own interruption bucket (AWS Spot Advisor)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "provider": self.provider,
+            "from": self.where,
+            "offers": len(self.offers),
+            "gpus": sorted({o.gpu.name for o in self.offers}),
+            "regions": len({o.region for o in self.offers}),
+            "unknown_gpus": dict(self.unknown),
+            "interruption_from_advisor": self.advised,
+            "left_out": self.left_out or None,
+        }
+
+
+@dataclass
+class Update:
+    """What an update did: per provider, the rows read; where the snapshot went."""
+
+    fetched: list[Fetched]
+    path: str
+    kept: int  # rows of providers not updated, kept from the snapshot before
+    retrieved: datetime
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "snapshot": self.path,
+            "retrieved": self.retrieved.isoformat().replace("+00:00", "Z"),
+            "providers": [f.to_json() for f in self.fetched],
+            "offers": sum(len(f.offers) for f in self.fetched) + self.kept,
+            "kept_from_before": self.kept,
+        }
+
+
+def parse_advisor(text: str, where: str) -> dict[tuple[str, str], str]:
+    """AWS Spot Instance Advisor data: {(instance type, region): bucket} for Linux, the
+    bucket named as the feed's own `ranges` labels (<5%, 5-10%, ... >20%)."""
+    try:
+        data = json.loads(text)
+        labels = {int(r["index"]): str(r["label"]) for r in data["ranges"]}
+        out = {}
+        for region, systems in data["spot_advisor"].items():
+            for instance, v in systems.get("Linux", {}).items():
+                out[(instance, region)] = labels[int(v["r"])]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise FrugalError(f"{where}: not AWS Spot Instance Advisor data ({e!r})") from None
+    unknown = set(out.values()) - set(BUCKETS)
+    if unknown:
+        raise FrugalError(f"{where}: unknown interruption buckets {sorted(unknown)}")
+    return out
+
+
+def with_advisor(offers: list[Offer], buckets: dict[tuple[str, str], str], note: str) -> int:
+    """Give each AWS spot offer its own bucket from the advisor (in place); how many got one."""
+    n = 0
+    for i, o in enumerate(offers):
+        bucket = buckets.get((o.instance, o.region))
+        if o.provider == "aws" and o.spot_usd_h is not None and bucket:
+            offers[i] = replace(o, interruption=bucket, source=f"{o.source}; {note}")
+            n += 1
+    return n
+
+
+def _is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def read_source(where: str, progress: Progress | None = None) -> str:
+    """The text at a URL or path; one line naming it when it cannot be read."""
+    if not _is_url(where):
+        try:
+            return Path(where).read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as e:
+            raise FrugalError(f"cannot read {where}: {getattr(e, 'strerror', e) or e}") from None
+    try:
+        with urllib.request.urlopen(where, timeout=TIMEOUT_S) as r:
+            total = int(r.headers.get("Content-Length") or 0) or None
+            chunks, got = [], 0
+            while chunk := r.read(1 << 16):
+                chunks.append(chunk)
+                got += len(chunk)
+                if got > MAX_BYTES:
+                    raise FrugalError(f"{where}: over {MAX_BYTES >> 20} MB, not a price catalog")
+                if progress:
+                    progress(where, got, total)
+        return b"".join(chunks).decode("utf-8-sig")
+    except urllib.error.HTTPError as e:
+        raise FrugalError(f"cannot download {where}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, TimeoutError, OSError) as e:
+        why = getattr(e, "reason", None) or e
+        raise FrugalError(f"cannot download {where} ({why})") from None
+    except UnicodeDecodeError:
+        raise FrugalError(f"{where}: not a text CSV file") from None
+
+
+def plan_sources(source: str, only: Iterable[str] | None) -> list[tuple[str, str]]:
+    """(provider, URL or path) of each file to read; provider "" for one CSV of offers."""
+    if source == "skypilot":
+        root = os.environ.get("FRUGAL_SKYPILOT_URL", SKYPILOT_URL)
+    elif source.endswith(".csv"):
+        return [("", source)]
+    elif _is_url(source) or Path(source).is_dir():
+        root = source
+    else:
+        raise FrugalError(
+            f"--source {source!r}: give skypilot, a URL or directory of SkyPilot catalogs, or "
+            "a CSV file of offers"
+        )
+    names = list(SKYPILOT_FILES) if only is None else list(only)
+    out = []
+    for name in names:
+        rel = SKYPILOT_FILES.get(name)
+        if rel is None:
+            raise FrugalError(
+                f"--providers {name}: SkyPilot publishes no catalog for it; the source covers "
+                f"{', '.join(SKYPILOT_FILES)}"
+            )
+        out.append((name, f"{root.rstrip('/')}/{rel}"))
+    return out
+
+
+def fetch(provider: str, where: str, retrieved: str, progress: Progress | None) -> list[Fetched]:
+    """The offers of one file, normalized (a file of frugal's columns may hold several
+    providers: one Fetched each)."""
+    text = read_source(where, progress)
+    head = columns(text, where) if text.strip() else []
+    if "AcceleratorName" in head and "InstanceType" in head:
+        cloud = provider or next((c for c in SKYPILOT_FILES if c in where.lower()), "")
+        if not cloud:
+            raise FrugalError(f"{where}: a SkyPilot catalog, but which cloud? keep it in the name")
+        rel = next((r for r in SKYPILOT_FILES.values() if where.endswith(r)), where)
+        got: Normalized = parse_skypilot(text, where, cloud, retrieved, f"SkyPilot catalog {rel}")
+        if not got.offers:
+            raise FrugalError(f"{where}: no GPU offers in it (is it the {cloud} catalog?)")
+        return [Fetched(cloud, where, got.offers, got.summary(), got.unknown)]
+    if "provider" in head and "gpu" in head:
+        offers = parse_offers(text, where, retrieved)
+        by: dict[str, list[Offer]] = {}
+        for o in offers:
+            by.setdefault(o.provider, []).append(o)
+        return [Fetched(p, where, rows) for p, rows in by.items()]
+    raise FrugalError(
+        f"{where}: neither a SkyPilot catalog (InstanceType, AcceleratorName, Price, ...) nor "
+        "frugal's offers columns (provider, instance, gpu, gpus, ondemand_usd_h, ...)"
+    )
+
+
+def update(
+    source: str = "skypilot",
+    only: str | None = None,
+    progress: Progress | None = None,
+    now: datetime | None = None,
+) -> Update:
+    """Download, normalize and install a new snapshot (see the module docstring)."""
+    chosen = [find_provider(p) for p in only.split(",") if p.strip()] if only else None
+    when = now or datetime.now(UTC)
+    stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    fetched: list[Fetched] = []
+    for provider, where in plan_sources(source, chosen):
+        fetched += fetch(provider, where, stamp, progress)
+    if chosen is not None:
+        fetched = [f for f in fetched if f.provider in chosen]
+    for f in fetched:
+        if f.provider == "aws" and source == "skypilot":
+            url = os.environ.get("FRUGAL_SPOT_ADVISOR_URL", ADVISOR_URL)
+            buckets = parse_advisor(read_source(url, progress), url)
+            f.advised = with_advisor(f.offers, buckets, f"interruption: AWS Spot Advisor {stamp}")
+    if not fetched:
+        raise FrugalError(f"{source}: no offers for {only}")
+    fresh = {f.provider for f in fetched}
+    kept = [o for o in base().offers if o.provider not in fresh]
+    rows = [o for f in fetched for o in f.offers] + kept
+    if source == "skypilot":
+        source = f"SkyPilot catalogs {os.environ.get('FRUGAL_SKYPILOT_URL', SKYPILOT_URL)}"
+    path = install(header(when, source) + offers_csv(rows))
+    return Update(fetched, str(path), len(kept), when)

@@ -1,0 +1,350 @@
+"""Prices a user can trust: `frugal offers update` downloads real catalog files (served here
+by a loopback server from recorded files, tests/data/catalogs), the snapshot is installed
+whole and the old one kept, every answer says which prices it used and how old they are,
+and suspicious rows stay out of plans."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import run_error, run_json
+
+from frugal.cli.main import main
+from frugal.hardware import offers as offers_mod
+from frugal.hardware.gpus import lookup_gpu
+from frugal.hardware.offers import Offer, base, bundled, parse_skypilot, select_offers
+from frugal.hardware.refresh import SKYPILOT_FILES
+from frugal.hardware.sanity import suspicious
+from frugal.hardware.snapshot import header, offers_dir
+
+CATALOGS = Path(__file__).parent / "data" / "catalogs"
+SERVED = sorted(p.parent.name for p in CATALOGS.glob("v*/*/vms.csv"))
+SERVE = ("--rate", "5", "--input-len", "1000", "--output-len", "200")
+PLAN = ("plan", "meta-llama/Llama-3.1-8B", "--tokens", "20M", "--methods", "qlora", "--json")
+
+
+@pytest.fixture
+def own_offers_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's price cache: an update here is never seen by another test."""
+    d = tmp_path / "offers"
+    monkeypatch.setenv("FRUGAL_OFFERS_DIR", str(d))
+    return d
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def catalog_server(own_offers_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """SkyPilot's catalogs/ directory, served from recorded files on a loopback port."""
+    handler = functools.partial(_Quiet, directory=str(CATALOGS))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv("FRUGAL_SKYPILOT_URL", url)
+    monkeypatch.setenv("FRUGAL_SPOT_ADVISOR_URL", f"{url}/spot-advisor-data.json")
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+def _closed_port() -> str:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now: a connection is refused at once
+    return f"http://127.0.0.1:{port}"
+
+
+def test_the_recorded_catalogs_are_real_files_of_every_provider_the_update_reads() -> None:
+    assert set(SERVED) == set(SKYPILOT_FILES), "record a catalog file for every provider"
+    for name, rel in SKYPILOT_FILES.items():
+        text = (CATALOGS / rel).read_text()
+        assert text.startswith("InstanceType,"), name  # SkyPilot's own header, as published
+    sources = (CATALOGS / "SOURCES.md").read_text()
+    for rel in SKYPILOT_FILES.values():
+        assert rel in sources  # where each was recorded from, with the commit
+
+
+def test_update_writes_every_served_provider_and_keeps_the_old_snapshot(
+    catalog_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = run_json(capsys, "offers", "update", "--json")
+    got = {p["provider"]: p for p in first["providers"]}
+    assert set(got) == set(SKYPILOT_FILES)
+    assert all(p["offers"] > 0 and p["from"].startswith(catalog_server) for p in got.values())
+    current = offers_dir() / "offers.csv"
+    before = current.read_text()
+    rows = list(csv.DictReader(ln for ln in before.splitlines() if not ln.startswith("#")))
+    assert {r["provider"] for r in rows} == set(SKYPILOT_FILES)
+    assert all(r["source"].startswith("SkyPilot catalog v") and r["retrieved"] for r in rows)
+    # the plans price from it now, and say so
+    listed = run_json(capsys, "offers", "--json")
+    assert listed["prices"]["snapshot"] == "offers update"
+    assert listed["prices"]["path"] == str(current) and listed["prices"]["stale"] is False
+    # a second update: the first is kept beside it, whole
+    run_json(capsys, "offers", "update", "--json")
+    assert (offers_dir() / "offers.previous.csv").read_text() == before
+
+
+def test_update_of_some_providers_keeps_the_others_rows(
+    catalog_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = run_json(capsys, "offers", "update", "--providers", "lambda,aws", "--json")
+    assert [p["provider"] for p in done["providers"]] == ["lambda", "aws"]
+    snap = base()
+    assert {o.provider for o in snap.offers} >= {o.provider for o in bundled().offers} - {"local"}
+    kept = [o for o in snap.offers if o.provider == "runpod"]
+    assert kept == [o for o in bundled().offers if o.provider == "runpod"]  # untouched
+    assert done["kept_from_before"] == len([o for o in snap.offers if o.provider not in
+                                            ("lambda", "aws")])  # fmt: skip
+
+
+def test_no_network_is_one_line_and_plans_keep_their_prices(
+    own_offers_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FRUGAL_SKYPILOT_URL", _closed_port())
+    msg = run_error(capsys, "offers", "update")
+    assert msg.startswith("error: cannot download http://127.0.0.1:") and "\n" not in msg.strip()
+    assert not (own_offers_dir / "offers.csv").exists()  # nothing half-written
+    plan = run_json(capsys, *PLAN)
+    assert plan["prices"]["snapshot"] == "bundled catalog"
+
+
+def test_a_provider_the_server_lacks_stops_the_update_before_anything_is_written(
+    catalog_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    run_json(capsys, "offers", "update", "--providers", "lambda", "--json")
+    before = (offers_dir() / "offers.csv").read_text()
+    mirror = tmp_path / "mirror"
+    (mirror / "v8" / "aws").mkdir(parents=True)
+    (mirror / "v8" / "aws" / "vms.csv").write_text((CATALOGS / SKYPILOT_FILES["aws"]).read_text())
+    msg = run_error(capsys, "offers", "update", "--source", str(mirror))
+    assert "gcp" in msg and "cannot read" in msg
+    assert (offers_dir() / "offers.csv").read_text() == before
+
+
+def test_a_directory_mirror_and_a_single_file_are_sources_too(
+    own_offers_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = run_json(capsys, "offers", "update", "--source", str(CATALOGS), "--json")
+    assert {p["provider"] for p in done["providers"]} == set(SKYPILOT_FILES)
+    own = tmp_path / "mine.csv"
+    own.write_text(
+        "provider,instance,gpu,gpus,ondemand_usd_h,spot_usd_h,region\n"
+        "lambda,gpu_1x_h100_sxm5,H100 SXM,1,2.10,,us-east-1\n"
+    )
+    done = run_json(capsys, "offers", "update", "--source", str(own), "--json")
+    assert [p["offers"] for p in done["providers"]] == [1]
+    assert [o.ondemand_usd_h for o in base().offers if o.provider == "lambda"] == [2.10]
+
+
+def test_a_gpu_without_specs_is_reported_never_guessed() -> None:
+    text = (
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,SpotPrice\n"
+        "x1,H100,1,26,200,2.49,us-east-1,\n"
+        "x2,Quantum-9000,1,8,64,0.99,us-east-1,\n"
+        "x3,Quantum-9000,2,16,128,1.98,us-east-1,\n"
+        "x4,H100,0.5,8,64,1.20,us-east-1,\n"
+        "x5,H100,1,8,64,,us-east-1,\n"
+    )
+    got = parse_skypilot(text, "vms.csv", "lambda")
+    assert [o.instance for o in got.offers] == ["x1"]
+    assert dict(got.unknown) == {"Quantum-9000": 2}
+    assert (got.no_price, got.fractional) == (1, 1)
+    assert "Quantum-9000 (2)" in got.summary()
+
+
+def test_one_offer_per_region_at_its_cheapest_zone() -> None:
+    text = (
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,"
+        "AvailabilityZone,SpotPrice\n"
+        "g5.xlarge,A10G,1,4,16,1.006,us-east-1,use1-az1,0.45\n"
+        "g5.xlarge,A10G,1,4,16,1.006,us-east-1,use1-az2,0.39\n"
+        "g5.xlarge,A10G,1,4,16,1.006,us-east-1,use1-az4,\n"
+        "g5.xlarge,A10G,1,4,16,1.006,us-west-2,usw2-az1,0.00\n"
+    )
+    got = {o.region: o for o in parse_skypilot(text, "aws/vms.csv", "aws").offers}
+    assert (got["us-east-1"].spot_usd_h, got["us-east-1"].zone) == (0.39, "use1-az2")
+    assert got["us-west-2"].spot_usd_h is None  # 0.00 is the catalog's "no spot", not free
+    assert got["us-east-1"].vcpus == 4 and got["us-east-1"].memory_gib == 16
+
+
+# -- age and provenance ---------------------------------------------------------------------
+
+
+def _snapshot(days_old: float, rows: list[Offer] | None = None) -> None:
+    from frugal.hardware.offers import offers_csv
+    from frugal.hardware.snapshot import install
+
+    when = datetime.now(UTC) - timedelta(days=days_old)
+    chosen = rows if rows is not None else list(bundled().offers)
+    stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    text = offers_csv([o.__class__(**{**o.__dict__, "retrieved": stamp}) for o in chosen])
+    install(header(when, "test") + text)
+
+
+def test_old_prices_make_every_priced_answer_warn_and_name_the_update(
+    own_offers_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _snapshot(days_old=10)
+    assert main(list(PLAN)) == 0
+    out, err = capsys.readouterr()
+    prices = json.loads(out)["prices"]
+    assert prices["stale"] is True and 9.9 < prices["age_days"] < 10.1
+    assert prices["snapshot"] == "offers update" and prices["max_age_days"] == 7
+    assert "warning: the prices are 10 days old" in err and "frugal offers update" in err
+    assert main(["plan", *PLAN[1:-1]]) == 0
+    out, err = capsys.readouterr()
+    assert "prices: offers update of" in out and "10 days old" in out
+    assert "frugal offers update" in err
+
+
+def test_the_age_limit_is_a_setting(
+    own_offers_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    _snapshot(days_old=10)
+    settings = tmp_path / "settings.toml"
+    settings.write_text("[offers]\nmax_age_days = 30\n")
+    monkeypatch.setenv("FRUGAL_SETTINGS", str(settings))
+    assert main(list(PLAN)) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["prices"]["stale"] is False and "warning" not in err
+    settings.write_text("[offers]\nmax_age_days = -1\n")
+    assert "max_age_days" in run_error(capsys, *PLAN)
+
+
+def test_a_damaged_snapshot_is_passed_over_for_the_one_before(
+    own_offers_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _snapshot(days_old=1)
+    _snapshot(days_old=0.5)  # the first is now the previous
+    (own_offers_dir / "offers.csv").write_bytes(b"\x00garbage")
+    assert main(["offers", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "cannot be read" in err and "passed over" in err
+    assert json.loads(out)["prices"]["path"] == str(own_offers_dir / "offers.previous.csv")
+
+
+# -- your own offers ------------------------------------------------------------------------
+
+
+def test_your_offers_file_replaces_and_adds_rows_from_the_flag_or_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "negotiated.csv"
+    mine.write_text(
+        "provider,instance,gpu,gpus,ondemand_usd_h,spot_usd_h,region,source\n"
+        "aws,p5.48xlarge,H100 SXM,8,30.00,,us-east-1,our 2026 EDP rate\n"
+        "local,rack-3,H100 SXM,8,9.50,,dc-1,on-prem: power + amortization\n"
+    )
+    for argv, env in (([f"--offers={mine}"], None), ([], f'[offers]\nfiles = ["{mine}"]\n')):
+        if env:
+            (tmp_path / "settings.toml").write_text(env)
+            monkeypatch.setenv("FRUGAL_SETTINGS", str(tmp_path / "settings.toml"))
+        got = run_json(capsys, "offers", "--gpu", "H100 SXM", "--providers", "aws,local",
+                       *argv, "--json")  # fmt: skip
+        p5 = [o for o in got["offers"] if o["instance"] == "p5.48xlarge"]
+        assert {o["region"]: o["ondemand_usd_h"] for o in p5}["us-east-1"] == 30.0
+        assert any(o["instance"] == "rack-3" for o in got["offers"])
+        assert str(mine) in got["prices"]["files"]
+    (tmp_path / "settings.toml").write_text('[offers]\nfiles = "mine.csv"\n')
+    assert "[offers] files" in run_error(capsys, "offers")
+
+
+# -- sanity ---------------------------------------------------------------------------------
+
+
+def _offer(gpu: str, od: float, spot: float | None = None, n: int = 1, name: str = "",
+           provider: str = "aws") -> Offer:  # fmt: skip
+    g = lookup_gpu(gpu)
+    assert g is not None
+    return Offer(provider, name or f"{gpu}-{od}-{spot}", g, n, od, spot, "r", ">20%", "test")
+
+
+def test_suspicious_rows_are_zero_spot_above_on_demand_or_far_from_the_median() -> None:
+    rows = [
+        _offer("H100 SXM", 2.5, provider="lambda"),
+        _offer("H100 SXM", 3.0, 1.5, provider="runpod"),
+        _offer("H100 SXM", 24.0, n=8, name="8x", provider="nebius"),  # 3.0/GPU: fine
+        *(_offer("H100 SXM", 2.0, name=f"lambda-{i}", provider="lambda") for i in range(30)),
+        _offer("H100 SXM", 0.0, name="zero"),
+        _offer("H100 SXM", 0.01, name="penny", provider="vast"),
+        _offer("H100 SXM", 2.0, 2.6, name="spot-above"),
+        _offer("H100 SXM", 11.0, name="dear", provider="gcp"),
+        _offer("T4", 0.5, 0.0, name="free-spot"),
+    ]
+    why = {k[1]: v for k, v in suspicious(rows).items()}
+    assert set(why) == {"zero", "penny", "spot-above", "dear", "free-spot"}
+    assert "$0" in why["zero"] and "above on-demand" in why["spot-above"]
+    assert "below the median" in why["penny"] and "above the median" in why["dear"]
+    # thirty listings of one provider are one vote: the median of the six providers' medians
+    # (0.01, 2, 2, 3, 3, 11) is 2.5, where the median of the offers would be lambda's 2.0
+    assert "median of 6 providers' H100 SXM on-demand prices ($2.500)" in why["dear"]
+
+
+def test_the_bundled_catalog_holds_no_suspicious_row() -> None:
+    assert bundled().suspicious == {}
+
+
+def test_suspicious_offers_are_listed_with_the_reason_and_left_out_of_plans(
+    own_offers_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = list(bundled().offers)
+    h100 = next(o for o in rows if o.gpu.name == "H100 SXM" and o.gpus == 1)
+    rows.append(h100.__class__(**{**h100.__dict__, "instance": "too-good", "ondemand_usd_h": 0.01}))
+    _snapshot(days_old=0, rows=rows)
+    listed = run_json(capsys, "offers", "--suspicious", "--json")
+    assert [o["instance"] for o in listed["offers"]] == ["too-good"]
+    assert "below the median" in listed["offers"][0]["suspicious"]
+    everything = run_json(capsys, "offers", "--json")
+    assert "too-good" not in {o["instance"] for o in everything["offers"]}
+    assert everything["prices"]["suspicious_left_out"] == 1
+    kept = select_offers(include_suspicious=True)
+    assert "too-good" in {o.instance for o in kept}
+
+
+def test_prices_say_where_they_came_from_in_every_priced_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv in (
+        ["offers", "--json"],
+        list(PLAN),
+        ["serve", "plan", "meta-llama/Llama-3.1-8B", *SERVE, "--json"],
+        [
+            "serve",
+            "estimate",
+            "meta-llama/Llama-3.1-8B",
+            "--gpu",
+            "L4",
+            "--concurrency",
+            "8",
+            *SERVE[2:],
+            "--json",
+        ],
+        ["tco", "meta-llama/Llama-3.1-8B", *SERVE, "--json"],
+    ):
+        got = run_json(capsys, *argv)
+        assert got["prices"]["snapshot"] == "bundled catalog", argv
+        assert got["prices"]["retrieved"].startswith("20"), argv
+
+
+def test_the_bundled_snapshot_header_is_read() -> None:
+    b = offers_mod.bundled()
+    assert b.snapshot.label == "bundled catalog" and b.snapshot.path is None
+    assert all(o.retrieved for o in b.offers)
