@@ -54,8 +54,10 @@ def main() -> int:
             nodes = (
                 " (" + r["instance_type"].split(" x")[1] + ")" if " x" in r["instance_type"] else ""
             )
-            print(f"| {instance}{nodes} | {zone} | {kind} | {float(r['held_hours']):,.0f} | "
-                  f"{observed:.3f} | {offer.interruption} | {old:.5f} | {now:.3f} | {used:.3f} |")  # fmt: skip
+            cells = (f"{instance}{nodes}", zone, kind, f"{float(r['held_hours']):,.0f}",
+                     f"{observed:.3f}", offer.interruption, f"{old:.5f}", f"{now:.3f}",
+                     f"{used:.3f}")  # fmt: skip
+            print("| " + " | ".join(cells) + " |")
     print(
         f"\nmedian predicted / observed: before {statistics.median(ratios_before):.4f}, "
         f"now {statistics.median(ratios_now):.2f} ({len(ratios_now)} zone traces)"

@@ -10,6 +10,7 @@ from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile
 from frugal.estimate.throughput import step_time
 from frugal.hardware.gpus import find_gpu
+from frugal.hardware.offers import ADVISED, Offer
 from frugal.models.specs import ModelSpec
 from frugal.plan import spot
 from frugal.step.job import make_job
@@ -50,6 +51,34 @@ def test_buckets() -> None:
     assert spot.mtbi_hours("<5%") > spot.mtbi_hours("10-15%") > spot.mtbi_hours(">20%")
     with pytest.raises(FrugalError, match="bucket"):
         spot.mtbi_hours("often")
+
+
+def _aws(instance: str, bucket: str, source: str = f"catalog; {ADVISED}") -> Offer:
+    return Offer("aws", instance, find_gpu("T4"), 1, 0.526, 0.21, "us-east-1", bucket, source)
+
+
+def test_an_8_hour_spot_run_on_a_busy_gpu_expects_interruptions() -> None:
+    """The >20% bucket read as a monthly probability gave 0.00 expected interruptions for 8 h
+    of T4 spot; the GPU traces measure one every few hours held."""
+    mtbi, why = spot.offer_mtbi(_aws("g4dn.xlarge", ">20%"))
+    run = spot.spot_run(8.0, 0.05, 0.1, mtbi)
+    assert 2 < run.interruptions < 6 and 2 < mtbi < 3
+    assert "Spot Advisor's >20% for g4dn.xlarge in us-east-1" in why and "measured" in why
+    # the scale is the measured rate: >20% is the median held p3.2xlarge zone trace
+    held = spot.measured()[("aws", "p3.2xlarge")]
+    assert 1 / spot.mtbi_hours(">20%") == pytest.approx(held.rate_per_h)
+    assert spot.mtbi_hours("<5%") == pytest.approx(12 * spot.mtbi_hours(">20%"))
+
+
+def test_a_traced_instance_type_uses_its_measured_rate() -> None:
+    mtbi, why = spot.offer_mtbi(_aws("p3.16xlarge", ">20%"))
+    assert mtbi == pytest.approx(1 / 1.0882) and "668 interruptions in 614 h" in why
+    default = spot.offer_mtbi(
+        Offer("runpod", "x", find_gpu("T4"), 1, 0.4, 0.2, "US", ">20%", "catalog")
+    )
+    assert "runpod publishes no rate: >20% assumed" in default[1]
+    unlisted = spot.offer_mtbi(_aws("g6e.2xlarge", ">20%", source="catalog"))
+    assert "no Spot Advisor figure for g6e.2xlarge in us-east-1" in unlisted[1]
 
 
 def _speed(spec: ModelSpec, gpu: str = "A100 80GB", **kw: object) -> float:

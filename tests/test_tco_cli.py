@@ -17,8 +17,8 @@ def test_tco_compares_renting_committing_managed_api_and_owning(
     assert names[0] == "on-demand" and "spot" in names
     # a 36-month term is not priced over 12 months: it would still be owed after
     assert "commitment 12 months" in names and "commitment 36 months" not in names
-    longer = run_json(capsys, "tco", LLAMA8, *LOAD, "--quant", "bf16", "--providers", "aws", "--months", "36",
-                      "--json")  # fmt: skip
+    longer = run_json(capsys, "tco", LLAMA8, *LOAD, "--quant", "bf16", "--providers", "aws",
+                      "--months", "36", "--json")  # fmt: skip
     assert "commitment 36 months" in [o["name"] for o in longer["options"]]
     assert any(n.startswith("managed ") for n in names)
     assert any(n.startswith("API ") for n in names)

@@ -9,11 +9,11 @@ from typing import Any
 
 from rich.table import Table
 
-from frugal.cli import console, print_json
+from frugal.cli import console, print_json, show_prices
 from frugal.config import apply_overrides, validate_run_config
 from frugal.errors import FrugalError
 from frugal.files import check_dir, check_target, write_text_atomic
-from frugal.hardware.offers import Offer
+from frugal.hardware.offers import Offer, price_basis
 from frugal.plan.emit import skypilot_jobs_task, to_run_config
 from frugal.plan.jobs import Packing
 from frugal.plan.search import Constraints
@@ -41,6 +41,7 @@ def run_jobs(
     json_out: bool,
     spot: str = "auto",
     force: bool = False,
+    price_files: list[str] | None = None,
 ) -> None:
     jobs = read_jobs(path)
     if write:  # the directory and each job's run config, before any planning
@@ -50,6 +51,8 @@ def run_jobs(
     history = read_price_history(history_file) if history_file else None
     packing, planned, notes = plan_jobs(jobs, offers, history, parse_now(now), spot)
     out = to_json(packing, planned, notes)
+    basis = price_basis(offers, price_files or [])
+    out["prices"] = basis.to_json()
     if write:
         for i in range(1, len(packing.vms) + 1) if Path(write).is_dir() else ():
             check_target(Path(write) / f"vm{i}.sky.yaml", "--write", force=force)
@@ -58,6 +61,7 @@ def run_jobs(
         print_json(out)
     else:
         render(packing, out)
+    show_prices(basis, json_out)
 
 
 def to_json(packing: Packing, planned: list[Planned], notes: list[str]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from frugal.files import check_target, write_text_atomic
 from frugal.hardware.offers import KWH_USD, PriceBasis, price_basis, select_offers
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import load_spec
-from frugal.plan.emit import hf_script, skypilot_task, to_run_config
+from frugal.plan.emit import hf_script, modal_app, skypilot_task, to_run_config
 from frugal.plan.plot import check_plot_path, write_plot
 from frugal.plan.relax import Ask, explain
 from frugal.plan.search import Constraints, Infeasible, Result, search
@@ -90,10 +90,12 @@ def plan(
         None, help="Write the run config for `frugal train` (with --jobs: a directory)."
     ),
     emit: str | None = typer.Option(
-        None, help="hf (a transformers Trainer script) or skypilot (a task YAML)."
+        None,
+        help="hf (a transformers Trainer script), skypilot (a task YAML) or modal (a Modal app).",
     ),
     emit_file: str | None = typer.Option(
-        None, help="Where --emit writes [default: train_hf.py for hf, sky.yaml for skypilot]."
+        None,
+        help="Where --emit writes [default: train_hf.py, sky.yaml or modal_app.py].",
     ),
     plot: str | None = typer.Option(
         None, help="Chart cost vs time: FILE.png/.svg/.pdf (matplotlib) or FILE.html."
@@ -126,9 +128,10 @@ def plan(
             raise FrugalError("--jobs plans the jobs of its file: drop MODEL, --tokens, --dataset")
         if emit or emit_file or plot:
             raise FrugalError("--jobs writes a task per VM with --write DIR: drop --emit, --plot")
-        offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers)
+        offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers,
+                               include_suspicious=include_suspicious)  # fmt: skip
         spot_mode = "auto" if spot is None else ("only" if spot else "never")
-        run_jobs(jobs, offers, price_history, now, write, json_out, spot_mode, force)
+        run_jobs(jobs, offers, price_history, now, write, json_out, spot_mode, force, prices)
         return
     if price_history or now:
         raise FrugalError("--price-history and --now time the VMs of --jobs: add --jobs FILE")
@@ -218,19 +221,25 @@ def plan(
     run_cfg.tags = parse_tags(flags)  # what was asked for; defaults apply when it runs
     if run_cfg.plan:
         run_cfg.plan.ledger_id = plan_id
-    wrote: dict[str, str] = {}  # what was written: "run config", "hf", "skypilot", "plot"
+    # what each emitted file says, before any file is written: one that cannot be made
+    # (Modal without the plan's GPU) leaves nothing half-done
+    texts = {
+        what: hf_script(run_cfg, rec.speed.step_time_s)
+        if what == "hf"
+        else skypilot_task(rec, targets["run config"])
+        if what == "skypilot"
+        else modal_app(rec, targets["run config"])
+        for what in targets
+        if what in EMITTED
+    }
+    wrote: dict[str, str] = {}  # what was written: "run config", "hf", "skypilot", "modal", "plot"
     for what, path in targets.items():
         if what == "run config":
             run_cfg.write(path)
         elif what == "plot":
             write_plot(result, k, path)
-        else:  # the task launches the run config written just above, in this same call
-            text = (
-                hf_script(run_cfg, rec.speed.step_time_s)
-                if what == "hf"
-                else skypilot_task(rec, targets["run config"])
-            )
-            write_text_atomic(path, text)
+        else:  # a task launches the run config written just above, in this same call
+            write_text_atomic(path, texts[what])
         wrote[what] = path
     if json_out:
         print_json(to_json(spec.id, k, result, wrote, basis) | {"plan_id": plan_id, "tags": tags})
@@ -239,8 +248,10 @@ def plan(
     show_prices(basis, json_out)
 
 
-FLAGS = {"run config": "--write", "hf": "--emit-file", "skypilot": "--emit-file", "plot": "--plot"}
-EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml"}
+FLAGS = {"run config": "--write", "hf": "--emit-file", "skypilot": "--emit-file",
+         "modal": "--emit-file", "plot": "--plot"}  # fmt: skip
+EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml", "modal": "modal_app.py"}
+LAUNCHERS = ("skypilot", "modal")  # they launch `frugal train` on the run config
 
 
 def _targets(
@@ -249,13 +260,13 @@ def _targets(
     """The files this plan will write, in order, each checked before the search: writable,
     and not a file that exists unless --force. A SkyPilot task trains the run config
     written beside it in the same call, so it needs --write."""
-    if emit not in (None, "hf", "skypilot"):
-        raise FrugalError(f"--emit {emit!r}: use hf or skypilot")
+    if emit is not None and emit not in EMITTED:
+        raise FrugalError(f"--emit {emit!r}: use hf, skypilot or modal")
     if emit_file and not emit:
-        raise FrugalError("--emit-file names where --emit writes: add --emit hf or skypilot")
-    if emit == "skypilot" and not write:
+        raise FrugalError("--emit-file names where --emit writes: add --emit hf, skypilot or modal")
+    if emit in LAUNCHERS and not write:
         raise FrugalError(
-            "--emit skypilot launches `frugal train` on this plan's run config: add --write "
+            f"--emit {emit} launches `frugal train` on this plan's run config: add --write "
             "FILE (the task trains that file)"
         )
     out = {"run config": write} if write else {}
@@ -285,7 +296,8 @@ def to_json(
         "notes": result.notes,
         "prices": basis.to_json(),
     }
-    keys = {"run config": "wrote", "hf": "wrote_hf", "skypilot": "wrote_skypilot"}
+    keys = {"run config": "wrote", "hf": "wrote_hf", "skypilot": "wrote_skypilot",
+            "modal": "wrote_modal"}  # fmt: skip
     out.update({keys.get(what, f"wrote_{what}"): path for what, path in wrote.items()})
     return out
 
@@ -298,8 +310,9 @@ def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) ->
     if r.spot:
         spot = f" (spot, on-demand after {fallback.switch_at_h:.1f} h)" if fallback else " (spot)"
     con.print(f"[bold]{model}[/] · {_si(k.tokens)} tokens · {len(result.plans)} feasible plans")
+    where = f" in {o.region}" if o.region and o.region not in ("any", "default", "here") else ""
     con.print(
-        f"[bold green]plan:[/] {o.provider} {o.instance}{spot} · {j.gpus}x {o.gpu.name} · "
+        f"[bold green]plan:[/] {o.provider} {o.instance}{where}{spot} · {j.gpus}x {o.gpu.name} · "
         f"{j.method} · micro-batch {j.batch} x accum {j.grad_accum} · checkpointing "
         f"{'on' if j.grad_checkpointing else 'off'} · {j.optimizer}"
     )
@@ -344,3 +357,5 @@ def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) ->
         con.print(f"wrote {wrote['skypilot']} (launch with: sky jobs launch {wrote['skypilot']})")
     if "hf" in wrote:
         con.print(f"wrote {wrote['hf']} (run it with: python {wrote['hf']})")
+    if "modal" in wrote:
+        con.print(f"wrote {wrote['modal']} (launch with: modal run {wrote['modal']})")

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from frugal.hardware.offers import Offer, offers_csv, parse_skypilot
+from frugal.hardware.offers import Offer, modal_offers, offers_csv, parse_skypilot
 from frugal.hardware.refresh import SKYPILOT_FILES, parse_advisor, with_advisor
 from frugal.hardware.sanity import suspicious
 from frugal.hardware.snapshot import header
@@ -52,14 +52,17 @@ def build(
             notes.append(f"{cloud}: {got.summary()}")
     if advisor is not None:
         buckets = parse_advisor(advisor.read_text(), str(advisor))
-        n = with_advisor(rows, buckets, "interruption: AWS Spot Instance Advisor")
+        n = with_advisor(rows, buckets, f"({advisor.name})")
         notes.append(f"aws: {n} spot offers given their Spot Advisor bucket")
     # leaving rows out moves the medians: again until none is left to flag (the catalog
     # frugal loads is checked by the same rule, and must find nothing)
-    while flagged := suspicious(rows):
+    # frugal loads these with Modal's offers (data/modal.csv): judged together
+    modal = modal_offers(retrieved)
+    while flagged := suspicious(rows + modal):
         for key, why in sorted(flagged.items()):
             notes.append(f"left out as suspicious: {' '.join(key)}: {why}")
         rows = [o for o in rows if o.key not in flagged]
+        modal = [o for o in modal if o.key not in flagged]  # fix modal.csv: a note says why
     return rows, notes
 
 

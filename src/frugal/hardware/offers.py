@@ -35,6 +35,7 @@ OFFER_COLUMNS = ("provider", "instance", "gpu", "gpus", "ondemand_usd_h", "spot_
 KWH_USD = 0.17  # US residential average 2024, 16.5 c/kWh (EIA Electric Power Monthly)
 HOST_WATTS = 150.0  # CPU, RAM, disks and fans of a one-GPU workstation under load
 HOURS_PER_MONTH = 730.0  # 8,760 / 12: what clouds bill a month of (AWS pricing calculator)
+ADVISED = "interruption: AWS Spot Advisor"  # in an offer's source: its bucket is AWS's own
 MAX_AGE_DAYS = 7.0  # prices older than this make a plan warn (settings [offers] max_age_days)
 
 
@@ -92,6 +93,11 @@ class Offer:
             "source": self.source,
             "retrieved": self.retrieved or None,
         }
+
+    @property
+    def advised(self) -> bool:
+        """Whether its interruption bucket is AWS Spot Advisor's for it (not a default)."""
+        return ADVISED in self.source
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -317,7 +323,7 @@ def parse_skypilot(
             done.no_price += 1
             continue
         spot = at.price(r, "SpotPrice", required=False)
-        region = (r.get("Region") or "").strip()
+        region = (r.get("Region") or "").strip().lstrip(", ")  # Vast: ", US, NA" (no state)
         vcpus, memory = at.amount(r, "vCPUs"), at.amount(r, "MemoryGiB")
         if not instance:  # a GCP GPU-only row: add its host
             family = gcp_host(name, count)
@@ -381,11 +387,66 @@ def read_price_file(path: str) -> list[Offer]:
 
 @cache
 def bundled() -> Base:
-    """The catalog that ships with frugal."""
+    """The catalog that ships with frugal: SkyPilot's catalogs' offers and Modal's."""
     text = bundled_text()
     snap = meta(text, "bundled catalog", None)
     assert snap is not None, "data/offers.csv must start with a snapshot header"
-    return Base.of(snap, parse_offers(text, "offers.csv", snap.retrieved.date().isoformat()))
+    day = snap.retrieved.date().isoformat()
+    return Base.of(snap, parse_offers(text, "offers.csv", day) + modal_offers(day))
+
+
+MODAL_CORES_PER_GPU = 4.0  # physical cores a training container reserves per GPU
+MODAL_GIB_PER_GPU = 32.0  # and memory
+MODAL_CORE_USD_S = 0.0000131  # per physical core-second (modal.com/pricing, data/modal.csv)
+MODAL_GIB_USD_S = 0.00000222  # per GiB-second
+
+
+def modal_gpu(gpu: GPU) -> tuple[str, int] | None:
+    """Modal's name for our GPU and the most one container takes (None: Modal has none)."""
+    for _, r in _modal_rows():
+        if lookup_gpu(r["gpu"]) == gpu:
+            return r["modal_gpu"], int(r["max_gpus"])
+    return None
+
+
+@cache
+def _modal_rows() -> list[tuple[int, dict[str, str]]]:
+    text = (resources.files("frugal.hardware") / "data" / "modal.csv").read_text()
+    return list(data_rows(text, "modal.csv"))
+
+
+def modal_offers(retrieved: str) -> list[Offer]:
+    """Modal's GPU functions as offers: 1, 2, 4 (and 8) GPUs a container, the GPUs'
+    per-second price plus the container's cores and memory, by the hour."""
+    out = []
+    for line, r in _modal_rows():
+        gpu = lookup_gpu(r["gpu"])
+        if gpu is None:
+            raise FrugalError(f"modal.csv:{line}: unknown GPU {r['gpu']!r}")
+        per_gpu_s = (
+            float(r["usd_s"])
+            + MODAL_CORES_PER_GPU * MODAL_CORE_USD_S
+            + MODAL_GIB_PER_GPU * MODAL_GIB_USD_S
+        )
+        for n in (c for c in (1, 2, 4, 8) if c <= int(r["max_gpus"])):
+            out.append(
+                Offer(
+                    provider="modal",
+                    instance=f"{r['modal_gpu']}:{n}",
+                    gpu=gpu,
+                    gpus=n,
+                    ondemand_usd_h=round(per_gpu_s * 3600 * n, 6),
+                    spot_usd_h=None,
+                    region="any",
+                    interruption="",
+                    source=f"{r['source']}; ${r['usd_s']}/GPU-s + {MODAL_CORES_PER_GPU:g} cores "
+                    f"and {MODAL_GIB_PER_GPU:g} GiB per GPU, per second",
+                    retrieved=retrieved,
+                    vcpus=2 * MODAL_CORES_PER_GPU * n,
+                    memory_gib=MODAL_GIB_PER_GPU * n,
+                )
+            )
+    return out
 
 
 def bundled_offers() -> tuple[Offer, ...]:

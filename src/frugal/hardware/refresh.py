@@ -30,6 +30,7 @@ from pathlib import Path
 from frugal.errors import FrugalError
 from frugal.hardware.csvdata import header as columns
 from frugal.hardware.offers import (
+    ADVISED,
     BUCKETS,
     Normalized,
     Offer,
@@ -128,13 +129,14 @@ def parse_advisor(text: str, where: str) -> dict[tuple[str, str], str]:
     return out
 
 
-def with_advisor(offers: list[Offer], buckets: dict[tuple[str, str], str], note: str) -> int:
-    """Give each AWS spot offer its own bucket from the advisor (in place); how many got one."""
+def with_advisor(offers: list[Offer], buckets: dict[tuple[str, str], str], when: str) -> int:
+    """Give each AWS spot offer its own bucket from the advisor (in place), its source
+    saying so (`Offer.advised`); how many got one."""
     n = 0
     for i, o in enumerate(offers):
         bucket = buckets.get((o.instance, o.region))
         if o.provider == "aws" and o.spot_usd_h is not None and bucket:
-            offers[i] = replace(o, interruption=bucket, source=f"{o.source}; {note}")
+            offers[i] = replace(o, interruption=bucket, source=f"{o.source}; {ADVISED} {when}")
             n += 1
     return n
 
@@ -242,7 +244,7 @@ def update(
         if f.provider == "aws" and source == "skypilot":
             url = os.environ.get("FRUGAL_SPOT_ADVISOR_URL", ADVISOR_URL)
             buckets = parse_advisor(read_source(url, progress), url)
-            f.advised = with_advisor(f.offers, buckets, f"interruption: AWS Spot Advisor {stamp}")
+            f.advised = with_advisor(f.offers, buckets, stamp)
     if not fetched:
         raise FrugalError(f"{source}: no offers for {only}")
     fresh = {f.provider for f in fetched}

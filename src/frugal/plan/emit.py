@@ -8,13 +8,15 @@ with the same hyperparameters and schedule as `frugal train` would, and the task
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from frugal.config import PlanConfig, RunConfig
 from frugal.errors import FrugalError
-from frugal.hardware.offers import Offer
+from frugal.hardware.offers import MODAL_CORES_PER_GPU, MODAL_GIB_PER_GPU, Offer, modal_gpu
 from frugal.hardware.skypilot import CLOUDS, to_skypilot
 from frugal.models.specs import load_spec
 from frugal.plan.jobs import VM
@@ -247,3 +249,79 @@ def skypilot_jobs_task(vm: VM, configs: dict[str, str], name: str) -> str:
     jobs = ", ".join(r.job for r in vm.runs)
     head = f"# SkyPilot task written by frugal plan --jobs: {jobs}, in this order\n"
     return head + yaml.safe_dump(task, sort_keys=False)
+
+
+MODAL_TIMEOUT_S = 24 * 3600  # the longest one attempt of a Modal function may run
+
+
+def modal_app(plan: Plan, run_config: str) -> str:
+    """A Modal app that runs `frugal train` on the plan's GPUs in one container: this
+    checkout of frugal installed into the image with the run config, a persistent Volume for
+    the run directory, and retries that resume from the last checkpoint (Modal restarts a
+    preempted GPU function on the same input; an attempt is cut at 24 h)."""
+    found = modal_gpu(plan.offer.gpu)
+    if found is None:
+        raise FrugalError(
+            f"--emit modal: Modal has no {plan.offer.gpu.name}, the plan's GPU: plan with "
+            "--providers modal"
+        )
+    name, most = found
+    if plan.nodes > 1 or plan.gpus > most:
+        raise FrugalError(
+            f"--emit modal: one Modal container takes at most {most}x {plan.offer.gpu.name}; "
+            f"the plan needs {plan.gpus} on {plan.nodes} machine(s): plan with --providers modal"
+        )
+    extras = "[train]" if needs_bitsandbytes(plan.job) else ""
+    attempts = math.ceil(plan.hours * 3600 / MODAL_TIMEOUT_S) + 2  # a cut each day, 2 spare
+    config = Path(run_config).name
+    lines = [
+        f'"""Modal app written by frugal plan: `frugal train {config}` on {plan.gpus}x '
+        f"{plan.offer.gpu.name} ({plan.hours:.2f} h planned).",
+        "",
+        f"Run it from the frugal checkout that holds {config}: modal run {{this file}}",
+        "The run directory lives on the Modal Volume 'frugal-runs'; a preempted or timed-out",
+        'attempt is retried and resumes from its last checkpoint (--resume auto)."""',
+        "",
+        "import subprocess",
+        "",
+        "import modal",
+        "",
+        f"GPU = {f'{name}:{plan.gpus}'!r}",
+        f"CONFIG = {run_config!r}  # the run config frugal plan --write wrote",
+        "RUNS = '/runs'",
+        "",
+        "app = modal.App('frugal-train')",
+        "runs = modal.Volume.from_name('frugal-runs', create_if_missing=True)",
+        "image = (",
+        "    modal.Image.debian_slim(python_version='3.11')",
+        "    .add_local_dir('.', '/frugal', copy=True, ignore=['.venv', '.git', 'runs'])",
+        f"    .run_commands(\"pip install '/frugal{extras}'\")",
+        f"    .add_local_file(CONFIG, '/config/{config}')",
+        ")",
+        "",
+        "",
+        "@app.function(",
+        "    gpu=GPU,",
+        "    image=image,",
+        "    volumes={RUNS: runs},",
+        f"    cpu={MODAL_CORES_PER_GPU * plan.gpus:g},  # physical cores, as frugal priced them",
+        f"    memory={int(MODAL_GIB_PER_GPU * plan.gpus * 1024)},  # MiB",
+        f"    timeout={MODAL_TIMEOUT_S},",
+        f"    retries=modal.Retries(max_retries={attempts}, initial_delay=10.0),",
+        ")",
+        "def train() -> None:",
+        "    try:",
+        "        subprocess.run(",
+        f"            ['frugal', 'train', '/config/{config}', 'output_dir=' + RUNS + '/frugal',",
+        "             '--resume', 'auto'],",
+        "            check=True,",
+        "        )",
+        "    finally:",
+        "        runs.commit()  # what was written, kept for the next attempt and for you",
+        "",
+        "",
+        "@app.local_entrypoint()",
+        "def main() -> None:",
+        "    train.remote()",
+    ]
+    return "\n".join(lines) + "\n"

@@ -2,8 +2,9 @@
 
 * Interruption rate. Measured where measurements exist: the public GPU spot traces behind
   "Can't Be Late" (Wu et al., NSDI 2024; data/spot_traces.csv) give p3.2xlarge 0.44
-  preemptions per hour held (the median of 7 zones) and p3.16xlarge 1.09. Elsewhere from the offer's interruption
-  bucket: AWS's Spot Instance Advisor publishes one per instance type and region (<5%,
+  preemptions per hour held (the median of 7 zones) and p3.16xlarge 1.09. Elsewhere from
+  the offer's interruption bucket: AWS's Spot Instance Advisor publishes one per instance
+  type and region (<5%,
   5-10%, ... >20%, "the rate at which Spot reclaimed capacity over the trailing month");
   providers that publish none get a default (providers.csv). Read as a monthly probability
   per instance, the >20% bucket would mean one interruption in 2,000 hours, while the
@@ -91,12 +92,12 @@ def offer_mtbi(offer: Offer) -> tuple[float, str]:
             f"{m.instance} ({what}; NSDI'24 spot traces)"
         )
     bucket = offer.interruption
-    advised = "Spot Advisor" in offer.source
-    whose = (
-        f"AWS Spot Advisor's {bucket} for {offer.instance} in {offer.region}"
-        if advised
-        else f"{offer.provider}'s default {bucket} (it publishes no rate)"
-    )
+    if offer.advised:
+        whose = f"AWS Spot Advisor's {bucket} for {offer.instance} in {offer.region}"
+    elif offer.provider == "aws":
+        whose = f"no Spot Advisor figure for {offer.instance} in {offer.region}: {bucket} assumed"
+    else:
+        whose = f"{offer.provider} publishes no rate: {bucket} assumed"
     return mtbi_hours(bucket), f"{whose}, scaled to the measured GPU spot rate"
 
 
