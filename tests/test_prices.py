@@ -403,3 +403,37 @@ def test_amd_gpus_are_planned_for_what_the_trainer_runs_on_them(tiny_llama_dir: 
     assert {p.job.method for p in result.plans} == {"lora"}
     why = [r.why for r in result.rejected if r.kind == "method"]
     assert why and "QLoRA needs bitsandbytes' CUDA kernels" in why[0]
+
+
+def test_gpuhunt_catalogs_are_a_source_too(
+    own_offers_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """dstack's gpuhunt reads its v3 layout (a version file, then a zip of the provider's
+    CSV) from a loopback server holding recorded AWS rows."""
+    pytest.importorskip("gpuhunt")
+    import zipfile
+
+    root = tmp_path / "v3" / "aws"
+    (root / "20230829-1").mkdir(parents=True)
+    (root / "version").write_text("20230829-1\n")
+    with zipfile.ZipFile(root / "20230829-1" / "catalog.zip", "w") as z:
+        z.write(CATALOGS / "gpuhunt" / "aws.csv", "aws.csv")
+    handler = functools.partial(_Quiet, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v3"
+        monkeypatch.setenv("GPUHUNT_CATALOG_URL", url)
+        done = run_json(capsys, "offers", "update", "--source", "gpuhunt", "--providers", "aws",
+                        "--json")  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [p["provider"] for p in done["providers"]] == ["aws"]
+    aws = [o for o in base().offers if o.provider == "aws"]
+    assert aws and all(o.source == "gpuhunt catalog aws (dstack)" for o in aws)
+    p4d = next(o for o in aws if (o.instance, o.region) == ("p4d.24xlarge", "us-east-1"))
+    assert (p4d.gpu.name, p4d.gpus, p4d.ondemand_usd_h) == ("A100 40GB", 8, 32.7726)
+    # gpuhunt names the 80 GB A100 by its memory: frugal's A100 80GB
+    assert any(o.gpu.name == "A100 80GB" for o in aws)

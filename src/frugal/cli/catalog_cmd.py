@@ -108,8 +108,8 @@ def offers(
 def update(
     source: str = typer.Option(
         "skypilot",
-        help="skypilot (SkyPilot's catalogs), a URL or directory of that layout, or a CSV "
-        "file of offers.",
+        help="skypilot (SkyPilot's catalogs), gpuhunt (dstack's; pip install "
+        "'frugal-ft[gpuhunt]'), a URL or directory of SkyPilot's layout, or a CSV file of offers.",
     ),
     providers: str | None = typer.Option(
         None, help=f"Comma-separated providers to update \\[default: {', '.join(SKYPILOT_FILES)}]."

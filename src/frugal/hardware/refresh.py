@@ -1,6 +1,9 @@
 """`frugal offers update`: today's prices, downloaded into frugal's cache.
 
 Sources:
+* `gpuhunt`: dstack's gpuhunt catalogs (the optional extra: pip install 'frugal-ft[gpuhunt]';
+  `GPUHUNT_CATALOG_URL` points it at a mirror) for AWS, Azure, GCP, Lambda, Nebius, OCI and
+  RunPod, their on-demand and spot rows of an instance and location made one offer.
 * `skypilot` (default): the per-cloud catalog files SkyPilot itself reads, from its public
   catalog repository (skypilot-org/skypilot-catalog, format v8), one `vms.csv` per cloud;
   `FRUGAL_SKYPILOT_URL` points at a mirror of its `catalogs/` directory.
@@ -17,6 +20,7 @@ go on pricing from the snapshot they had.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import urllib.error
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from frugal.errors import FrugalError
 from frugal.hardware.csvdata import header as columns
+from frugal.hardware.gpus import GPU, lookup_gpu
 from frugal.hardware.offers import (
     ADVISED,
     BUCKETS,
@@ -39,7 +44,9 @@ from frugal.hardware.offers import (
     offers_csv,
     parse_offers,
     parse_skypilot,
+    providers,
 )
+from frugal.hardware.skypilot import from_skypilot
 from frugal.hardware.snapshot import header, install
 
 SKYPILOT_URL = "https://raw.githubusercontent.com/skypilot-org/skypilot-catalog/master/catalogs"
@@ -199,6 +206,81 @@ def plan_sources(source: str, only: Iterable[str] | None) -> list[tuple[str, str
     return out
 
 
+# dstack's gpuhunt names for the providers frugal knows (its other catalogs are left out)
+GPUHUNT = {"aws": "aws", "azure": "azure", "gcp": "gcp", "lambdalabs": "lambda",
+           "nebius": "nebius", "oci": "oci", "runpod": "runpod"}  # fmt: skip
+
+
+def _gpuhunt_gpu(name: str, memory_gb: float | None, instance: str) -> GPU | None:
+    """Our GPU for gpuhunt's name and memory per GPU (A100 40 or 80 GB, V100 16 or 32)."""
+    if name.upper() == "H100":
+        return lookup_gpu(from_skypilot(name, instance))
+    if memory_gb:
+        sized = lookup_gpu(f"{name}-{memory_gb:.0f}gb")
+        if sized is not None:
+            return sized
+    return lookup_gpu(name)
+
+
+def from_gpuhunt(only: list[str] | None, retrieved: str) -> list[Fetched]:
+    """The offers of dstack's gpuhunt catalogs (the optional extra `gpuhunt`), one Fetched a
+    provider: its on-demand and spot rows of an instance and location made one offer."""
+    try:
+        gpuhunt = importlib.import_module("gpuhunt")
+    except ImportError:
+        raise FrugalError(
+            "--source gpuhunt needs dstack's gpuhunt package: pip install 'frugal-ft[gpuhunt]'"
+        ) from None
+    theirs = [g for g, ours in GPUHUNT.items() if only is None or ours in only]
+    if not theirs:
+        raise FrugalError(f"--source gpuhunt covers {', '.join(sorted(GPUHUNT.values()))}")
+    catalog = gpuhunt.Catalog(balance_resources=False, auto_reload=False)
+    catalog.load()
+    where = os.environ.get("GPUHUNT_CATALOG_URL", "gpuhunt's catalog")
+    out = []
+    for name in theirs:
+        items = [i for i in catalog.query(provider=name) if i.gpu_count and i.gpu_count >= 1]
+        if not items:
+            raise FrugalError(f"gpuhunt: no {name} offers could be read from {where}")
+        rows: dict[tuple[str, str], dict[str, object]] = {}
+        unknown: Counter[str] = Counter()
+        for i in items:
+            gpu = _gpuhunt_gpu(i.gpu_name or "", i.gpu_memory, i.instance_name)
+            if gpu is None:
+                unknown[i.gpu_name or "?"] += 1
+                continue
+            row = rows.setdefault((i.instance_name, i.location), {"gpu": gpu, "item": i})
+            row["spot" if i.spot else "od"] = float(i.price)
+        provider = GPUHUNT[name]
+        offers = []
+        for (instance, location), r in rows.items():
+            od, spot, item = r.get("od"), r.get("spot"), r["item"]
+            if not isinstance(od, float):
+                continue  # spot-only: no on-demand price to plan against
+            offers.append(
+                Offer(
+                    provider=provider,
+                    instance=instance,
+                    gpu=r["gpu"],  # type: ignore[arg-type]
+                    gpus=int(item.gpu_count),  # type: ignore[attr-defined]
+                    ondemand_usd_h=od,
+                    spot_usd_h=spot if isinstance(spot, float) and 0 < spot < od else None,
+                    region=location,
+                    interruption=(providers()[provider].interruption or ">20%")
+                    if isinstance(spot, float)
+                    else "",
+                    source=f"gpuhunt catalog {name} (dstack)",
+                    retrieved=retrieved,
+                    vcpus=float(item.cpu),  # type: ignore[attr-defined]
+                    memory_gib=float(item.memory),  # type: ignore[attr-defined]
+                )
+            )
+        left = ", ".join(f"{n} ({c})" for n, c in unknown.most_common())
+        note = f"GPUs without specs in gpus.csv, left out: {left}" if unknown else ""
+        out.append(Fetched(provider, f"{where} ({name})", offers, note, unknown))
+    return out
+
+
 def fetch(provider: str, where: str, retrieved: str, progress: Progress | None) -> list[Fetched]:
     """The offers of one file, normalized (a file of frugal's columns may hold several
     providers: one Fetched each)."""
@@ -236,7 +318,9 @@ def update(
     when = now or datetime.now(UTC)
     stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
     fetched: list[Fetched] = []
-    for provider, where in plan_sources(source, chosen):
+    if source == "gpuhunt":
+        fetched = from_gpuhunt(chosen, stamp)
+    for provider, where in plan_sources(source, chosen) if source != "gpuhunt" else ():
         fetched += fetch(provider, where, stamp, progress)
     if chosen is not None:
         fetched = [f for f in fetched if f.provider in chosen]
