@@ -49,7 +49,7 @@ def test_the_name_is_ours_and_the_command_is_frugal(wheel: zipfile.ZipFile) -> N
     assert meta["Name"] == "frugal-ft"  # `frugal` on PyPI is an unrelated project
     entry = next(n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))
     assert "frugal = frugal.cli.main:run" in wheel.read(entry).decode()
-    extras = {"train", "plot", "tracking", "postgres", "dashboard", "dev"}
+    extras = {"train", "plot", "tracking", "postgres", "dashboard", "gpuhunt", "dev"}
     assert set(meta.get_all("Provides-Extra") or []) == extras
     req = _requires(meta)
     assert 'extra == "train"' in req["bitsandbytes"] and "linux" in req["bitsandbytes"]

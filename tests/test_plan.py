@@ -355,7 +355,7 @@ def _apply(argv: list[str], flags: dict[str, str | None]) -> list[str]:
          "--optimizers", "adamw", "--seq", "4096", "--local", "RTX 4050 Laptop",
          "--providers", "local"],
         # the deadline is too short: the fastest plan's hours
-        ["plan", "HuggingFaceTB/SmolLM2-135M", "--tokens", "50M", "--deadline", "10m"],
+        ["plan", "HuggingFaceTB/SmolLM2-135M", "--tokens", "50M", "--deadline", "5m"],
         # the budget is too small: the cheapest plan's cost
         ["plan", "HuggingFaceTB/SmolLM2-135M", "--tokens", "50M", "--budget", "0.01"],
     ],
@@ -382,7 +382,7 @@ def test_every_suggested_change_gives_a_plan(
     optimizers = tuple(args.get("--optimizers", "adamw,adamw-8bit").split(","))
     k = Constraints(tokens=float(args["--tokens"].rstrip("M")) * 1e6, methods=methods,
                     optimizers=optimizers,
-                    deadline_h=1 / 6 if "--deadline" in args else None,
+                    deadline_h=1 / 12 if "--deadline" in args else None,
                     budget_usd=float(args["--budget"]) if "--budget" in args else None)  # fmt: skip
     base = make_job(method=methods[0], seq=int(args.get("--seq", "2048")))
     with pytest.raises(Infeasible) as info:

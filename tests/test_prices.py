@@ -208,10 +208,10 @@ def test_old_prices_make_every_priced_answer_warn_and_name_the_update(
     prices = json.loads(out)["prices"]
     assert prices["stale"] is True and 9.9 < prices["age_days"] < 10.1
     assert prices["snapshot"] == "offers update" and prices["max_age_days"] == 7
-    assert "warning: the prices are 10 days old" in err and "frugal offers update" in err
+    assert "warning: the prices are 10.0 days old" in err and "frugal offers update" in err
     assert main(["plan", *PLAN[1:-1]]) == 0
     out, err = capsys.readouterr()
-    assert "prices: offers update of" in out and "10 days old" in out
+    assert "prices: offers update of" in out and "10.0 days old" in out
     assert "frugal offers update" in err
 
 

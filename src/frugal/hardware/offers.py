@@ -368,11 +368,14 @@ def _cheaper(spot: float | None, than: float | None) -> bool:
 def read_price_file(path: str) -> list[Offer]:
     p = Path(path)
     if not p.is_file():
-        raise FrugalError(f"price file {path} not found: give a CSV of offers (--prices FILE)")
+        raise FrugalError(
+            f"offers file {path} not found: give a CSV of offers (--offers FILE, or [offers] "
+            f"files in {settings_path()})"
+        )
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise FrugalError(f"cannot read price file {path}: {e}") from None
+        raise FrugalError(f"cannot read offers file {path}: {e}") from None
     columns = header(text, path)
     if "AcceleratorName" in columns and "InstanceType" in columns:
         cloud = next((c for c in providers() if c in str(p).lower()), "")
@@ -557,9 +560,7 @@ class PriceBasis:
 
 
 def _age(days: float) -> str:
-    if days < 1:
-        return f"{days * 24:.0f} hours"
-    return f"{days:.0f} day" + ("" if round(days) == 1 else "s")
+    return f"{days:.1f} days"  # one unit always: 0.2 days, 9.8 days
 
 
 def price_basis(offers: Iterable[Offer], files: Iterable[str] = ()) -> PriceBasis:
