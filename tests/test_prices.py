@@ -425,11 +425,18 @@ def test_gpuhunt_catalogs_are_a_source_too(
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v3"
         monkeypatch.setenv("GPUHUNT_CATALOG_URL", url)
-        done = run_json(capsys, "offers", "update", "--source", "gpuhunt", "--providers", "aws",
-                        "--json")  # fmt: skip
+        rc = main(["offers", "update", "--source", "gpuhunt", "--providers", "aws", "--json"])
+        out, err = capsys.readouterr()
+        assert rc == 0 and "Traceback" not in err, err  # its other providers 404: not noise
+        done = json.loads(out)
     finally:
         server.shutdown()
         server.server_close()
+    monkeypatch.setenv("GPUHUNT_CATALOG_URL", _closed_port() + "/v3")
+    before = (offers_dir() / "offers.csv").read_text()
+    msg = run_error(capsys, "offers", "update", "--source", "gpuhunt", "--providers", "aws")
+    assert msg.startswith("error: cannot read gpuhunt's catalogs from http://127.0.0.1:")
+    assert (offers_dir() / "offers.csv").read_text() == before
     assert [p["provider"] for p in done["providers"]] == ["aws"]
     aws = [o for o in base().offers if o.provider == "aws"]
     assert aws and all(o.source == "gpuhunt catalog aws (dstack)" for o in aws)

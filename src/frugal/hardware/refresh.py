@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import urllib.error
 import urllib.request
@@ -234,9 +235,16 @@ def from_gpuhunt(only: list[str] | None, retrieved: str) -> list[Fetched]:
     theirs = [g for g, ours in GPUHUNT.items() if only is None or ours in only]
     if not theirs:
         raise FrugalError(f"--source gpuhunt covers {', '.join(sorted(GPUHUNT.values()))}")
-    catalog = gpuhunt.Catalog(balance_resources=False, auto_reload=False)
-    catalog.load()
     where = os.environ.get("GPUHUNT_CATALOG_URL", "gpuhunt's catalog")
+    catalog = gpuhunt.Catalog(balance_resources=False, auto_reload=False)
+    quiet = logging.getLogger("gpuhunt")  # it logs a traceback per provider it cannot read
+    level, quiet.level = quiet.level, logging.CRITICAL + 1
+    try:
+        catalog.load()  # every provider gpuhunt publishes; the ones it cannot read stay empty
+    except Exception as e:  # gpuhunt's own error, or the network's, when none can be read
+        raise FrugalError(f"cannot read gpuhunt's catalogs from {where} ({e})") from None
+    finally:
+        quiet.setLevel(level)
     out = []
     for name in theirs:
         items = [i for i in catalog.query(provider=name) if i.gpu_count and i.gpu_count >= 1]
@@ -264,7 +272,10 @@ def from_gpuhunt(only: list[str] | None, retrieved: str) -> list[Fetched]:
                     gpu=r["gpu"],  # type: ignore[arg-type]
                     gpus=int(item.gpu_count),  # type: ignore[attr-defined]
                     ondemand_usd_h=od,
-                    spot_usd_h=spot if isinstance(spot, float) and 0 < spot < od else None,
+                    # as SkyPilot's rows: no discount is no spot; above on-demand: flagged
+                    spot_usd_h=spot
+                    if isinstance(spot, float) and spot > 0 and abs(spot - od) > 1e-4 * od
+                    else None,
                     region=location,
                     interruption=(providers()[provider].interruption or ">20%")
                     if isinstance(spot, float)
