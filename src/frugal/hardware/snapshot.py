@@ -40,9 +40,6 @@ class Snapshot:
     source: str
     path: str | None = None  # None: the bundled catalog
 
-    def age_days(self, now: datetime | None = None) -> float:
-        return ((now or datetime.now(UTC)) - self.retrieved).total_seconds() / 86400
-
     def describe(self) -> str:
         when = self.retrieved.strftime("%Y-%m-%d %H:%M UTC").replace(" 00:00 UTC", "")
         return f"{self.label} of {when}"
