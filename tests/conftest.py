@@ -40,6 +40,11 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     ]:
         del os.environ[name]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # prices: never the network, never the user's snapshot (a test that serves catalogs on
+    # loopback points these at its server); nothing listens on port 9 of the loopback
+    os.environ["FRUGAL_OFFERS_DIR"] = str(tmp_path_factory.mktemp("offers"))
+    for name in ("FRUGAL_SKYPILOT_URL", "FRUGAL_SPOT_ADVISOR_URL", "GPUHUNT_CATALOG_URL"):
+        os.environ[name] = "http://127.0.0.1:9/nothing-listens-here"
     yield
     if old is None:
         os.environ.pop("FRUGAL_CACHE_DIR", None)
