@@ -223,15 +223,12 @@ def plan(
         run_cfg.plan.ledger_id = plan_id
     # what each emitted file says, before any file is written: one that cannot be made
     # (Modal without the plan's GPU) leaves nothing half-done
-    texts = {
-        what: hf_script(run_cfg, rec.speed.step_time_s)
-        if what == "hf"
-        else skypilot_task(rec, targets["run config"])
-        if what == "skypilot"
-        else modal_app(rec, targets["run config"])
-        for what in targets
-        if what in EMITTED
+    emitters = {
+        "hf": lambda: hf_script(run_cfg, rec.speed.step_time_s),
+        "skypilot": lambda: skypilot_task(rec, targets["run config"]),
+        "modal": lambda: modal_app(rec, targets["run config"]),
     }
+    texts = {what: emitters[what]() for what in targets if what in emitters}
     wrote: dict[str, str] = {}  # what was written: "run config", "hf", "skypilot", "modal", "plot"
     for what, path in targets.items():
         if what == "run config":

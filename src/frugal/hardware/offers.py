@@ -25,7 +25,7 @@ from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.gpus import GPU, find_gpu, gpus, lookup_gpu
 from frugal.hardware.sanity import suspicious
 from frugal.hardware.skypilot import from_skypilot, gcp_host
-from frugal.hardware.snapshot import Snapshot, bundled_text, meta, stored
+from frugal.hardware.snapshot import Snapshot, bundled_text, meta, read, stored
 from frugal.names import closest
 from frugal.settings import settings_path, table
 from frugal.times import parse_time
@@ -376,16 +376,24 @@ def read_price_file(path: str) -> list[Offer]:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise FrugalError(f"cannot read offers file {path}: {e}") from None
-    columns = header(text, path)
+    return parse_price_text(text, str(path)).offers
+
+
+def parse_price_text(
+    text: str, where: str, cloud: str = "", retrieved: str = "", source: str = ""
+) -> Normalized:
+    """A price file in either format: a SkyPilot catalog `vms.csv` (of `cloud`, or of the
+    cloud its path names) or frugal's offers columns (one provider or several)."""
+    columns = header(text, where)
     if "AcceleratorName" in columns and "InstanceType" in columns:
-        cloud = next((c for c in providers() if c in str(p).lower()), "")
+        cloud = cloud or next((c for c in providers() if c in where.lower()), "")
         if not cloud:
             raise FrugalError(
-                f"{path}: a SkyPilot catalog, but which cloud? keep the cloud in its path "
+                f"{where}: a SkyPilot catalog, but which cloud? keep the cloud in its path "
                 "(e.g. catalogs/v8/aws/vms.csv) or rename it aws-vms.csv"
             )
-        return parse_skypilot(text, str(path), cloud).offers
-    return parse_offers(text, str(path))
+        return parse_skypilot(text, where, cloud, retrieved, source)
+    return Normalized(parse_offers(text, where, retrieved), Counter())
 
 
 @cache
@@ -469,32 +477,37 @@ class Base:
         return cls(snap, tuple(offers), suspicious(offers))
 
 
-_READ: dict[tuple[str, int, int], Base] = {}
+_READ: dict[tuple[str, int, int], Base | None] = {}  # None: it cannot be read (said once)
 
 
 def base() -> Base:
     """The last `frugal offers update` (or the one before it, if the last cannot be read),
-    else the bundled catalog. A snapshot that cannot be read is reported once."""
-    for path, text in stored():
+    else the bundled catalog. Each snapshot file is read and judged once per process (per
+    version of it); one that cannot be read is reported once."""
+    for path in stored():
         try:
             st = path.stat()
-            sig = (str(path), st.st_mtime_ns, st.st_size)
         except OSError:
             continue
-        if sig in _READ:
-            return _READ[sig]
-        snap = meta(text, "offers update", str(path))
-        try:
-            if snap is None:
-                raise FrugalError("not a frugal offers snapshot")
-            got = Base.of(snap, parse_offers(text, str(path), snap.retrieved.isoformat()))
-        except FrugalError as e:
-            notice(f"price snapshot {path} cannot be read ({e}): passed over; "
-                   "`frugal offers update` writes a new one")  # fmt: skip
-            continue
-        _READ[sig] = got
-        return got
+        sig = (str(path), st.st_mtime_ns, st.st_size)
+        if sig not in _READ:
+            _READ[sig] = _load(path)
+        if (got := _READ[sig]) is not None:
+            return got
     return bundled()
+
+
+def _load(path: Path) -> Base | None:
+    text = read(path)
+    snap = meta(text, "offers update", str(path))
+    try:
+        if snap is None:
+            raise FrugalError("not a frugal offers snapshot")
+        return Base.of(snap, parse_offers(text, str(path), snap.retrieved.isoformat()))
+    except FrugalError as e:
+        notice(f"price snapshot {path} cannot be read ({e}): passed over; "
+               "`frugal offers update` writes a new one")  # fmt: skip
+        return None
 
 
 def offer_settings() -> tuple[list[str], float]:

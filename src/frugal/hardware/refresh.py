@@ -33,18 +33,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from frugal.errors import FrugalError
-from frugal.hardware.csvdata import header as columns
 from frugal.hardware.gpus import GPU, lookup_gpu
 from frugal.hardware.offers import (
     ADVISED,
     BUCKETS,
-    Normalized,
     Offer,
     base,
     find_provider,
     offers_csv,
-    parse_offers,
-    parse_skypilot,
+    parse_price_text,
     providers,
 )
 from frugal.hardware.skypilot import from_skypilot
@@ -296,26 +293,14 @@ def fetch(provider: str, where: str, retrieved: str, progress: Progress | None) 
     """The offers of one file, normalized (a file of frugal's columns may hold several
     providers: one Fetched each)."""
     text = read_source(where, progress)
-    head = columns(text, where) if text.strip() else []
-    if "AcceleratorName" in head and "InstanceType" in head:
-        cloud = provider or next((c for c in SKYPILOT_FILES if c in where.lower()), "")
-        if not cloud:
-            raise FrugalError(f"{where}: a SkyPilot catalog, but which cloud? keep it in the name")
-        rel = next((r for r in SKYPILOT_FILES.values() if where.endswith(r)), where)
-        got: Normalized = parse_skypilot(text, where, cloud, retrieved, f"SkyPilot catalog {rel}")
-        if not got.offers:
-            raise FrugalError(f"{where}: no GPU offers in it (is it the {cloud} catalog?)")
-        return [Fetched(cloud, where, got.offers, got.summary(), got.unknown)]
-    if "provider" in head and "gpu" in head:
-        offers = parse_offers(text, where, retrieved)
-        by: dict[str, list[Offer]] = {}
-        for o in offers:
-            by.setdefault(o.provider, []).append(o)
-        return [Fetched(p, where, rows) for p, rows in by.items()]
-    raise FrugalError(
-        f"{where}: neither a SkyPilot catalog (InstanceType, AcceleratorName, Price, ...) nor "
-        "frugal's offers columns (provider, instance, gpu, gpus, ondemand_usd_h, ...)"
-    )
+    rel = next((r for r in SKYPILOT_FILES.values() if where.endswith(r)), where)
+    got = parse_price_text(text, where, provider, retrieved, f"SkyPilot catalog {rel}")
+    if not got.offers:
+        raise FrugalError(f"{where}: no GPU offers in it (is it the {provider} catalog?)")
+    by: dict[str, list[Offer]] = {}
+    for o in got.offers:
+        by.setdefault(o.provider, []).append(o)
+    return [Fetched(p, where, rows, got.summary(), got.unknown) for p, rows in by.items()]
 
 
 def update(
@@ -328,11 +313,11 @@ def update(
     chosen = [find_provider(p) for p in only.split(",") if p.strip()] if only else None
     when = now or datetime.now(UTC)
     stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
-    fetched: list[Fetched] = []
     if source == "gpuhunt":
         fetched = from_gpuhunt(chosen, stamp)
-    for provider, where in plan_sources(source, chosen) if source != "gpuhunt" else ():
-        fetched += fetch(provider, where, stamp, progress)
+    else:
+        fetched = [f for p, where in plan_sources(source, chosen)
+                   for f in fetch(p, where, stamp, progress)]  # fmt: skip
     if chosen is not None:
         fetched = [f for f in fetched if f.provider in chosen]
     for f in fetched:

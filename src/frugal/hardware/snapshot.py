@@ -89,15 +89,14 @@ def install(text: str) -> Path:
     return current
 
 
-def stored() -> list[tuple[Path, str]]:
-    """The cached snapshots, newest first, as (path, text); unreadable ones are left out."""
-    out = []
-    for name in (CURRENT, PREVIOUS):
-        p = offers_dir() / name
-        try:
-            out.append((p, p.read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError):
-            out.append((p, ""))  # damaged: the reader reports it and passes over it
-    return out
+def stored() -> list[Path]:
+    """The cached snapshots, newest first (the current one, then the one before it)."""
+    return [p for p in (offers_dir() / CURRENT, offers_dir() / PREVIOUS) if p.exists()]
+
+
+def read(path: Path) -> str:
+    """A snapshot's text; "" when it cannot be read (the reader reports it, passes over it)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
