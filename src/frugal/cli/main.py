@@ -12,6 +12,7 @@ import errno
 import importlib
 import os
 import sys
+from collections import Counter
 from typing import Any
 
 import typer
@@ -54,6 +55,7 @@ app.add_typer(costs_cmd.app, name="costs")
 app.add_typer(serve_cmd.app, name="serve")
 
 _DEBUG = False
+_VERBOSE = False
 INTERRUPTED = "interrupted: run the command again (what was saved before is intact)"
 # a file system's answer about a path the user gave: theirs to fix (one line, exit 2)
 PATH_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
@@ -78,14 +80,51 @@ def _root(
         "--offline",
         help="Never use the network (as HF_HUB_OFFLINE=1): hub ids from the cache only.",
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        help="Say on stderr which memory profiles were simulated, and where the others came "
+        "from (the simulations are what makes a first plan or estimate slow).",
+    ),
 ) -> None:
-    global _DEBUG
+    global _DEBUG, _VERBOSE
     _DEBUG = debug
+    _VERBOSE = verbose
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _VERBOSE
+    _VERBOSE = False
+    before = _profiles_so_far()  # main() may run more than once in a process (the tests)
+    try:
+        return _main(argv)
+    finally:
+        if _VERBOSE:
+            _say_profiles(before)
+
+
+def _profiles_so_far() -> tuple[list[Any], Counter[str]]:
+    core = sys.modules.get("frugal.estimate.core")
+    if core is None:
+        return [], Counter()
+    return list(core.SIMULATED), Counter(core.cache.FOUND)
+
+
+def _say_profiles(before: tuple[list[Any], Counter[str]]) -> None:
+    """--verbose: the profiles this command simulated (each with its cost and why), and how
+    many it found cached or shipped."""
+    simulated, found = _profiles_so_far()
+    simulated = simulated[len(before[0]) :]
+    found -= before[1]
+    for s in simulated:
+        print(s.line(), file=sys.stderr)
+    print(f"profiles: {len(simulated)} simulated, {found['cached']} from the cache, "
+          f"{found['shipped']} shipped with frugal", file=sys.stderr)  # fmt: skip
+
+
+def _main(argv: list[str] | None) -> int:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     cx = _click_exceptions()

@@ -1,8 +1,15 @@
-"""Profiles cached in the user cache dir, so a new (batch, seq) needs no simulation.
+"""Profiles cached in the user cache dir, so a new (batch, seq) needs no simulation; and
+the bundled models' profiles for the common jobs, shipped with the package.
 
 A profile is keyed by the model's config, the job settings it depends on, the fitting
 regime, the versions of frugal, torch, transformers and peft that produced it, and a digest
-of the step's and the simulation's source.
+of the step's and the simulation's source: a shipped profile made by other code or other
+versions is never found, so it is never used stale. A lookup tries the user's cache, then
+the shipped profiles (`make profiles` writes them, `frugal.estimate.shipped`).
+
+A profile's file is the same bytes wherever it is written (`dump`): compressed arrays in a
+zip whose entries carry no time, so a shipped profile can be checked against a new
+simulation byte for byte.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import hashlib
 import io
 import json
 import os
+import zipfile
+from collections import Counter
 from collections.abc import Iterator
 from functools import cache
 from importlib import resources
@@ -52,55 +61,83 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """What a profile depends on besides its model and job. torch's local label (`+cpu`,
+    `+cu128`) is left out: the simulation runs on fake CPU tensors whatever the build."""
     pkgs = (DISTRIBUTION, "torch", "transformers", "peft")
-    out = {pkg: installed_version(pkg) or "?" for pkg in pkgs}
+    out = {pkg: (installed_version(pkg) or "?").split("+")[0] for pkg in pkgs}
     out["code"] = code_digest()
     return out
 
 
+SHIPPED_ENV = "FRUGAL_SHIPPED_PROFILES"  # "off": simulate what is not in the user's cache
+
+
+def shipped_dir() -> Path:
+    """The profiles that ship with the package (`make profiles`), with their index."""
+    return Path(str(resources.files("frugal.estimate"))) / "profiles"
+
+
+def _places(key: str) -> list[Path]:
+    here = [cache_dir() / f"{key}.npz"]
+    if os.environ.get(SHIPPED_ENV, "").lower() != "off":
+        here.append(shipped_dir() / f"{key}.npz")
+    return here
+
+
 def profile_key(config: dict[str, Any], job_key: dict[str, Any], regime: str) -> str:
     blob = json.dumps(
-        {"config": config, "job": job_key, "regime": regime, "versions": _versions()},
+        {"config": config, "job": job_key, "regime": regime, "versions": versions()},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
 def load(key: str) -> Profile | None:
-    """The cached profile `key`, or None: missing, or damaged (truncated, empty, a bad
-    CRC, other bytes): a damaged entry is said once, removed, and simulated again."""
-    path = cache_dir() / f"{key}.npz"
-    if not path.exists():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["meta"]))
-            fits = []
-            for i, f in enumerate(meta["fits"]):
-                fits.append(
-                    LayerFit(
-                        n_layers=f["n_layers"],
-                        coef=z[f"coef{i}"],
-                        segments=z[f"segments{i}"],
-                        flop_coef=z[f"flop_coef{i}"],
-                        attn_coef=z[f"attn_coef{i}"],
-                        total_params=f["total_params"],
-                        trainable_params=f["trainable_params"],
-                    )
-                )
-        profile = Profile(meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
-    except FileNotFoundError:
-        return None  # removed meanwhile by another process
-    except Exception as e:  # zipfile, numpy, json: whatever a damaged file makes them raise
-        notice(
-            f"the cached profile {path} was damaged ({type(e).__name__}: "
-            f"{str(e)[:80]}): simulating it again"
-        )
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return None
-    return profile
+    """The profile `key` from the user's cache or else the shipped ones, or None: missing,
+    or damaged (truncated, empty, a bad CRC, other bytes): a damaged file is said once and
+    simulated again (a cache entry is removed; the package is left as installed)."""
+    for path in _places(key):
+        try:
+            profile = read(path)
+            FOUND["shipped" if path.parent == shipped_dir() else "cached"] += 1
+            return profile
+        except FileNotFoundError:
+            continue  # not there, or removed meanwhile by another process
+        except Exception as e:  # zipfile, numpy, json: whatever a damaged file raises
+            cached = path.parent != shipped_dir()
+            notice(
+                f"the {'cached' if cached else 'shipped'} profile {path} was damaged "
+                f"({type(e).__name__}: {str(e)[:80]}): simulating it again"
+            )
+            if cached:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            return None
+    return None
+
+
+FOUND: Counter[str] = Counter()
+"""Profiles this process loaded, by where they were found (`--verbose`)."""
+
+
+def read(path: Path) -> Profile:
+    """The profile in the file `path` (raises what a damaged file makes numpy raise)."""
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        fits = [
+            LayerFit(
+                n_layers=f["n_layers"],
+                coef=z[f"coef{i}"],
+                segments=z[f"segments{i}"],
+                flop_coef=z[f"flop_coef{i}"],
+                attn_coef=z[f"attn_coef{i}"],
+                total_params=f["total_params"],
+                trainable_params=f["trainable_params"],
+            )
+            for i, f in enumerate(meta["fits"])
+        ]
+    return Profile(meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
 
 
 @contextlib.contextmanager
@@ -124,7 +161,8 @@ def making(key: str) -> Iterator[None]:
         f.close()  # releases the lock
 
 
-def save(key: str, profile: Profile) -> None:
+def dump(profile: Profile) -> bytes:
+    """The profile as the bytes of an `.npz` file, the same bytes for the same profile."""
     arrays: dict[str, np.ndarray] = {}
     fits_meta = []
     for i, f in enumerate(profile.fits):
@@ -145,13 +183,26 @@ def save(key: str, profile: Profile) -> None:
         "fits": fits_meta,
     }
     arrays["meta"] = np.array(json.dumps(meta))
-    d = cache_dir()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, a in arrays.items():
+            one = io.BytesIO()
+            np.lib.format.write_array(one, np.asanyarray(a), allow_pickle=False)
+            z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=EPOCH), one.getvalue(),
+                       compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)  # fmt: skip
+    return buf.getvalue()
+
+
+EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry: no time at all
+
+
+def save(key: str, profile: Profile, into: Path | None = None) -> None:
+    """Write the profile `key` into the user's cache (or `into`), atomically."""
+    d = into or cache_dir()
     try:
         d.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)  # type: ignore[arg-type]
         tmp = d / f".{key}.{os.getpid()}.tmp"
-        tmp.write_bytes(buf.getvalue())
+        tmp.write_bytes(dump(profile))
         os.replace(tmp, d / f"{key}.npz")  # atomic: readers never see half a file
     except OSError:
         pass  # a read-only cache dir only costs speed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,8 +132,48 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
         return (
             cache.load(key(job.grad_accum))
             or _from_other_ranks(spec, job, s0, key(job.grad_accum))
-            or _simulate_profile(spec, job, s0, key)
+            or _simulate_profile(spec, job, seq, s0, key)
         )
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """One profile this process had to simulate: neither cached, shipped, nor made from
+    other ranks (`--verbose` lists them; `make profiles` ships them)."""
+
+    model: str
+    job: TrainJob  # the job as simulated (its accumulation: one micro-step or two)
+    seq: int  # the step's length, which picks the simulated lengths
+    base_length: int
+    depths: tuple[int, int]
+    ops: int  # ops the tracker recorded over every run
+    seconds: float
+    keys: tuple[str, ...]  # the profiles saved: with one micro-step, and with two
+
+    def line(self) -> str:
+        j = self.job
+        parts: list[str] = [j.method, j.precision, j.optimizer]
+        if j.method != "full":
+            parts.append(f"r={j.lora_r}")
+        parts.append("checkpointing" if j.grad_checkpointing else "no checkpointing")
+        if j.loss_chunks:
+            parts.append(f"loss in {j.loss_chunks} chunks")
+        if j.offload_activations:
+            parts.append("offloaded activations")
+        if j.optimizer_in_backward:
+            parts.append("optimizer in backward")
+        parts.append("accumulating" if j.grad_accum > 1 else "one micro-step")
+        lengths = ", ".join(str(s) for _, s in grid(self.base_length))
+        return (
+            f"simulated {self.model} {' · '.join(parts)}: depths {self.depths[0]} and "
+            f"{self.depths[1]} at lengths {lengths}, {self.ops:,} ops in {self.seconds:.1f} s "
+            f"({self.seconds / max(self.ops, 1) * 1e3:.2f} ms an op): no cached or shipped "
+            "profile"
+        )
+
+
+SIMULATED: list[Simulated] = []
+"""Every profile this process simulated, in order."""
 
 
 LORA_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -162,7 +203,7 @@ def _from_other_ranks(spec: ModelSpec, job: TrainJob, s0: int, key: str) -> Prof
 
 
 def _simulate_profile(
-    spec: ModelSpec, job: TrainJob, s0: int, key: Callable[[int], str]
+    spec: ModelSpec, job: TrainJob, seq: int, s0: int, key: Callable[[int], str]
 ) -> Profile:
     """Simulate `job` at two depths and three lengths from `s0`; fit and cache its profile
     (and, for an accumulating job, the one without accumulation)."""
@@ -178,13 +219,18 @@ def _simulate_profile(
     depths = (k, k + 1) if k < spec.num_layers else (k - 1, k)
     depths = (max(depths[0], 1), max(depths[1], 2))
     shapes = grid(s0)
+    start = time.perf_counter()
     runs = [(n, simulate(spec.config, job, n, shapes)) for n in depths]
+    ops = sum(len(t.op_ids) - 1 for _, traces in runs for t in traces)
+    seconds = time.perf_counter() - start
     targets = runs[0][1][0].lora_targets
     made = {}
     for micro in range(1, min(job.grad_accum, 2) + 1):
         lo, hi = (LayerFit.from_traces(n, shapes, t, micro) for n, t in runs)
         made[micro] = Profile(spec.num_layers, (lo, hi), targets)
         cache.save(key(micro), made[micro])
+    keys = tuple(key(micro) for micro in made)
+    SIMULATED.append(Simulated(spec.id, job, seq, s0, depths, ops, seconds, keys))
     return made[min(job.grad_accum, 2)]
 
 

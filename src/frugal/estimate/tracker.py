@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, register_flop_formula
@@ -35,6 +36,8 @@ from frugal.estimate.categories import CAT_INDEX, CATEGORIES, PHASES, SEGMENTS
 from frugal.step import marks
 
 aten = torch.ops.aten
+_DEVICE = torch.ops.prim.device.default
+_META = torch.device("meta")
 
 __all__ = ["CATEGORIES", "PHASES", "SEGMENTS", "StepTracker"]
 
@@ -219,6 +222,11 @@ class StepTracker(TorchDispatchMode):
         return hooks + _segment_hooks(model, self)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE and type(args[0]) is FakeTensor:
+            # two of every three ops a step dispatches ask a fake tensor its device: answer
+            # as the fake mode would, without the trip down to it (15% of a simulation)
+            t = args[0]
+            return _META if t.fake_mode.in_kernel_invocation else t.fake_device
         kwargs = kwargs or {}
         if func in _NO_ALLOC:  # views and metadata: nothing to record, keep it cheap
             return func(*args, **kwargs)
