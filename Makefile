@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench accuracy clean
+.PHONY: demo test test-fast lint bench accuracy profiles clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/estimate_speed.py
 	$(BIN)/python benchmarks/plan_speed.py
 	$(BIN)/python benchmarks/train_overhead.py
+
+# the bundled models' profiles for the common jobs, shipped in the package: after changing
+# the step or the simulation, or upgrading torch, transformers or peft (a test says when)
+profiles: $(STAMP)
+	$(BIN)/python benchmarks/make_profiles.py
 
 accuracy: $(STAMP)
 	$(BIN)/python benchmarks/estimate_accuracy.py --write docs/accuracy.md

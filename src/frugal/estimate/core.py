@@ -113,8 +113,9 @@ def base_length(spec: ModelSpec, seq: int, loss_chunks: int = 0) -> int:
     return -(-s0 // loss_chunks) * loss_chunks if loss_chunks else s0
 
 
-def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
-    """The memory and FLOPs profile of `job`, from the cache or simulated.
+def get_profile(spec: ModelSpec, job: TrainJob, seq: int, why: str = "") -> Profile:
+    """The memory and FLOPs profile of `job`, from the cache or simulated (`why`: what
+    asks for it, said by `--verbose` if it is simulated).
 
     A job that accumulates gradients simulates two micro-steps, which also yields the
     profile without accumulation; both are cached.
@@ -132,7 +133,7 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int) -> Profile:
         return (
             cache.load(key(job.grad_accum))
             or _from_other_ranks(spec, job, s0, key(job.grad_accum))
-            or _simulate_profile(spec, job, seq, s0, key)
+            or _simulate_profile(spec, job, seq, s0, key, why or f"the {job.method} step")
         )
 
 
@@ -149,6 +150,7 @@ class Simulated:
     ops: int  # ops the tracker recorded over every run
     seconds: float
     keys: tuple[str, ...]  # the profiles saved: with one micro-step, and with two
+    why: str  # what asked for it
 
     def line(self) -> str:
         j = self.job
@@ -167,8 +169,8 @@ class Simulated:
         return (
             f"simulated {self.model} {' · '.join(parts)}: depths {self.depths[0]} and "
             f"{self.depths[1]} at lengths {lengths}, {self.ops:,} ops in {self.seconds:.1f} s "
-            f"({self.seconds / max(self.ops, 1) * 1e3:.2f} ms an op): no cached or shipped "
-            "profile"
+            f"({self.seconds / max(self.ops, 1) * 1e3:.2f} ms an op): {self.why}; none "
+            "cached or shipped"
         )
 
 
@@ -203,7 +205,7 @@ def _from_other_ranks(spec: ModelSpec, job: TrainJob, s0: int, key: str) -> Prof
 
 
 def _simulate_profile(
-    spec: ModelSpec, job: TrainJob, seq: int, s0: int, key: Callable[[int], str]
+    spec: ModelSpec, job: TrainJob, seq: int, s0: int, key: Callable[[int], str], why: str
 ) -> Profile:
     """Simulate `job` at two depths and three lengths from `s0`; fit and cache its profile
     (and, for an accumulating job, the one without accumulation)."""
@@ -230,7 +232,7 @@ def _simulate_profile(
         made[micro] = Profile(spec.num_layers, (lo, hi), targets)
         cache.save(key(micro), made[micro])
     keys = tuple(key(micro) for micro in made)
-    SIMULATED.append(Simulated(spec.id, job, seq, s0, depths, ops, seconds, keys))
+    SIMULATED.append(Simulated(spec.id, job, seq, s0, depths, ops, seconds, keys, why))
     return made[min(job.grad_accum, 2)]
 
 

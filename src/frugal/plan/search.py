@@ -318,13 +318,14 @@ class _Profiles:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self.cache: dict[tuple[Any, ...], Profile] = {}
+        self.why = ""  # the set-up being judged, for --verbose
 
     def get(self, job: TrainJob) -> Profile:
         if job.precision == "fp16-mixed":  # same bytes and FLOPs as bf16: share its profile
             job = job.model_copy(update={"precision": "bf16-mixed"})
         key = tuple(sorted(job.profile_key().items()))
         if key not in self.cache:
-            self.cache[key] = get_profile(self.spec, job, job.seq)
+            self.cache[key] = get_profile(self.spec, job, job.seq, self.why)
         return self.cache[key]
 
 
@@ -451,6 +452,7 @@ def _best_config(
     memo: dict[tuple[Any, ...], Any],
     node_gbps: float,
     ov: Overheads,
+    because: str = "",
 ) -> Config | Rejected:
     """The fastest fitting (checkpointing, optimizer, sharding, micro-batch) for one GPU
     set-up, or why none fits. Where nothing fits, the next memory technique
@@ -499,6 +501,7 @@ def _best_config(
         }
     )
     unfit: set[tuple[str, str]] = set()  # (optimizer, sharding) that did not fit checkpointed
+    profiles.why = f"first asked for {n}x {gpu.name}" + (f" ({because})" if because else "")
     for ckpt in (True,) if base.offload_activations else (True, False):
         for opt in optimizers:
             for sharding in shardings:
@@ -550,16 +553,19 @@ def _best_config(
     )
     hopeless = best is None and floor > cap  # the weights alone do not fit: no technique helps
     if more is not None and not hopeless and (best is None or logits_bound):
+        added = next(t for t in TECHNIQUES if getattr(more, t) != getattr(base, t))
         found = _best_config(
-            spec, more, gpu, n, per_node, nodes, method, k, profiles, sc, memo, node_gbps, ov
-        )
+            spec, more, gpu, n, per_node, nodes, method, k, profiles, sc, memo, node_gbps, ov,
+            f"--{added.replace('_', '-')}: nothing fit without it" if best is None
+            else f"--{added.replace('_', '-')}: the logits held the micro-batch to "
+            f"{best.job.batch}",
+        )  # fmt: skip
         if best is None or (  # kept where the memory it frees buys a larger, faster micro-batch
             not isinstance(found, Rejected)
             and found.job.batch > best.job.batch
             and found.speed.tokens_per_s > best.speed.tokens_per_s
         ):
             if not isinstance(found, Rejected):
-                added = next(t for t in TECHNIQUES if getattr(more, t) != getattr(base, t))
                 found = found.turned_on(
                     added,
                     "without it this set-up does not fit"

@@ -1,0 +1,124 @@
+"""Simulate the bundled models' profiles for the common jobs, to ship with the package.
+
+The common jobs are the profiles these commands ask for, per bundled model: a plan that
+considers every method on the bundled price catalog (each GPU's checkpointing choice, the
+chunked loss, 8-bit AdamW and the other techniques its search turns on), the README's demo
+plan, a plan for one small local GPU (every memory technique, and what an infeasible plan
+suggests), and an estimate of each method. Each model runs in its own process with an empty
+cache and the shipped profiles turned off, so everything it asks is simulated and recorded
+(`frugal.estimate.core.SIMULATED`). The profiles and `index.json` (the key, model, job and
+step length of each, and the versions they were made with) replace
+`src/frugal/estimate/profiles/`.
+
+Usage: python benchmarks/make_profiles.py [MODEL ...] [--workers N]
+(`make profiles`; run it after changing the step or the simulation, or after upgrading
+torch, transformers or peft: `tests/test_shipped_profiles.py` fails until you do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parents[1] / "src" / "frugal" / "estimate" / "profiles"
+METHODS = ("full", "lora", "qlora")
+
+
+def commands(model: str) -> list[list[str]]:
+    plans = [
+        ["plan", model, "--tokens", "20M", "--methods", ",".join(METHODS), "--json"],
+        ["plan", model, "--tokens", "20M", "--methods", "lora,qlora", "--deadline", "24"],
+        # a small local GPU: the memory techniques, and an infeasible plan's suggestions
+        ["plan", model, "--tokens", "5M", "--local", "RTX 4050 Laptop", "--providers", "local",
+         "--methods", ",".join(METHODS)],
+    ]  # fmt: skip
+    return plans + [["estimate", model, "--method", m, "--json"] for m in METHODS]
+
+
+def one_model(model: str) -> tuple[list[dict[str, Any]], dict[str, bytes], float]:
+    """Every profile the common commands simulate for `model`: index entries and files."""
+    cache_dir = tempfile.mkdtemp(prefix="frugal-profiles-")
+    os.environ["FRUGAL_CACHE_DIR"] = cache_dir
+    os.environ["FRUGAL_SHIPPED_PROFILES"] = "off"
+    from frugal.cli.main import main
+    from frugal.estimate import core
+
+    start = time.perf_counter()
+    for argv in commands(model):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            rc = main(argv)
+        said = err.getvalue().strip().splitlines()
+        if rc == 2 and said and said[-1].startswith("error: nothing fits"):
+            continue  # a 405B in 24 hours: the search still asked for its profiles
+        if rc != 0:
+            raise SystemExit(f"frugal {' '.join(argv)} exited {rc}: {said[-1:]}")
+    entries, files = [], {}
+    for s in core.SIMULATED:
+        entries.append(
+            {
+                "model": s.model,
+                "job": s.job.model_dump(mode="json"),
+                "seq": s.seq,
+                "keys": list(s.keys),
+                "ops": s.ops,
+            }
+        )
+        for key in s.keys:
+            files[key] = (Path(cache_dir) / "profiles" / f"{key}.npz").read_bytes()
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    return entries, files, time.perf_counter() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("models", nargs="*", help="bundled model ids (default: every one)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    a = ap.parse_args()
+    from frugal.estimate.cache import versions
+    from frugal.models.specs import bundled_model_ids
+
+    models = a.models or bundled_model_ids()
+    entries: list[dict[str, Any]] = []
+    files: dict[str, bytes] = {}
+    # one process per model: each starts from nothing, as a user's first command does
+    with ProcessPoolExecutor(a.workers, max_tasks_per_child=1) as pool:
+        for model, (got, blobs, took) in zip(models, pool.map(one_model, models), strict=True):
+            print(f"{model}: {len(got)} simulations, {len(blobs)} profiles, {took:.0f} s",
+                  flush=True)  # fmt: skip
+            entries += got
+            files.update(blobs)
+    if a.models and (OUT / "index.json").exists():  # a partial run keeps the other models
+        old = json.loads((OUT / "index.json").read_text())
+        if old["versions"] == versions():
+            kept = [e for e in old["profiles"] if e["model"] not in set(models)]
+            for e in kept:
+                for key in e["keys"]:
+                    files[key] = (OUT / f"{key}.npz").read_bytes()
+            entries = kept + entries
+    tmp = OUT.with_name(OUT.name + ".new")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for key, blob in sorted(files.items()):
+        (tmp / f"{key}.npz").write_bytes(blob)
+    index = {"versions": versions(), "profiles": sorted(entries, key=lambda e: e["keys"][0])}
+    (tmp / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    shutil.rmtree(OUT, ignore_errors=True)
+    tmp.rename(OUT)
+    size = sum(len(b) for b in files.values())
+    print(f"{len(files)} profiles of {len(models)} models, {size / 1e6:.1f} MB, into {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
