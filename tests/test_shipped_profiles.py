@@ -157,7 +157,7 @@ def test_verbose_says_which_profiles_were_simulated_and_where_the_others_came_fr
     assert line.startswith("simulated ") and "qlora" in line and "checkpointing" in line
     assert "depths 1 and 2" in line
     assert "lengths 64, 128, 192" in line and " ops in " in line
-    assert line.endswith(": the qlora step; none cached or shipped")
+    assert line.endswith(": the estimate; none cached or shipped")
     assert main(["--verbose", *cmd]) == 0
     assert capsys.readouterr().err.splitlines()[-1] == (
         "profiles: 0 simulated, 1 from the cache, 0 shipped with frugal"

@@ -359,7 +359,7 @@ def estimate(
     """Per-GPU peak memory, FLOPs and (with a GPU) fit of one training step of `job`."""
     warnings, notes = _checks(spec, job, gpu)
     ov = load_overheads(job.method)
-    prof = get_profile(spec, job, job.seq)
+    prof = get_profile(spec, job, job.seq, "the estimate")
     mem = memory_at(prof, job, job.batch, job.seq, ov)
     micro = prof.flops(job.batch, job.seq)
     scale = job.grad_accum * job.gpus
@@ -465,7 +465,9 @@ def largest_micro_batch(
 
 
 def max_batch(spec: ModelSpec, job: TrainJob, cap: float, ov: Overheads) -> int:
-    fit, _ = largest_micro_batch(job, cap, lambda j: get_profile(spec, j, j.seq), ov=ov)
+    fit, _ = largest_micro_batch(
+        job, cap, lambda j: get_profile(spec, j, j.seq, "the largest micro-batch"), ov=ov
+    )
     return fit.job.batch if fit else 0
 
 
@@ -477,7 +479,7 @@ def max_seq(spec: ModelSpec, job: TrainJob, cap: float, ov: Overheads) -> int:
     def ok(s: int) -> bool:
         key = base_length(spec, s, job.loss_chunks)
         if key not in profiles:
-            profiles[key] = get_profile(spec, job, s)
+            profiles[key] = get_profile(spec, job, s, "the longest sequence that fits")
         return memory_at(profiles[key], job, job.batch, s, ov).device_total <= cap
 
     return _largest(ok, 1, limit)

@@ -122,7 +122,7 @@ class Profiles:
             spec = self._specs[model]
             key = (model, job.model_dump_json())
             if key not in self._profiles:
-                self._profiles[key] = get_profile(spec, job, job.seq)
+                self._profiles[key] = get_profile(spec, job, job.seq, "calibrating from a run")
         except FrugalError as e:
             return str(e)
         return self._profiles[key], spec.hidden_size

@@ -147,7 +147,10 @@ def auto_micro_batch(cfg: RunConfig, per_rank: int) -> tuple[int, str]:
         budget = memory_budget(total / 2**30)
         spec = load_spec(cfg.model)
         fit, _ = largest_micro_batch(
-            cfg.job, budget, lambda j: get_profile(spec, j, j.seq), share=per_rank
+            cfg.job,
+            budget,
+            lambda j: get_profile(spec, j, j.seq, "the run's micro-batch"),
+            share=per_rank,
         )
         if fit:
             micro = fit.job.batch

@@ -40,7 +40,7 @@ def predict(cfg: RunConfig, micro: int, accum: int, device: str | None) -> Predi
         return pred
     spec = load_spec(cfg.model)
     job = cfg.job.model_copy(update={"batch": micro, "grad_accum": accum})
-    prof = get_profile(spec, job, job.seq)
+    prof = get_profile(spec, job, job.seq, "the run's prediction")
     mem = memory_at(prof, job, job.batch, job.seq)
     pred.peak_allocated_gib = round(mem.peak_allocated / 2**30, 3)
     pred.peak_reserved_gib = round(mem.peak_reserved / 2**30, 3)
