@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -89,32 +89,64 @@ def main() -> int:
     from frugal.models.specs import bundled_model_ids
 
     models = a.models or bundled_model_ids()
-    entries: list[dict[str, Any]] = []
-    files: dict[str, bytes] = {}
+    made = versions()
+    # each model's profiles are kept in a staging dir as it finishes, so a run that stops
+    # (a model that fails, Ctrl-C) goes on where it stopped when run again
+    staging = OUT.with_name(OUT.name + ".staging")
+    if staging.exists() and json.loads((staging / "versions.json").read_text()) != made:
+        shutil.rmtree(staging)
+    staging.mkdir(exist_ok=True)
+    (staging / "versions.json").write_text(json.dumps(made))
+
+    def done(model: str) -> Path:
+        return staging / model.replace("/", "--")
+
+    failed = []
+    todo = [m for m in models if not (done(m) / "entries.json").exists()]
     # one process per model: each starts from nothing, as a user's first command does
     with ProcessPoolExecutor(a.workers, max_tasks_per_child=1) as pool:
-        for model, (got, blobs, took) in zip(models, pool.map(one_model, models), strict=True):
+        futures = {pool.submit(one_model, m): m for m in todo}
+        for future in as_completed(futures):
+            model = futures[future]
+            try:
+                got, blobs, took = future.result()
+            except BaseException as e:  # SystemExit from a command: said, and the rest go on
+                failed.append(model)
+                print(f"{model}: failed: {e}", flush=True)
+                continue
+            d = done(model)
+            d.mkdir(exist_ok=True)
+            for key, blob in blobs.items():
+                (d / f"{key}.npz").write_bytes(blob)
+            (d / "entries.json").write_text(json.dumps(got))
             print(f"{model}: {len(got)} simulations, {len(blobs)} profiles, {took:.0f} s",
                   flush=True)  # fmt: skip
-            entries += got
-            files.update(blobs)
+    if failed:
+        print(f"not replaced: {len(failed)} models failed ({', '.join(failed)})")
+        return 1
+    entries: list[dict[str, Any]] = []
+    files: dict[str, bytes] = {}
     if a.models and (OUT / "index.json").exists():  # a partial run keeps the other models
         old = json.loads((OUT / "index.json").read_text())
-        if old["versions"] == versions():
-            kept = [e for e in old["profiles"] if e["model"] not in set(models)]
-            for e in kept:
+        if old["versions"] == made:
+            entries = [e for e in old["profiles"] if e["model"] not in set(models)]
+            for e in entries:
                 for key in e["keys"]:
                     files[key] = (OUT / f"{key}.npz").read_bytes()
-            entries = kept + entries
+    for m in models:
+        entries += json.loads((done(m) / "entries.json").read_text())
+        for f in done(m).glob("*.npz"):
+            files[f.stem] = f.read_bytes()
     tmp = OUT.with_name(OUT.name + ".new")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for key, blob in sorted(files.items()):
         (tmp / f"{key}.npz").write_bytes(blob)
-    index = {"versions": versions(), "profiles": sorted(entries, key=lambda e: e["keys"][0])}
+    index = {"versions": made, "profiles": sorted(entries, key=lambda e: e["keys"][0])}
     (tmp / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     shutil.rmtree(OUT, ignore_errors=True)
     tmp.rename(OUT)
+    shutil.rmtree(staging)
     size = sum(len(b) for b in files.values())
     print(f"{len(files)} profiles of {len(models)} models, {size / 1e6:.1f} MB, into {OUT}")
     return 0

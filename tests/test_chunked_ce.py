@@ -325,6 +325,22 @@ def test_plan_turns_the_chunked_loss_on_where_the_plain_loss_does_not_fit(
         search(load_spec("meta-llama/Llama-3.1-8B"), plain, offers, k)
 
 
+def test_a_plan_never_turns_the_chunked_loss_on_for_soft_capped_logits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Gemma 2 caps its logits, which the chunked loss cannot: a plan whose logits hold the
+    micro-batch down (a 256k vocabulary on a 6 GB GPU) goes on to the other techniques.
+    It used to simulate the chunked loss, which refused, and the plan ended in that error."""
+    from frugal.cli.main import main
+
+    args = ["plan", "google/gemma-2-2b", "--tokens", "5M", "--local", "RTX 4050 Laptop",
+            "--providers", "local", "--methods", "lora", "--json"]  # fmt: skip
+    rc = main(args)
+    out, err = capsys.readouterr()
+    assert "--loss-chunks" not in err and "chunks" not in out, err
+    assert rc == 0 or err.startswith("error: nothing fits"), err
+
+
 @pytest.mark.parametrize("chunks", [16, 48, 96, 128, 256])
 def test_the_simulated_lengths_give_every_chunk_its_share_of_tokens(
     tiny_llama: ModelSpec, monkeypatch: pytest.MonkeyPatch, chunks: int

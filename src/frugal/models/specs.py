@@ -64,6 +64,11 @@ class ModelSpec:
         return int(v) if v else None
 
     @property
+    def soft_caps_logits(self) -> bool:
+        """Gemma 2's tanh cap on the logits: the chunked loss cannot run such a model."""
+        return bool(self.config.get("final_logit_softcapping"))
+
+    @property
     def sliding_window(self) -> int | None:
         """The sliding-attention window, when some layers use one."""
         w = self.config.get("sliding_window")

@@ -157,7 +157,7 @@ def _unpinned(ask: Ask) -> list[_Trial]:
     """The plan's memory techniques, where the command pinned them off."""
     flags: dict[str, str | None] = {}
     change: dict[str, bool] = {}
-    if not ask.k.auto_loss_chunks and not ask.base.loss_chunks:
+    if not (ask.k.auto_loss_chunks or ask.base.loss_chunks or ask.spec.soft_caps_logits):
         flags["--loss-chunks"], change["auto_loss_chunks"] = None, True
     if not ask.k.auto_offload and not ask.base.offload_activations:
         flags["--no-offload-activations"], change["auto_offload"] = None, True

@@ -539,9 +539,9 @@ def _best_config(
                     continue
                 if best is None or speed.tokens_per_s > best.speed.tokens_per_s:
                     best = Config(fit.job, fit.memory, speed, fit.profile)
-    more = _next_technique(base, k, method)
+    more = _next_technique(spec, base, k, method)
     if more is not None and more.optimizer_in_backward and refusal:
-        more = _next_technique(more, k, method)  # a technique this set-up cannot run: skip it
+        more = _next_technique(spec, more, k, method)  # one this set-up cannot run: skip it
     # a technique may make the set-up fit; the chunked loss, which costs little time, may also
     # raise a micro-batch the logits hold down (fewer micro-steps: fewer weight passes)
     logits_bound = (
@@ -619,12 +619,13 @@ def _even_with(job: TrainJob) -> str:
     return f" even with {' and '.join(on)}" if on else ""
 
 
-def _next_technique(job: TrainJob, k: Constraints, method: str) -> TrainJob | None:
+def _next_technique(spec: ModelSpec, job: TrainJob, k: Constraints, method: str) -> TrainJob | None:
     """`job` with the next memory technique the plan may turn on, or None: cheapest in time
     first, the chunked loss (one more LM-head matmul), the optimizer in backward (no time,
     but no clipping; full fine-tuning, one GPU), offloading (host-link copies), AdamW in 8
     bits (LoRA; full fine-tuning tries every listed optimizer anyway)."""
-    if k.auto_loss_chunks and not job.loss_chunks and job.seq >= AUTO_LOSS_CHUNKS:
+    chunkable = not spec.soft_caps_logits  # the chunked loss cannot cap the logits
+    if k.auto_loss_chunks and chunkable and not job.loss_chunks and job.seq >= AUTO_LOSS_CHUNKS:
         return job.model_copy(update={"loss_chunks": AUTO_LOSS_CHUNKS})
     if method == "full" and k.auto_in_backward and not job.optimizer_in_backward:
         return job.model_copy(update={"optimizer_in_backward": True})  # LoRA's gradients: small
