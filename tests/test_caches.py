@@ -78,7 +78,7 @@ def test_a_damaged_profile_is_said_once_and_simulated_again(
     assert again == first
     notes = err.strip().splitlines()
     assert len(notes) == 1 and notes[0].startswith(f"note: the cached profile {entry} was dam")
-    assert "simulating it again" in notes[0]
+    assert "removed, and made again" in notes[0]
     third, err = _run(capsys, *argv)  # healed: found, and nothing to say
     assert third == first and err == ""
 

@@ -129,7 +129,7 @@ def test_a_damaged_shipped_profile_is_said_simulated_again_and_left_as_installed
     monkeypatch.setattr(cache, "shipped_dir", lambda: shipped)
     monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path / "cache"))
     assert cache.load(key) is None
-    assert "the shipped profile" in capsys.readouterr().err
+    assert "the package left as installed" in capsys.readouterr().err
     assert (shipped / f"{key}.npz").stat().st_size == len(good) // 2  # not removed
 
 

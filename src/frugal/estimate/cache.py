@@ -5,7 +5,7 @@ A profile is keyed by the model's config, the job settings it depends on, the fi
 regime, the versions of frugal, torch, transformers and peft that produced it, and a digest
 of the step's and the simulation's source: a shipped profile made by other code or other
 versions is never found, so it is never used stale. A lookup tries the user's cache, then
-the shipped profiles (`make profiles` writes them, `frugal.estimate.shipped`).
+the shipped profiles (`make profiles` writes them: benchmarks/make_profiles.py).
 
 A profile's file is the same bytes wherever it is written (`dump`): compressed arrays in a
 zip whose entries carry no time, so a shipped profile can be checked against a new
@@ -71,6 +71,7 @@ def versions() -> dict[str, str]:
 
 
 SHIPPED_ENV = "FRUGAL_SHIPPED_PROFILES"  # "off": simulate what is not in the user's cache
+SHIPPED_DAMAGED = "made again, the package left as installed"
 
 
 def shipped_dir() -> Path:
@@ -96,24 +97,26 @@ def profile_key(config: dict[str, Any], job_key: dict[str, Any], regime: str) ->
 def load(key: str) -> Profile | None:
     """The profile `key` from the user's cache or else the shipped ones, or None: missing,
     or damaged (truncated, empty, a bad CRC, other bytes): a damaged file is said once and
-    simulated again (a cache entry is removed; the package is left as installed)."""
+    passed over (a cache entry is removed; the package is left as installed), and what is
+    found nowhere else is simulated again."""
     for path in _places(key):
+        where = "shipped" if path.parent == shipped_dir() else "cached"
         try:
             profile = read(path)
-            FOUND["shipped" if path.parent == shipped_dir() else "cached"] += 1
-            return profile
         except FileNotFoundError:
             continue  # not there, or removed meanwhile by another process
         except Exception as e:  # zipfile, numpy, json: whatever a damaged file raises
-            cached = path.parent != shipped_dir()
+            then = "removed, and made again" if where == "cached" else SHIPPED_DAMAGED
             notice(
-                f"the {'cached' if cached else 'shipped'} profile {path} was damaged "
-                f"({type(e).__name__}: {str(e)[:80]}): simulating it again"
+                f"the {where} profile {path} was damaged ({type(e).__name__}: "
+                f"{str(e)[:80]}): {then}"
             )
-            if cached:
+            if where == "cached":
                 with contextlib.suppress(OSError):
                     path.unlink()
-            return None
+            continue
+        FOUND[where] += 1
+        return profile
     return None
 
 
