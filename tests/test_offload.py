@@ -10,6 +10,7 @@ from conftest import UNTIED_LLAMA, run_error, run_json
 
 from frugal.estimate.categories import CATEGORIES
 from frugal.estimate.tracker import StepTracker, tracking
+from frugal.models.specs import load_spec
 from frugal.step.job import make_job
 from frugal.step.loop import Loss, PlainEngine, optimizer_step
 from frugal.step.model import build_model
@@ -149,9 +150,10 @@ def test_plan_offloads_where_nothing_else_fits(capsys: pytest.CaptureFixture[str
 def test_the_plans_techniques_come_one_at_a_time_cheapest_in_time_first() -> None:
     from frugal.plan.search import TECHNIQUES, Constraints, _next_technique
 
+    spec = load_spec("meta-llama/Llama-3.1-8B")
     k = Constraints(tokens=1e6)
     job, seen = make_job(method="qlora"), []
-    while (nxt := _next_technique(job, k, "qlora")) is not None:
+    while (nxt := _next_technique(spec, job, k, "qlora")) is not None:
         seen.append(
             {f: getattr(nxt, f) for f in ("loss_chunks", "offload_activations", "optimizer")}
         )
@@ -164,15 +166,18 @@ def test_the_plans_techniques_come_one_at_a_time_cheapest_in_time_first() -> Non
     # full fine-tuning: the optimizer in backward before offloading (it costs no time), and
     # no 8-bit rung (every listed optimizer is tried anyway)
     job, seen = make_job(method="full"), []
-    while (nxt := _next_technique(job, k, "full")) is not None:
+    while (nxt := _next_technique(spec, job, k, "full")) is not None:
         seen.append(next(f for f in TECHNIQUES if getattr(nxt, f) != getattr(job, f)))
         job = nxt
     assert seen == ["loss_chunks", "optimizer_in_backward", "offload_activations"]
     # pinned or unlisted techniques stay off
     pinned = Constraints(tokens=1e6, auto_loss_chunks=False, optimizers=("adamw",))
-    only = _next_technique(make_job(method="qlora"), pinned, "qlora")
+    only = _next_technique(spec, make_job(method="qlora"), pinned, "qlora")
     assert only is not None and only.offload_activations and not only.loss_chunks
-    assert _next_technique(only, pinned, "qlora") is None
+    assert _next_technique(spec, only, pinned, "qlora") is None
+    # a model that soft-caps its logits (Gemma 2) skips the chunked loss
+    capped = _next_technique(load_spec("google/gemma-2-2b"), make_job(method="qlora"), k, "qlora")
+    assert capped is not None and capped.offload_activations and not capped.loss_chunks
 
 
 def test_an_error_offers_back_the_techniques_pinned_off() -> None:

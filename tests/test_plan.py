@@ -416,7 +416,9 @@ def test_without_checkpointing_is_not_simulated_where_checkpointing_does_not_fit
     monkeypatch.setattr(
         s,
         "get_profile",
-        lambda spec, job, seq: seen.append(job.grad_checkpointing) or real(spec, job, seq),
+        lambda spec, job, seq, why="": (
+            seen.append(job.grad_checkpointing) or real(spec, job, seq, why)
+        ),
     )
     k = Constraints(tokens=1e6, methods=("full",), optimizers=("adamw",), **PLAIN)
     laptop = [o for o in catalog(local=["RTX 4050 Laptop"], bundled=False)]
