@@ -148,7 +148,8 @@ def main() -> int:
     tmp.rename(OUT)
     shutil.rmtree(staging)
     size = sum(len(b) for b in files.values())
-    print(f"{len(files)} profiles of {len(models)} models, {size / 1e6:.1f} MB, into {OUT}")
+    shipped = len({e["model"] for e in entries})
+    print(f"{len(files)} profiles of {shipped} models, {size / 1e6:.1f} MB, into {OUT}")
     return 0
 
 
