@@ -24,6 +24,7 @@ Commit the CSV under benchmarks/data/ with the date and GPU in its name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import multiprocessing as mp
@@ -87,6 +88,33 @@ def matrix(name: str) -> list[Config]:
             Config(small, "lora", "fp32", False, 64, 2),
             Config(small, "lora", "fp32", True, 64, 2, loss_chunks=4, offload=True),
             Config(small, "full", "fp32", True, 64, 2, loss_chunks=4, in_backward=True),
+        ]
+    if name == "first":
+        # one lent session's call (about 7 minutes on an H200), most valuable first: a killed
+        # run still leaves its rows. The step of each method, QLoRA through bitsandbytes, long
+        # sequences, the estimator's micro-batch on CUDA, the OOM back-off (micro-batch 32 of
+        # a 1B full step at 8K cannot fit), fp16 loss scaling, 8-bit and paged optimizers,
+        # then the memory techniques at 16K.
+        c, l1, l3, l8 = Config, "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", \
+            "meta-llama/Llama-3.1-8B"  # fmt: skip
+        return [
+            c(l8, "qlora", "bf16-mixed", True, 2048, 1),
+            c(l8, "lora", "bf16-mixed", True, 2048, 1),
+            c(l1, "full", "bf16-mixed", True, 2048, 1),
+            c(l1, "lora", "bf16-mixed", False, 512, 1),
+            c(l3, "lora", "bf16-mixed", False, 2048, 1),
+            c("Qwen/Qwen3-0.6B", "lora", "bf16-mixed", True, 2048, 1),
+            c(l8, "qlora", "bf16-mixed", True, 8192, 1),
+            c(l1, "lora", "bf16-mixed", True, 8192, 1),
+            c("HuggingFaceTB/SmolLM2-360M", "full", "bf16-mixed", False, 2048, 1),
+            c(l8, "lora", "bf16-mixed", True, 2048, None, effective=16),
+            c(l1, "full", "bf16-mixed", False, 8192, 32, effective=32),
+            c(l1, "lora", "fp16-mixed", True, 2048, 2),
+            c(l3, "qlora", "bf16-mixed", True, 2048, 1, optimizer="paged-adamw-8bit"),
+            c(l1, "full", "bf16-mixed", True, 2048, 2, optimizer="adamw-8bit"),
+            c(l8, "lora", "bf16-true", False, 512, 1),
+            c(l8, "qlora", "bf16-mixed", True, 16384, 1, 32, "adamw-8bit", 16, True, effective=1),
+            c(l1, "qlora", "bf16-mixed", True, 2048, None, effective=16),
         ]
     if name == "long":
         m, q = "meta-llama/Llama-3.1-8B", "qlora"
@@ -167,6 +195,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     from frugal.hardware.gpus import lookup_gpu
     from frugal.models.specs import load_spec
     from frugal.run import recipe
+    from frugal.run.predict import Prediction
     from frugal.step.job import make_job
 
     cuda = torch.cuda.is_available()
@@ -220,27 +249,50 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
             free, total = torch.cuda.mem_get_info()
             device_peak = max(device_peak, (total - free) / 2**30)
 
+    # the measurement outlives a failing estimator (a torch it was not tried with): the
+    # run's prediction and micro-batch fall back, the error is kept, the estimate is left out
+    failed: list[str] = []
+    real_predict, real_micro = recipe.predict, recipe.auto_micro_batch
+
+    def guarded(real: Any, fallback: Any) -> Any:
+        def call(*args: Any) -> Any:
+            try:
+                return real(*args)
+            except Exception as e:
+                failed.append(f"{real.__name__}: {type(e).__name__}: {e}"[:240])
+                return fallback(*args)
+
+        return call
+
+    recipe.predict = guarded(real_predict, lambda *a: Prediction())
+    recipe.auto_micro_batch = guarded(real_micro, lambda c, n: (1, "estimator failed"))
     t0 = time.perf_counter()
     s = recipe.train(run_cfg, dry_run=steps, on_step=on_step, quiet=True)
     job = run_cfg.job.model_copy(update={"batch": s.micro_batch, "grad_accum": s.grad_accum})
-    est = estimate(spec, job, gpu=gpu).to_json()
+    try:
+        est = estimate(spec, job).to_json()  # the profile the run's own prediction simulated
+    except Exception as e:
+        failed.append(f"estimate: {type(e).__name__}: {e}"[:240])
+        est = {}
+    est["tokens_per_s"] = s.predicted.tokens_per_s  # the run's prediction, for this GPU
     a = s.actual
     row = {
         "seq": seq,
         "estimated_max_seq": max_seq,
         "measured_host_gib": _pinned_peak_gib(),
-        "estimated_host_gib": est["host_offload_gib"],
+        "estimated_host_gib": est.get("host_offload_gib"),
         "micro_batch": s.micro_batch,
         "grad_accum": s.grad_accum,
         "measured_allocated_gib": a.peak_allocated_gib,
         "measured_reserved_gib": a.peak_reserved_gib,
         "measured_device_gib": round(device_peak, 3) if cuda else None,
         "measured_tokens_per_s": a.tokens_per_s,
-        "estimated_allocated_gib": est["peak_allocated_gib"],
-        "estimated_reserved_gib": est["peak_reserved_gib"],
-        "estimated_device_gib": est["device_total_gib"],
+        "estimated_allocated_gib": est.get("peak_allocated_gib"),
+        "estimated_reserved_gib": est.get("peak_reserved_gib"),
+        "estimated_device_gib": est.get("device_total_gib"),
         "estimated_tokens_per_s": est.get("tokens_per_s"),
         "seconds": round(time.perf_counter() - t0, 1),
+        "error": " | ".join(dict.fromkeys(failed)) or None,
     }
     for key in ("allocated", "reserved", "device", "tokens_per_s"):
         m = row[f"measured_{key}" if key == "tokens_per_s" else f"measured_{key}_gib"]
@@ -259,13 +311,53 @@ def _pinned_peak_gib() -> float | None:
     return round(stats().get("active_bytes.peak", 0) / 2**30, 3)
 
 
-def _child(cfg: Config, steps: int, effective: int, queue: Any) -> None:
+def _child(cfg: Config, steps: int, effective: int, queue: Any, go: Any) -> None:
+    """One config in a fresh process, started while the one before runs: it imports, then
+    waits for its turn on the GPU (importing touches no CUDA memory)."""
+    import torch
+    import transformers  # noqa: F401
+
+    import frugal.run.recipe  # noqa: F401
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        print(f"{cfg.id}: its imports made a CUDA context, counted in the running config's")
+    go.wait()
     try:
         with tempfile.TemporaryDirectory() as d:
             queue.put(_run(cfg, steps, effective, Path(d)))
     except BaseException as e:  # a failed config is a row, never the end of the matrix
         last = traceback.format_exc().strip().splitlines()[-1]
         queue.put({"error": f"{type(e).__name__}: {last}"[:300]})
+
+
+def _warm(configs: list[Config], effective: int, workers: int) -> None:
+    """Simulate the profiles the configs' predictions will ask for, on the CPU cores the GPU
+    runs leave idle, in the order the configs run (the cache is shared: a config whose
+    profile is ready reads it, one that is not simulates it itself)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(c, effective) for c in configs if c.micro is not None and not c.max_seq_share]
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        list(pool.map(_warm_one, jobs))
+
+
+def _warm_one(item: tuple[Config, int]) -> None:
+    from frugal.estimate.core import get_profile
+    from frugal.models.specs import load_spec
+    from frugal.step.job import make_job
+
+    cfg, effective = item
+    micro = cfg.micro or 1
+    effective = cfg.effective or effective
+    fields: dict[str, Any] = {
+        "method": cfg.method, "precision": cfg.precision, "batch": micro, "seq": cfg.seq,
+        "grad_checkpointing": cfg.checkpointing, "optimizer": cfg.optimizer,
+        "loss_chunks": cfg.loss_chunks, "offload_activations": cfg.offload,
+        "optimizer_in_backward": cfg.in_backward, "grad_accum": max(1, effective // micro),
+        **({"lora_r": cfg.lora_r} if cfg.method != "full" else {}),
+    }  # fmt: skip
+    with contextlib.suppress(Exception):  # the config's own run reports what is wrong
+        get_profile(load_spec(cfg.model), make_job(**fields), cfg.seq, "gpu_truth's warm-up")
 
 
 def environment() -> dict[str, Any]:
@@ -298,12 +390,18 @@ def environment() -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for the CSV and env JSON")
-    ap.add_argument("--matrix", default="core", choices=("core", "long", "full"))
+    ap.add_argument("--matrix", default="core", choices=("first", "core", "long", "full"))
     ap.add_argument("--smoke", action="store_true", help="three tiny configs (CPU is enough)")
     ap.add_argument("--steps", type=int, default=6, help="dry-run steps per config")
     ap.add_argument("--effective-batch", type=int, default=16)
     ap.add_argument("--only", default="", help="run the configs whose id contains this")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per config")
+    ap.add_argument(
+        "--warm-workers",
+        type=int,
+        default=4,
+        help="processes simulating the next configs' profiles (0: none)",
+    )
     args = ap.parse_args()
     configs = [c for c in matrix("smoke" if args.smoke else args.matrix) if args.only in c.id]
     effective = 2 if args.smoke else args.effective_batch
@@ -312,13 +410,26 @@ def main() -> int:
     (args.out / "gpu_truth_env.json").write_text(json.dumps(environment(), indent=1))
     path = args.out / "gpu_truth.csv"
     ctx = mp.get_context("spawn")  # a fresh CUDA context and allocator per config
+    warmer = None
+    if args.warm_workers and not args.smoke:
+        warmer = ctx.Process(target=_warm, args=(configs, effective, args.warm_workers))
+        warmer.start()
+
+    def start(cfg: Config) -> tuple[Any, Any, Any]:
+        queue, go = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=_child, args=(cfg, steps, effective, queue, go))
+        p.start()
+        return p, queue, go
+
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
-        for cfg in configs:
-            queue = ctx.Queue()
-            p = ctx.Process(target=_child, args=(cfg, steps, effective, queue))
-            p.start()
+        nxt = start(configs[0]) if configs else None
+        for i, cfg in enumerate(configs):
+            assert nxt is not None
+            p, queue, go = nxt
+            go.set()
+            nxt = start(configs[i + 1]) if i + 1 < len(configs) else None
             p.join(args.timeout)
             if p.is_alive():
                 p.kill()
@@ -332,6 +443,8 @@ def main() -> int:
             w.writerow({k: row.get(k) for k in FIELDS})
             f.flush()
             print(json.dumps({k: row.get(k) for k in FIELDS if row.get(k) is not None}))
+    if warmer is not None:
+        warmer.kill()
     return 0
 
 

@@ -43,3 +43,42 @@ def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path: Path) -> None:
     )  # fmt: skip
     assert s.outcome == "completed"
     assert (tmp_path / "r" / "final" / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_random_weights_are_drawn_on_the_gpu_and_leave_nothing_cached(
+    tmp_path: Path, method: str
+) -> None:
+    import torch
+
+    from frugal.run.build import load_model
+
+    cfg = make_cfg(tmp_path / "r", f"job.method={method}", "job.precision=bf16-mixed")
+    model, _ = load_model(cfg, "bf16-mixed")
+    assert {p.device.type for p in model.parameters()} == {"cuda"}
+    # QLoRA's bf16 draw was quantized and freed: the allocator keeps none of it cached
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < 2**21 * 8
+
+
+def test_the_peak_a_run_reports_leaves_out_an_attempt_that_ran_out_of_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    real, calls = recipe.train_step, []
+
+    def first_runs_out(run: recipe.Run, step: int) -> dict[str, float]:
+        calls.append(step)
+        if len(calls) == 1:
+            big = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB, then OOM
+            del big
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in attempt)")
+        return real(run, step)
+
+    monkeypatch.setattr(recipe, "train_step", first_runs_out)
+    s = recipe.train(
+        make_cfg(tmp_path / "r", "job.precision=bf16-mixed", "data.epochs=3"), dry_run=3,
+        quiet=True,
+    )  # fmt: skip
+    assert len(calls) == 4  # the attempt that ran out, then the three steps
+    assert s.actual.peak_allocated_gib is not None and s.actual.peak_allocated_gib < 0.5

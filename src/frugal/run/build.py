@@ -5,6 +5,7 @@ naming the fix)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from typing import Any
 
@@ -37,11 +38,14 @@ def choose_precision(wanted: str, sharded: bool = False) -> tuple[str, str]:
     return wanted, f"{wanted} as configured; {name} supports it"
 
 
-def load_model(cfg: RunConfig, precision: str, empty: bool = False) -> tuple[Any, Any]:
+def load_model(
+    cfg: RunConfig, precision: str, empty: bool = False, sharded: bool = False
+) -> tuple[Any, Any]:
     """The model with its adapters (`frugal.step.model.build_model`, the estimate's own
     builder, at the precision chosen for this hardware), and its tokenizer. `empty`: the
     weights on the meta device (buffers real) and nothing read from disk, for an FSDP
-    process that receives its shards from the main process (`shard`)."""
+    process that receives its shards from the main process (`shard`). Random weights of an
+    unsharded run are drawn on the GPU where they fit (`random_weights_device`)."""
     from frugal.data.examples import load_tokenizer
     from frugal.step.model import build_model
 
@@ -63,7 +67,11 @@ def load_model(cfg: RunConfig, precision: str, empty: bool = False) -> tuple[Any
             config = AutoConfig.from_pretrained(cfg.model, local_files_only=True).to_dict()
         else:
             config = load_spec(cfg.model).config
-        model = build_model(config, job, weights, path=cfg.model)
+        where = random_weights_device(config, job) if weights == "random" and not sharded else None
+        with where or contextlib.nullcontext():
+            model = build_model(config, job, weights, path=cfg.model)
+        if where is not None:
+            torch.cuda.empty_cache()  # QLoRA's bf16 draw, quantized and freed: not the run's
     except OSError:
         raise no_weights from None
     except ValueError as e:
@@ -80,6 +88,21 @@ def load_model(cfg: RunConfig, precision: str, empty: bool = False) -> tuple[Any
             "pair the model with its tokenizer"
         )
     return model, tok
+
+
+def random_weights_device(config: dict[str, Any], job: Any) -> torch.device | None:
+    """Where random weights are drawn: on this process's GPU when the whole model in its base
+    dtype takes under half its free memory (8B values drawn there take a second; on 16 CPU
+    cores about 20 s, then the copy), else on the CPU (None)."""
+    if not torch.cuda.is_available():
+        return None
+    from frugal.step.model import build_model, weight_dtypes
+
+    meta = build_model(config, job.model_copy(update={"method": "full"}), "meta")
+    size = torch.empty((), dtype=weight_dtypes(job)[0]).element_size()
+    need = size * sum(p.numel() for p in meta.parameters())
+    free, _ = torch.cuda.mem_get_info()
+    return torch.device("cuda", torch.cuda.current_device()) if need < free / 2 else None
 
 
 def shard(model: Any, device: torch.device, main: bool) -> Any:

@@ -146,7 +146,9 @@ def setup(cfg: RunConfig) -> Run:
             "let `frugal train` launch them (no torchrun of your own)"
         )
     set_seed(cfg.training.seed)
-    model, tok = load_model(cfg, precision, empty=sharded and not acc.is_main_process)
+    model, tok = load_model(
+        cfg, precision, empty=sharded and not acc.is_main_process, sharded=sharded
+    )
 
     assert cfg.data.path  # refuse_unsupported checked it
     st = DataStats()
@@ -300,10 +302,13 @@ def _is_oom(e: BaseException) -> bool:
 
 
 def _free_memory(run: Run) -> None:
+    """After an OOM: free what the failed attempt held. Its peak is forgotten too, so the
+    peak a run reports is of the steps that ran (the loop keeps the earlier steps' peak)."""
     run.optimizer.zero_grad(set_to_none=True)
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def evaluate(run: Run) -> float | None:
