@@ -166,6 +166,35 @@ def test_oom_backs_off_and_keeps_the_effective_batch(
     assert_same_weights(ref, out, tol=1e-5)
 
 
+def test_an_oom_attempt_is_released_before_its_memory_is_freed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt's tensors live in its traceback until the `except` block ends: freeing
+    memory (and forgetting the peak) inside it kept them, so on an H200 a 1B full step at 8K
+    backed off to micro-batch 2 and reported the failed attempt's 134 GiB as its peak."""
+    import weakref
+
+    real, held = loop.forward, []
+
+    def runs_out(model: Any, batch: dict[str, torch.Tensor]) -> Any:
+        if batch["input_ids"].shape[0] > 2 and torch.is_grad_enabled():
+            activations = torch.zeros(1024)  # what the failed forward had made
+            held.append(weakref.ref(activations))
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, batch)
+
+    real_free, alive = recipe._free_memory, []
+
+    def free(run: recipe.Run) -> None:
+        real_free(run)
+        alive.append(any(r() is not None for r in held))
+
+    monkeypatch.setattr(loop, "forward", runs_out)
+    monkeypatch.setattr(recipe, "_free_memory", free)
+    s = recipe.train(make_cfg(tmp_path / "r", "job.batch=4", "training.max_steps=1"), quiet=True)
+    assert s.micro_batch == 2 and alive == [False]
+
+
 def test_contrastive_loss_trains(tmp_path: Path) -> None:
     s = recipe.train(
         make_cfg(tmp_path / "r", "job.loss=ce+contrastive", "training.max_steps=3"),

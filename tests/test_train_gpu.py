@@ -71,7 +71,7 @@ def test_the_peak_a_run_reports_leaves_out_an_attempt_that_ran_out_of_memory(
         calls.append(step)
         if len(calls) == 1:
             big = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB, then OOM
-            del big
+            assert big.numel()  # held by the traceback until the except block ends
             raise torch.OutOfMemoryError("CUDA out of memory (a stand-in attempt)")
         return real(run, step)
 

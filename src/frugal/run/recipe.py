@@ -132,6 +132,7 @@ class Run:
 
 def setup(cfg: RunConfig) -> Run:
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
 
     job = cfg.job
@@ -139,6 +140,9 @@ def setup(cfg: RunConfig) -> Run:
     sharded = job.sharding == "fsdp" and job.gpus > 1
     precision, reason = choose_precision(job.precision, sharded)
     mixed = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, "no")
+    # accelerate keeps one precision per process: a second run in it (a notebook, the GPU
+    # tests) may want another, so its state is set afresh (the process group is kept)
+    AcceleratorState._reset_state()
     acc = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available())
     if acc.num_processes != job.gpus:
         raise FrugalError(
@@ -302,8 +306,9 @@ def _is_oom(e: BaseException) -> bool:
 
 
 def _free_memory(run: Run) -> None:
-    """After an OOM: free what the failed attempt held. Its peak is forgotten too, so the
-    peak a run reports is of the steps that ran (the loop keeps the earlier steps' peak)."""
+    """After an OOM: free what the failed attempt held (called outside the `except` block,
+    whose traceback would keep the attempt's tensors alive). Its peak is forgotten too, so
+    the peak a run reports is of the steps that ran (the loop keeps the earlier steps')."""
     run.optimizer.zero_grad(set_to_none=True)
     gc.collect()
     if torch.cuda.is_available():
@@ -347,9 +352,9 @@ def evaluate(run: Run) -> float | None:
                     "out of memory in evaluation: lower job.batch, or data.val_ratio / "
                     "training.eval_every=0 to evaluate less"
                 ) from None
-            _free_memory(run)
-            run.eval_micro //= 2
-            run.notes.append(f"evaluation OOM: evaluation batch now {run.eval_micro}")
+        _free_memory(run)  # out of the except block: its traceback held the attempt's tensors
+        run.eval_micro //= 2
+        run.notes.append(f"evaluation OOM: evaluation batch now {run.eval_micro}")
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -731,10 +736,12 @@ class Loop:
         run, st, t = self.run, self.state, self.run.cfg.training
         t0 = self.clock()
         try:
-            m = train_step(run, st.step)
+            m: dict[str, float] | None = train_step(run, st.step)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not _is_oom(e):
                 raise
+            m = None
+        if m is None:  # out of the except block: its traceback held the attempt's tensors
             _back_off(run, self.progress)
             return
         dt = self.clock() - t0
