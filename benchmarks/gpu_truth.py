@@ -248,6 +248,10 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
         if cuda:
             free, total = torch.cuda.mem_get_info()
             device_peak = max(device_peak, (total - free) / 2**30)
+            if cfg.offload:  # pinned host memory should not grow from step to step
+                host = {k: v / 2**30 for k, v in torch.cuda.host_memory_stats().items()}
+                now, peak = host.get("active_bytes.current", 0), host.get("active_bytes.peak", 0)
+                print(f"{cfg.id} step {step}: pinned host {now:.2f} GiB, peak {peak:.2f}")
 
     # the measurement outlives a failing estimator (a torch it was not tried with): the
     # run's prediction and micro-batch fall back, the error is kept, the estimate is left out
