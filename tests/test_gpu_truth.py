@@ -9,7 +9,7 @@ gt = load_benchmark("gpu_truth")
 
 
 def test_the_matrices_name_each_config_once() -> None:
-    for name in ("smoke", "core", "long"):
+    for name in ("smoke", "first", "core", "long"):
         ids = [c.id for c in gt.matrix(name)]
         assert len(ids) == len(set(ids)), name
     long = gt.matrix("long")

@@ -70,7 +70,7 @@ HOST = ("launch_s_per_layer", "step_fixed_s")  # the host's time per layer and p
 HOST_KNOB = "host"
 BOUNDS = {
     "kernel_slack": (-0.2, 1.0),  # of the simulated peak
-    "reserve_transient_frac": (0.0, 2.0),  # of the transient bytes at the peak
+    "reserve_transient_frac": (0.0, 2.0),  # of the logits and loss bytes at the peak
     "reserve_fixed_mib": (0.0, 65536.0),
 }
 STEP = {"kernel_slack": 0.1, "reserve_transient_frac": 0.1, "reserve_fixed_mib": 1024.0}
