@@ -9,8 +9,18 @@ the same step (same micro-batch and accumulation) and its error. A config that f
 row with its error; the matrix never stops early. One CSV row per config, plus the
 environment (GPU, driver, library versions) in a JSON file beside it.
 
-    python benchmarks/gpu_truth.py --out DIR [--matrix core|long|full] [--steps 6] [--only SUBSTR]
+    python benchmarks/gpu_truth.py --out DIR [--matrix first|core|long|full] [--steps 6]
+        [--only SUBSTR] [--warm-workers 4]
     python benchmarks/gpu_truth.py --out DIR --smoke     # three tiny configs, CPU is enough
+
+`--matrix first` is for a short loan of a GPU (about 6 minutes on an H200 with --steps 4
+--effective-batch 4), most valuable rows first, so a run cut short still leaves the rows
+that matter. Each config's process is started, and imports, while the one before runs;
+`--warm-workers` processes simulate the next configs' profiles on the idle CPU cores.
+Random weights are drawn on the GPU (frugal.run.build.random_weights_device). Runs are
+dry runs and go on the books: point FRUGAL_DB_URL at a SQLite file under DIR to bring them
+back for `frugal calibrate`. Where the estimator fails (a torch it was not tried with), the
+measurement is kept and the error noted.
 
 `--matrix long` (issue 18): Llama-3.1-8B QLoRA r32 at batch 1 with the plain step and the
 memory techniques (--loss-chunks 16, --offload-activations, --optimizer adamw-8bit) at 16K
@@ -91,15 +101,20 @@ def matrix(name: str) -> list[Config]:
         ]
     if name == "first":
         # one lent session's call (about 7 minutes on an H200), most valuable first: a killed
-        # run still leaves its rows. The step of each method, QLoRA through bitsandbytes, long
-        # sequences, the estimator's micro-batch on CUDA, the OOM back-off (micro-batch 32 of
-        # a 1B full step at 8K cannot fit), fp16 loss scaling, 8-bit and paged optimizers,
-        # then the memory techniques at 16K.
+        # run still leaves its rows. The step of each method, the open questions of the last
+        # loan, QLoRA through bitsandbytes, long sequences, the estimator's micro-batch on
+        # CUDA, the OOM back-off (micro-batch 32 of a 1B full step at 8K cannot fit), fp16
+        # loss scaling, 8-bit and paged optimizers.
         c, l1, l3, l8 = Config, "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", \
             "meta-llama/Llama-3.1-8B"  # fmt: skip
         return [
             c(l8, "qlora", "bf16-mixed", True, 2048, 1),
             c(l8, "lora", "bf16-mixed", True, 2048, 1),
+            # 2026-11-26: pinned host memory grew by one step's offloaded inputs every step
+            c(l8, "qlora", "bf16-mixed", True, 16384, 1, 32, "adamw-8bit", 16, True, effective=1),
+            # 2026-11-26: 122 GiB measured at micro-batch 2 after backing off from 32, 83
+            # estimated: the same step asked for directly tells the back-off from the estimate
+            c(l1, "full", "bf16-mixed", False, 8192, 2),
             c(l1, "full", "bf16-mixed", True, 2048, 1),
             c(l1, "lora", "bf16-mixed", False, 512, 1),
             c(l3, "lora", "bf16-mixed", False, 2048, 1),
@@ -113,7 +128,6 @@ def matrix(name: str) -> list[Config]:
             c(l3, "qlora", "bf16-mixed", True, 2048, 1, optimizer="paged-adamw-8bit"),
             c(l1, "full", "bf16-mixed", True, 2048, 2, optimizer="adamw-8bit"),
             c(l8, "lora", "bf16-true", False, 512, 1),
-            c(l8, "qlora", "bf16-mixed", True, 16384, 1, 32, "adamw-8bit", 16, True, effective=1),
             c(l1, "qlora", "bf16-mixed", True, 2048, None, effective=16),
         ]
     if name == "long":
@@ -249,9 +263,16 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
             free, total = torch.cuda.mem_get_info()
             device_peak = max(device_peak, (total - free) / 2**30)
             if cfg.offload:  # pinned host memory should not grow from step to step
+                import psutil
+
                 host = {k: v / 2**30 for k, v in torch.cuda.host_memory_stats().items()}
-                now, peak = host.get("active_bytes.current", 0), host.get("active_bytes.peak", 0)
-                print(f"{cfg.id} step {step}: pinned host {now:.2f} GiB, peak {peak:.2f}")
+                active, held = (
+                    host.get("active_bytes.current", 0),
+                    host.get("allocated_bytes.current", 0),
+                )
+                rss = psutil.Process().memory_info().rss / 2**30
+                print(f"{cfg.id} step {step}: pinned host active {active:.2f} GiB, held by "
+                      f"the allocator {held:.2f} GiB; process RSS {rss:.2f} GiB")  # fmt: skip
 
     # the measurement outlives a failing estimator (a torch it was not tried with): the
     # run's prediction and micro-batch fall back, the error is kept, the estimate is left out
