@@ -21,7 +21,7 @@ from frugal.step.job import TrainJob
 
 # what the allocator's reserve grows with: the logits and the loss's tensors, the largest
 # blocks a step frees and makes again at other sizes (fitted on an H200, docs/accuracy.md)
-TRANSIENT = ("logits_and_loss",)
+RESERVE_GROWS_WITH = ("logits_and_loss",)
 MAX_BATCH = 1 << 16
 
 
@@ -291,7 +291,7 @@ def memory_at(
     sim_peak = float(totals[k])
     workspace = ov.cublas_workspace_mib * MIB + ov.kernel_slack * sim_peak
     allocated = sim_peak + workspace
-    transient = sum(cats[t] for t in TRANSIENT)
+    transient = sum(cats[t] for t in RESERVE_GROWS_WITH)
     reserve = ov.reserve_transient_frac * transient + ov.reserve_fixed_mib * MIB
     reserved = allocated + reserve
     context = ov.cuda_context_gib * GIB

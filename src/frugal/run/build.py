@@ -16,6 +16,7 @@ from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile, largest_micro_batch
 from frugal.hardware.gpus import memory_budget
 from frugal.models.specs import load_spec
+from frugal.step.job import TrainJob
 
 
 def choose_precision(wanted: str, sharded: bool = False) -> tuple[str, str]:
@@ -90,7 +91,7 @@ def load_model(
     return model, tok
 
 
-def random_weights_device(config: dict[str, Any], job: Any) -> torch.device | None:
+def random_weights_device(config: dict[str, Any], job: TrainJob) -> torch.device | None:
     """Where random weights are drawn: on this process's GPU when the whole model in its base
     dtype takes under half its free memory (8B values drawn there take a second; on 16 CPU
     cores about 20 s, then the copy), else on the CPU (None)."""
