@@ -4,7 +4,8 @@ The common jobs are the profiles these commands ask for, per bundled model: a pl
 considers every method on the bundled price catalog (each GPU's checkpointing choice, the
 chunked loss, 8-bit AdamW and the other techniques its search turns on), the README's demo
 plan, a plan for one small local GPU (every memory technique, and what an infeasible plan
-suggests), and an estimate of each method. Each model runs in its own process with an empty
+suggests), an estimate of each method, and the docs' rank sweep of its model (`--jobs
+examples/jobs.yaml`). Each model runs in its own process with an empty
 cache and the shipped profiles turned off, so everything it asks is simulated and recorded
 (`frugal.estimate.core.SIMULATED`). The profiles and `index.json` (the key, model, job and
 step length of each, and the versions they were made with) replace
@@ -30,7 +31,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "frugal" / "estimate" / "profiles"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "src" / "frugal" / "estimate" / "profiles"
 METHODS = ("full", "lora", "qlora")
 
 
@@ -42,7 +44,16 @@ def commands(model: str) -> list[list[str]]:
         ["plan", model, "--tokens", "5M", "--local", "RTX 4050 Laptop", "--providers", "local",
          "--methods", ",".join(METHODS)],
     ]  # fmt: skip
-    return plans + [["estimate", model, "--method", m, "--json"] for m in METHODS]
+    return plans + [["estimate", model, "--method", m, "--json"]
+                    for m in METHODS] + SWEEPS.get(model, [])  # fmt: skip
+
+
+# the docs' rank sweep (docs/plan.md, "Many jobs, one bill"): eight LoRA jobs of one model
+SWEEPS = {
+    "meta-llama/Llama-3.1-8B": [
+        ["plan", "--jobs", str(ROOT / "examples" / "jobs.yaml"), "--providers", "aws", "--no-spot"]
+    ]
+}
 
 
 def one_model(model: str) -> tuple[list[dict[str, Any]], dict[str, bytes], float]:
