@@ -14,7 +14,6 @@ Usage: python benchmarks/estimate_speed.py [--runs N]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from frugal.models.specs import read_bundled
+from _configs import unbundled  # beside this script
 
 CASES = [
     ("8B QLoRA, bundled", ["meta-llama/Llama-3.1-8B", "--method", "qlora"], 3.0),
@@ -34,17 +33,6 @@ CASES = [
     ("70B QLoRA, unbundled config.json", ["@meta-llama/Llama-3.1-70B", "--method", "qlora"], 4.0),
 ]  # fmt: skip
 SIMULATED = re.compile(r"^simulated (\S+) (.*): .* ([\d,]+) ops in ([\d.]+) s", re.M)
-
-
-def unbundled(model: str, root: Path) -> str:
-    """A local config.json of `model` with one more vocabulary row: a model no profile
-    ships for, the same work to simulate."""
-    cfg = {k: v for k, v in read_bundled(model).items() if not k.startswith("_frugal")}
-    cfg["vocab_size"] += 1
-    d = root / model.replace("/", "--")
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(cfg))
-    return str(d / "config.json")
 
 
 def run(cmd: list[str], cache: str, shipped: bool = True) -> tuple[float, str]:

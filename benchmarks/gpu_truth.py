@@ -76,6 +76,21 @@ class Config:
     max_seq_share: float = 0.0  # > 0: seq is this share of the estimator's longest sequence
     effective: int | None = None  # sequences per step (None: --effective-batch)
 
+    def job_fields(self) -> dict[str, Any]:
+        """The job of this config at its micro-batch (1 when the estimator picks it)."""
+        return {
+            "method": self.method,
+            "precision": self.precision,
+            "batch": self.micro or 1,
+            "seq": self.seq or 2048,
+            "grad_checkpointing": self.checkpointing,
+            "optimizer": self.optimizer,
+            "loss_chunks": self.loss_chunks,
+            "offload_activations": self.offload,
+            "optimizer_in_backward": self.in_backward,
+            **({"lora_r": self.lora_r} if self.method != "full" else {}),
+        }
+
     @property
     def id(self) -> str:
         short = self.model.split("/")[-1]
@@ -213,22 +228,10 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     from frugal.step.job import make_job
 
     cuda = torch.cuda.is_available()
-    micro = cfg.micro or 1
     effective = cfg.effective or effective
     gpu = lookup_gpu(torch.cuda.get_device_name()) if cuda else None
     spec = load_spec(cfg.model)
-    job_fields = {
-        "method": cfg.method,
-        "precision": cfg.precision,
-        "batch": micro,
-        "seq": cfg.seq or 2048,
-        "grad_checkpointing": cfg.checkpointing,
-        "optimizer": cfg.optimizer,
-        "loss_chunks": cfg.loss_chunks,
-        "offload_activations": cfg.offload,
-        "optimizer_in_backward": cfg.in_backward,
-        **({"lora_r": cfg.lora_r} if cfg.method != "full" else {}),
-    }
+    job_fields = cfg.job_fields()
     max_seq = None
     if cfg.max_seq_share:
         max_seq = estimate(spec, make_job(**job_fields), gpu=gpu).max_seq
@@ -372,17 +375,10 @@ def _warm_one(item: tuple[Config, int]) -> None:
     from frugal.step.job import make_job
 
     cfg, effective = item
-    micro = cfg.micro or 1
-    effective = cfg.effective or effective
-    fields: dict[str, Any] = {
-        "method": cfg.method, "precision": cfg.precision, "batch": micro, "seq": cfg.seq,
-        "grad_checkpointing": cfg.checkpointing, "optimizer": cfg.optimizer,
-        "loss_chunks": cfg.loss_chunks, "offload_activations": cfg.offload,
-        "optimizer_in_backward": cfg.in_backward, "grad_accum": max(1, effective // micro),
-        **({"lora_r": cfg.lora_r} if cfg.method != "full" else {}),
-    }  # fmt: skip
+    accum = max(1, (cfg.effective or effective) // (cfg.micro or 1))
+    job = make_job(**cfg.job_fields(), grad_accum=accum)
     with contextlib.suppress(Exception):  # the config's own run reports what is wrong
-        get_profile(load_spec(cfg.model), make_job(**fields), cfg.seq, "gpu_truth's warm-up")
+        get_profile(load_spec(cfg.model), job, job.seq, "gpu_truth's warm-up")
 
 
 def environment() -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import random
 import statistics
@@ -26,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _configs import unbundled  # beside this script
 
 from frugal.hardware.offers import bundled_offers
 
@@ -47,18 +48,6 @@ def run(args: list[str], cache: str, offers_dir: str | None = None, shipped: boo
         stdout=subprocess.DEVNULL,
     )
     return time.perf_counter() - t
-
-
-def unbundled(root: str) -> str:
-    """The 8B's config with one more vocabulary row, as a local config.json."""
-    from frugal.models.specs import read_bundled
-
-    cfg = {k: v for k, v in read_bundled(PLAN[1]).items() if not k.startswith("_frugal")}
-    cfg["vocab_size"] += 1
-    path = Path(root, "unbundled-8b", "config.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cfg))
-    return str(path)
 
 
 def _rows(path: Path) -> list[str]:
@@ -112,7 +101,7 @@ def main() -> int:
         gain = statistics.median(before) / statistics.median(after)
         rows.append(("8B every method, cold, after (shipped profiles)", cold(PLAN), 3.0))
         rows.append(("README job, unbundled 8B config.json, cold", cold(
-            [README[0], unbundled(d), *README[2:]]), 5.0))  # fmt: skip
+            [README[0], unbundled(PLAN[1], Path(d)), *README[2:]]), 5.0))  # fmt: skip
         cache = os.path.join(d, "cache")
         run(PLAN, cache)
         rows.append(("8B, bundled catalog, warm", [run(PLAN, cache) for _ in range(n)], 3.0))
