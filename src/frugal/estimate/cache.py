@@ -52,7 +52,10 @@ def code_digest() -> str:
     h = hashlib.sha256()
     for pkg, names in (
         ("frugal.step", None),
-        ("frugal.estimate", ("simulate.py", "tracker.py", "profile.py", "categories.py")),
+        (
+            "frugal.estimate",
+            ("simulate.py", "phantom.py", "tracker.py", "profile.py", "categories.py"),
+        ),
     ):
         root = resources.files(pkg)
         for entry in sorted(root.iterdir(), key=lambda e: e.name):

@@ -1,9 +1,10 @@
-"""Run one model's training steps on fake tensors and record what they allocate.
+"""Run one model's training steps on tensors without data and record what they allocate.
 
 The step is `frugal train`'s own (`frugal.step`): the model from `build_model` on the meta
 device (no weights), reduced to a few layers, with the job's real PEFT adapters (and the
-4-bit stand-in for QLoRA), moved to fake tensors; the optimizer from `make_optimizer`; the
-micro-batch layout from `batch.example`; and `loop.optimizer_step` with the trainer's loss.
+4-bit stand-in for QLoRA), moved to phantoms (CPU tensors with meta bodies, `phantom.py`);
+the optimizer from `make_optimizer`; the micro-batch layout from `batch.example`; and
+`loop.optimizer_step` with the trainer's loss.
 A first, untracked step creates the optimizer state; each tracked step is then the steady
 state (state exists, gradients were freed by `zero_grad`). Every op's live bytes per
 category and each segment of the step are returned as a `Trace`.
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from frugal.estimate.phantom import PhantomMode, phantom_like
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.step.batch import example
 from frugal.step.job import TrainJob
@@ -48,15 +50,22 @@ def distinct_layer_kinds(config: dict[str, Any]) -> int:
 
 
 def simulate(
-    config: dict[str, Any], job: TrainJob, n_layers: int, shapes: list[tuple[int, int]]
+    config: dict[str, Any],
+    job: TrainJob,
+    n_layers: int,
+    shapes: list[tuple[int, int]],
+    tensors: Literal["phantom", "fake"] = "phantom",
 ) -> list[Trace]:
     """One steady-state optimizer step of an `n_layers`-layer model per (batch, seq) shape.
 
     The model and optimizer are built once; the optimizer state is created before tracking
     (as after the first step), so each tracked step is what every later step allocates.
+    `tensors`: phantoms (`phantom.py`), or torch's fake tensors, the reference they are
+    tested against (the same trace, several times slower).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    use_phantom = tensors == "phantom"
     model = build_model(config, job, "meta", n_layers=n_layers)
     total, trainable = count_params(model)
     targets = sorted(
@@ -67,9 +76,10 @@ def simulate(
     loss = Loss.of(job)
     clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
     traces = []
-    with cuda_kernels(), FakeTensorMode(allow_non_fake_inputs=False), warnings.catch_warnings():
+    mode = PhantomMode() if use_phantom else FakeTensorMode(allow_non_fake_inputs=False)
+    with cuda_kernels(), mode, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _materialize(model)
+        _materialize(model, use_phantom)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(
@@ -105,21 +115,24 @@ def simulate(
     return traces
 
 
-def _materialize(model: nn.Module) -> None:
-    """Replace meta parameters and buffers with fake CPU tensors, keeping ties."""
+def _materialize(model: nn.Module, use_phantom: bool = False) -> None:
+    """Replace meta parameters and buffers with phantoms (or fake CPU tensors), keeping
+    ties."""
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        return phantom_like(t) if use_phantom else torch.empty(t.shape, dtype=t.dtype)
+
     done: dict[int, torch.Tensor] = {}
     for m in model.modules():
         for name, p in list(m._parameters.items()):
             if p is None:
                 continue
             if id(p) not in done:
-                done[id(p)] = nn.Parameter(
-                    torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad
-                )
+                done[id(p)] = nn.Parameter(empty(p), requires_grad=p.requires_grad)
             m._parameters[name] = done[id(p)]  # type: ignore[assignment]
         for name, b in list(m._buffers.items()):
             if b is None:
                 continue
             if id(b) not in done:
-                done[id(b)] = torch.empty(b.shape, dtype=b.dtype)
+                done[id(b)] = empty(b)
             m._buffers[name] = done[id(b)]

@@ -1,6 +1,7 @@
-"""Live-storage and FLOP accounting under fake tensors.
+"""Live-storage and FLOP accounting under tensors without data.
 
-`StepTracker` is a TorchDispatchMode stacked above a FakeTensorMode. Every aten op the
+`StepTracker` is a TorchDispatchMode stacked above a `PhantomMode` (`phantom.py`; or torch's
+FakeTensorMode, the reference the phantoms are tested against). Every aten op the
 forward, backward and optimizer run passes through it; each new storage is recorded with the
 op that created it, and a weakref finalizer records the op after which it died. From those
 intervals `timeline()` rebuilds the live bytes per category after every op — what
@@ -33,6 +34,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from frugal.estimate.categories import CAT_INDEX, CATEGORIES, PHASES, SEGMENTS
+from frugal.estimate.phantom import storage
 from frugal.step import marks
 
 aten = torch.ops.aten
@@ -155,14 +157,14 @@ class StepTracker(TorchDispatchMode):
 
     def adopt(self, tensor: torch.Tensor, kind: str) -> None:
         """Record a tensor that existed before tracking began (weights, buffers)."""
-        st = tensor.untyped_storage()
+        st = storage(tensor)
         self._record(st, kind, False)
         if kind.endswith("weights"):
             self.param_storages.add(id(st))
 
     def relabel(self, tensors: Iterator[torch.Tensor] | list[torch.Tensor], kind: str) -> None:
         for t in tensors:
-            rec = self._live.get(id(t.untyped_storage()))
+            rec = self._live.get(id(storage(t)))
             if rec is not None:
                 rec.kind = kind
 
@@ -221,12 +223,16 @@ class StepTracker(TorchDispatchMode):
         ]
         return hooks + _segment_hooks(model, self)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # nothing under it is compiled: spare every op the dynamo guard
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE and type(args[0]) is FakeTensor:
             # two of every three ops a step dispatches ask a fake tensor its device: answer
             # as the fake mode would, without the trip down to it (15% of a simulation)
-            t = args[0]
-            return _META if t.fake_mode.in_kernel_invocation else t.fake_device
+            fake = args[0]
+            return _META if fake.fake_mode.in_kernel_invocation else fake.fake_device
         kwargs = kwargs or {}
         if func in _NO_ALLOC:  # views and metadata: nothing to record, keep it cheap
             return func(*args, **kwargs)
@@ -253,12 +259,12 @@ class StepTracker(TorchDispatchMode):
             kind = "offloaded_activations"
         if func in (aten._to_copy.default, aten.clone.default) and args:
             src = args[0]
-            if isinstance(src, torch.Tensor) and id(src.untyped_storage()) in self.param_storages:
+            if isinstance(src, torch.Tensor) and id(storage(src)) in self.param_storages:
                 kind = "temporaries"  # autocast's low-precision copy of a weight
-        for t in tree_flatten(out)[0]:
+        for t in [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 vocab_last = t.dim() >= 2 and t.shape[-1] == self.vocab_size
-                self._record(t.untyped_storage(), kind, vocab_last)
+                self._record(storage(t), kind, vocab_last)
         return out
 
     # -- results -----------------------------------------------------------------
