@@ -5,8 +5,10 @@ start-up and imports included) with an empty profile cache. "before" turns the s
 profiles off (FRUGAL_SHIPPED_PROFILES=off: every profile is simulated, as before they
 shipped); "after" is what a user's first command does today. An unbundled model is a bundled
 config with one more vocabulary row, given as a local config.json: no profile ships for it,
-so before and after both simulate. The simulation table reads `--verbose`: ops per
-simulated profile and the time per op. "warm" asks an already profiled model for another
+so before and after both simulate. The simulation tables: the time per simulated op of
+one profile, each in a fresh process, on torch's fake tensors (what the simulation ran on
+before phantoms) and on phantoms; and, from `--verbose`, the ops and time per op of the
+profiles the commands above simulated. "warm" asks an already profiled model for another
 (batch, seq). One unmeasured run first pages the installed packages into the OS file cache.
 Usage: python benchmarks/estimate_speed.py [--runs N]
 """
@@ -33,6 +35,32 @@ CASES = [
     ("70B QLoRA, unbundled config.json", ["@meta-llama/Llama-3.1-70B", "--method", "qlora"], 4.0),
 ]  # fmt: skip
 SIMULATED = re.compile(r"^simulated (\S+) (.*): .* ([\d,]+) ops in ([\d.]+) s", re.M)
+# one profile's simulation (two depths, three lengths) in a fresh process, on the tensors
+# given: torch's fake tensors (the simulation before phantoms) or phantoms; the model is
+# built once before the clock starts, so the imports it pays are not counted as ops
+ONE_PROFILE = """
+import sys, time
+from frugal.estimate.core import base_length
+from frugal.estimate.profile import grid
+from frugal.estimate.simulate import simulate
+from frugal.models.specs import load_spec
+from frugal.step.job import make_job
+from frugal.step.model import build_model
+model, method, tensors = sys.argv[1:]
+spec = load_spec(model)
+job = make_job(method=method)
+shapes = grid(base_length(spec, job.seq))
+build_model(spec.config, job, "meta", n_layers=1)
+t = time.perf_counter()
+runs = [simulate(spec.config, job, n, shapes, tensors=tensors) for n in (1, 2)]
+print(sum(len(tr.op_ids) - 1 for traces in runs for tr in traces), time.perf_counter() - t)
+"""
+PER_OP = [
+    ("meta-llama/Llama-3.1-8B", "lora"),
+    ("meta-llama/Llama-3.1-8B", "qlora"),
+    ("meta-llama/Llama-3.1-70B", "qlora"),
+    ("mistralai/Mixtral-8x7B-v0.1", "qlora"),
+]
 
 
 def run(cmd: list[str], cache: str, shipped: bool = True) -> tuple[float, str]:
@@ -53,6 +81,19 @@ def cold(cmd: list[str], n: int, shipped: bool) -> tuple[list[float], str]:
             t, said = run(cmd, cache, shipped)
             times.append(t)
     return times, said
+
+
+def per_op(model: str, method: str, tensors: str, n: int) -> tuple[int, float]:
+    """Ops of one profile's simulation and the median seconds per op, each run cold."""
+    times, ops = [], 0
+    for _ in range(n):
+        done = subprocess.run(
+            [sys.executable, "-c", ONE_PROFILE, model, method, tensors],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        ops, secs = done.stdout.split()
+        times.append(float(secs) / int(ops))
+    return int(ops), statistics.median(times)
 
 
 def library_call(cache: str) -> float:
@@ -88,6 +129,13 @@ def main() -> int:
                  for m in SIMULATED.finditer(said)]  # fmt: skip
         b, a = statistics.median(before), statistics.median(after)
         print(f"| {name} | {b:.2f} | {a:.2f} | {b / a:.1f}x | <= {target:g} |")
+    print("\n| time per simulated op, cold | ops | fake tensors ms | phantoms ms | ratio |")
+    print("|---|---|---|---|---|")
+    for model, method in PER_OP:
+        ops, fake = per_op(model, method, "fake", n)
+        _, phantom = per_op(model, method, "phantom", n)
+        print(f"| {model} {method} | {ops:,} | {fake * 1e3:.3f} | {phantom * 1e3:.3f} | "
+              f"{fake / phantom:.1f}x |")  # fmt: skip
     print("\n| one simulated profile (2 depths x 3 lengths) | ops | s | ms per op |")
     print("|---|---|---|---|")
     for model, job, ops, secs in sims:
