@@ -60,6 +60,18 @@ def test_remembered_outputs_are_new_storages_of_the_same_shapes() -> None:
             assert len({id(storage(t)) for t in (a, out, mean, rstd)}) == 4
 
 
+def test_the_remembered_shapes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from frugal.estimate import phantom
+
+    monkeypatch.setattr(phantom, "_OUTPUTS", {})
+    monkeypatch.setattr(phantom, "_MOST_OUTPUTS", 5)
+    with PhantomMode():
+        for n in range(1, 20):  # 19 shapes, each a new entry
+            t = torch.empty(n, 3) @ torch.empty(3, 2)
+            assert t.shape == (n, 2)
+            assert 1 <= len(phantom._OUTPUTS) <= 5
+
+
 def test_autocast_and_layer_norm_take_the_cpu_path() -> None:
     x = torch.zeros(4, 16, dtype=torch.bfloat16)
     w = torch.zeros(16, dtype=torch.bfloat16)

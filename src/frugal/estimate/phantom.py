@@ -37,7 +37,7 @@ class Phantom(torch.Tensor):
     elem: torch.Tensor
 
     @staticmethod
-    def __new__(cls, elem: torch.Tensor, requires_grad: bool = False) -> Phantom:
+    def __new__(cls, elem: torch.Tensor) -> Phantom:
         r = torch.Tensor._make_wrapper_subclass(
             cls,
             elem.size(),
@@ -45,7 +45,6 @@ class Phantom(torch.Tensor):
             storage_offset=elem.storage_offset(),
             dtype=elem.dtype,
             device=_CPU,
-            requires_grad=requires_grad,
         )
         r.elem = elem
         return r
@@ -237,13 +236,18 @@ class PhantomMode(TorchDispatchMode):
             else:
                 described = _describe(out)
                 if described is not None:
+                    if len(_OUTPUTS) >= _MOST_OUTPUTS:
+                        _OUTPUTS.clear()
                     _OUTPUTS[key] = described
         return out
 
 
 # (op, inputs' sizes, strides and dtypes, options) -> outputs' sizes, strides and dtypes:
-# on meta tensors nothing else can change an output, so it holds for the whole process
+# on meta tensors nothing else can change an output, so it holds for the whole process.
+# A model adds about 600 (0.5 MB); a long-lived process (the dashboard) starts again after
+# about 80 models
 _OUTPUTS: dict[Any, Any] = {}
+_MOST_OUTPUTS = 50_000
 
 
 def _storages(x: Any) -> set[int]:

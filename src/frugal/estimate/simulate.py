@@ -115,7 +115,7 @@ def simulate(
     return traces
 
 
-def _materialize(model: nn.Module, use_phantom: bool = False) -> None:
+def _materialize(model: nn.Module, use_phantom: bool) -> None:
     """Replace meta parameters and buffers with phantoms (or fake CPU tensors), keeping
     ties."""
 
