@@ -11,12 +11,17 @@ environment (GPU, driver, library versions) in a JSON file beside it.
 
     python benchmarks/gpu_truth.py --out DIR [--matrix first|core|long|full] [--steps 6]
         [--only SUBSTR] [--warm-workers 4]
-    python benchmarks/gpu_truth.py --out DIR --smoke     # three tiny configs, CPU is enough
+    python benchmarks/gpu_truth.py --out DIR --smoke     # four tiny configs, CPU is enough
 
-`--matrix first` is for a short loan of a GPU (about 6 minutes on an H200 with --steps 4
---effective-batch 4), most valuable rows first, so a run cut short still leaves the rows
-that matter. Each config's process is started, and imports, while the one before runs;
-`--warm-workers` processes simulate the next configs' profiles on the idle CPU cores.
+`--matrix first` is for a short loan of a GPU, most valuable rows first, so a run cut short
+still leaves the rows that matter: on an H200 with --steps 4 --effective-batch 4 a row takes
+10-30 s, the 29 rows about 10 minutes, so a 7-minute call gets two thirds of them (`--start
+N` skips the first N in a second call; `--timeout 60` keeps a slow row from eating it).
+Rows with runner "hf" run `frugal plan --emit hf`'s Trainer script of the same run
+(transformers + PEFT + bitsandbytes) on random weights saved where it loads them: a plain
+Trainer beside frugal's own loop. Each config's process is started, and imports, while
+the one before runs; `--warm-workers` processes simulate the next configs' profiles on the
+idle CPU cores.
 Random weights are drawn on the GPU (frugal.run.build.random_weights_device). Runs are
 dry runs and go on the books: point FRUGAL_DB_URL at a SQLite file under DIR to bring them
 back for `frugal calibrate`. Where the estimator fails (a torch it was not tried with), the
@@ -36,8 +41,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import importlib.util
 import json
 import multiprocessing as mp
+import os
 import random
 import sys
 import tempfile
@@ -56,7 +63,7 @@ FIELDS = (
     "measured_allocated_gib", "measured_reserved_gib", "measured_device_gib",
     "measured_tokens_per_s", "estimated_allocated_gib", "estimated_reserved_gib",
     "estimated_device_gib", "estimated_tokens_per_s", "error_allocated", "error_reserved",
-    "error_device", "error_tokens_per_s", "seconds", "error",
+    "error_device", "error_tokens_per_s", "seconds", "error", "runner",
 )  # fmt: skip
 
 
@@ -75,6 +82,8 @@ class Config:
     in_backward: bool = False  # the optimizer in backward (one micro-batch, no clipping)
     max_seq_share: float = 0.0  # > 0: seq is this share of the estimator's longest sequence
     effective: int | None = None  # sequences per step (None: --effective-batch)
+    runner: str = "frugal"  # "hf": the `--emit hf` Trainer script of the same run
+    history: bool = False  # print where the memory alive after the first step was allocated
 
     def job_fields(self) -> dict[str, Any]:
         """The job of this config at its micro-batch (1 when the estimator picks it)."""
@@ -102,7 +111,8 @@ class Config:
         out += f"-{self.optimizer}" if self.optimizer != "adamw" else ""
         out += f"-chunks{self.loss_chunks}" if self.loss_chunks else ""
         out += "-offload" if self.offload else ""
-        return out + ("-inbwd" if self.in_backward else "")
+        out += "-inbwd" if self.in_backward else ""
+        return out + ("-hf" if self.runner == "hf" else "")
 
 
 def matrix(name: str) -> list[Config]:
@@ -113,23 +123,33 @@ def matrix(name: str) -> list[Config]:
             Config(small, "lora", "fp32", False, 64, 2),
             Config(small, "lora", "fp32", True, 64, 2, loss_chunks=4, offload=True),
             Config(small, "full", "fp32", True, 64, 2, loss_chunks=4, in_backward=True),
+            Config(small, "lora", "fp32", True, 64, 2, runner="hf"),
         ]
     if name == "first":
         # one lent session's call (about 7 minutes on an H200), most valuable first: a killed
-        # run still leaves its rows. The step of each method, the open questions of the last
-        # loan, QLoRA through bitsandbytes, long sequences, the estimator's micro-batch on
-        # CUDA, the OOM back-off (micro-batch 32 of a 1B full step at 8K cannot fit), fp16
-        # loss scaling, 8-bit and paged optimizers.
+        # run still leaves its rows. The open questions of the last loan, frugal beside the
+        # `--emit hf` Trainer script of the same run, the memory techniques at 16K and the
+        # estimator's longest sequence, then the rows measured before (repeatability): the
+        # step of each method, QLoRA through bitsandbytes, the estimator's micro-batch on
+        # CUDA, fp16 loss scaling, 8-bit and paged optimizers.
         c, l1, l3, l8 = Config, "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", \
             "meta-llama/Llama-3.1-8B"  # fmt: skip
-        return [
-            c(l8, "qlora", "bf16-mixed", True, 2048, 1),
-            c(l8, "lora", "bf16-mixed", True, 2048, 1),
+        return list(dict.fromkeys([  # the long matrix repeats the first row
+            # 2026-11-26: 122 GiB allocated at micro-batch 2 after backing off from 32, 76 GiB
+            # asked for directly (the third row): what the back-off run holds, by line
+            c(l1, "full", "bf16-mixed", False, 8192, 32, effective=32, history=True),
             # 2026-11-26: pinned host memory grew by one step's offloaded inputs every step
             c(l8, "qlora", "bf16-mixed", True, 16384, 1, 32, "adamw-8bit", 16, True, effective=1),
             # 2026-11-26: 122 GiB measured at micro-batch 2 after backing off from 32, 83
             # estimated: the same step asked for directly tells the back-off from the estimate
             c(l1, "full", "bf16-mixed", False, 8192, 2),
+            c(l1, "lora", "bf16-mixed", True, 2048, 1),
+            c(l1, "lora", "bf16-mixed", True, 2048, 1, runner="hf"),
+            c(l1, "qlora", "bf16-mixed", True, 2048, 1),
+            c(l1, "qlora", "bf16-mixed", True, 2048, 1, runner="hf"),
+            *matrix("long"),
+            c(l8, "qlora", "bf16-mixed", True, 2048, 1),
+            c(l8, "lora", "bf16-mixed", True, 2048, 1),
             c(l1, "full", "bf16-mixed", True, 2048, 1),
             c(l1, "lora", "bf16-mixed", False, 512, 1),
             c(l3, "lora", "bf16-mixed", False, 2048, 1),
@@ -138,13 +158,12 @@ def matrix(name: str) -> list[Config]:
             c(l1, "lora", "bf16-mixed", True, 8192, 1),
             c("HuggingFaceTB/SmolLM2-360M", "full", "bf16-mixed", False, 2048, 1),
             c(l8, "lora", "bf16-mixed", True, 2048, None, effective=16),
-            c(l1, "full", "bf16-mixed", False, 8192, 32, effective=32),
             c(l1, "lora", "fp16-mixed", True, 2048, 2),
             c(l3, "qlora", "bf16-mixed", True, 2048, 1, optimizer="paged-adamw-8bit"),
             c(l1, "full", "bf16-mixed", True, 2048, 2, optimizer="adamw-8bit"),
             c(l8, "lora", "bf16-true", False, 512, 1),
             c(l1, "qlora", "bf16-mixed", True, 2048, None, effective=16),
-        ]
+        ]))  # fmt: skip
     if name == "long":
         m, q = "meta-llama/Llama-3.1-8B", "qlora"
         techniques: list[dict[str, Any]] = [
@@ -265,15 +284,16 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
         if cuda:
             free, total = torch.cuda.mem_get_info()
             device_peak = max(device_peak, (total - free) / 2**30)
+            if cfg.history and step == 1:
+                _print_live_allocations(cfg.id)
             if cfg.offload:  # pinned host memory should not grow from step to step
-                import psutil
-
                 host = {k: v / 2**30 for k, v in torch.cuda.host_memory_stats().items()}
                 active, held = (
                     host.get("active_bytes.current", 0),
                     host.get("allocated_bytes.current", 0),
                 )
-                rss = psutil.Process().memory_info().rss / 2**30
+                pages = int(Path("/proc/self/statm").read_text().split()[1])
+                rss = pages * os.sysconf("SC_PAGE_SIZE") / 2**30
                 print(f"{cfg.id} step {step}: pinned host active {active:.2f} GiB, held by "
                       f"the allocator {held:.2f} GiB; process RSS {rss:.2f} GiB")  # fmt: skip
 
@@ -294,8 +314,13 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
 
     recipe.predict = guarded(real_predict, lambda *a: Prediction())
     recipe.auto_micro_batch = guarded(real_micro, lambda c, n: (1, "estimator failed"))
+    if cuda and cfg.history:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
     t0 = time.perf_counter()
-    s = recipe.train(run_cfg, dry_run=steps, on_step=on_step, quiet=True)
+    if cfg.runner == "hf":
+        s = _train_hf(run_cfg, work, on_step)
+    else:
+        s = recipe.train(run_cfg, dry_run=steps, on_step=on_step, quiet=True)
     job = run_cfg.job.model_copy(update={"batch": s.micro_batch, "grad_accum": s.grad_accum})
     try:
         est = estimate(spec, job).to_json()  # the profile the run's own prediction simulated
@@ -329,14 +354,117 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     return row
 
 
+def _train_hf(run_cfg: Any, work: Path, on_step: Any) -> Any:
+    """The run through `frugal plan --emit hf`'s Trainer script (transformers + PEFT +
+    bitsandbytes), on random weights saved where the script loads them, timed per optimizer
+    step by a callback: what frugal's own loop is compared with."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback
+
+    from frugal.models.specs import load_spec
+    from frugal.plan.emit import hf_script
+    from frugal.run import recipe
+
+    j = run_cfg.job
+    j = j.model_copy(update={"grad_accum": run_cfg.training.effective_batch // j.batch})
+    run_cfg = run_cfg.model_copy(update={"job": j})
+    weights = work / "weights"
+    conf = AutoConfig.for_model(**load_spec(run_cfg.model).config)
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else lambda: None
+    with torch.device("cuda" if cuda else "cpu"):
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.bfloat16)
+    model.save_pretrained(weights)
+    del model
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    for f in TOKENIZER.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            (weights / f.name).write_bytes(f.read_bytes())
+    script = work / "train_hf.py"
+    script.write_text(hf_script(run_cfg.model_copy(update={"model": str(weights)}), 3600.0))
+    spec = importlib.util.spec_from_file_location("train_hf", script)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    times: list[float] = []
+    tokens: list[int] = []
+
+    class Timed(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            sync()
+            times.append(-time.perf_counter())
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            sync()
+            times[-1] += time.perf_counter()
+            on_step(state.global_step, {})
+
+    class TimedTrainer(Trainer):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.add_callback(Timed())
+            per_step = j.batch * j.grad_accum
+            rows: Any = self.train_dataset
+            tokens.append(per_step * max(len(r) for r in rows["input_ids"]))
+
+    mod.Trainer = TimedTrainer  # type: ignore[attr-defined]
+    here = Path.cwd()
+    os.chdir(work)
+    try:
+        mod.main()
+    finally:
+        os.chdir(here)
+    after_warmup = times[1:] or times
+    device = torch.cuda.get_device_name() if cuda else None
+    peak = torch.cuda.max_memory_allocated() if cuda else None
+    held = torch.cuda.max_memory_reserved() if cuda else None
+    return SimpleNamespace(
+        micro_batch=j.batch,
+        grad_accum=j.grad_accum,
+        predicted=recipe.predict(run_cfg, j.batch, j.grad_accum, device),
+        actual=SimpleNamespace(
+            peak_allocated_gib=round(peak / 2**30, 3) if peak is not None else None,
+            peak_reserved_gib=round(held / 2**30, 3) if held is not None else None,
+            tokens_per_s=round(tokens[0] * len(after_warmup) / sum(after_warmup), 1),
+        ),
+    )
+
+
+def _print_live_allocations(name: str, top: int = 10) -> None:
+    """The device memory alive now, by the Python lines that allocated it (largest first):
+    what a run holds that its estimate does not, after an OOM back-off for one."""
+    import torch
+
+    by_line: dict[str, int] = {}
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        for block in seg["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            frames = [f for f in block.get("frames", ()) if f["filename"].endswith(".py")]
+            where = " < ".join(
+                f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in frames[:3]
+            )
+            by_line[where or "?"] = by_line.get(where or "?", 0) + block["size"]
+    for where, size in sorted(by_line.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{name} alive after step 1: {size / 2**30:7.2f} GiB  {where}")
+
+
 def _pinned_peak_gib() -> float | None:
-    """Peak bytes of PyTorch's pinned host allocator (where offloaded inputs wait), GiB."""
+    """Peak bytes PyTorch's pinned host allocator held (where offloaded inputs wait), GiB.
+
+    Not its `active_bytes`: with torch 2.11 on an H200 that counted up by one step's
+    offloaded inputs every step (4, 8, 12, 16 GiB) while the bytes held stayed at 4.0 GiB,
+    the process's RSS stayed flat and no pinned tensor was alive between steps."""
     import torch
 
     stats = getattr(torch.cuda, "host_memory_stats", None)
     if stats is None or not torch.cuda.is_available():
         return None
-    return round(stats().get("active_bytes.peak", 0) / 2**30, 3)
+    return round(stats().get("allocated_bytes.peak", 0) / 2**30, 3)
 
 
 def _child(cfg: Config, steps: int, effective: int, queue: Any, go: Any) -> None:
@@ -416,6 +544,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6, help="dry-run steps per config")
     ap.add_argument("--effective-batch", type=int, default=16)
     ap.add_argument("--only", default="", help="run the configs whose id contains this")
+    ap.add_argument("--start", type=int, default=0, help="skip the matrix's first N configs")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per config")
     ap.add_argument(
         "--warm-workers",
@@ -425,6 +554,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     configs = [c for c in matrix("smoke" if args.smoke else args.matrix) if args.only in c.id]
+    configs = configs[args.start :]
     effective = 2 if args.smoke else args.effective_batch
     steps = 2 if args.smoke else args.steps
     args.out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-from conftest import load_benchmark
+from pathlib import Path
+
+import pytest
+from conftest import TINY, load_benchmark
 
 gt = load_benchmark("gpu_truth")
 
@@ -15,3 +18,14 @@ def test_the_matrices_name_each_config_once() -> None:
     long = gt.matrix("long")
     fused = [c for c in long if c.in_backward]
     assert fused and all(c.effective == c.micro for c in fused)  # one micro-batch a step
+
+
+@pytest.mark.slow
+def test_the_hf_runner_trains_the_emitted_trainer_script(tmp_path: Path) -> None:
+    """`runner="hf"` runs `frugal plan --emit hf`'s script of the same run on saved random
+    weights and times its optimizer steps: the row frugal's own loop is compared with."""
+    cfg = gt.Config(str(TINY), "lora", "fp32", True, 64, 2, runner="hf")
+    row = gt._run(cfg, steps=2, effective=4, work=tmp_path)
+    assert (row["micro_batch"], row["grad_accum"]) == (2, 2)
+    assert row["measured_tokens_per_s"] > 0 and row["error"] is None
+    assert (tmp_path / "train_hf.py").exists() and (tmp_path / "weights").is_dir()
