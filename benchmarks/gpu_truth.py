@@ -84,6 +84,7 @@ class Config:
     effective: int | None = None  # sequences per step (None: --effective-batch)
     runner: str = "frugal"  # "hf": the `--emit hf` Trainer script of the same run
     history: bool = False  # print where the memory alive after the first step was allocated
+    packing: bool = True  # False: padded rows, no block-diagonal mask (the Trainer's data)
 
     def job_fields(self) -> dict[str, Any]:
         """The job of this config at its micro-batch (1 when the estimator picks it)."""
@@ -97,6 +98,7 @@ class Config:
             "loss_chunks": self.loss_chunks,
             "offload_activations": self.offload,
             "optimizer_in_backward": self.in_backward,
+            "packing": self.packing,
             **({"lora_r": self.lora_r} if self.method != "full" else {}),
         }
 
@@ -112,6 +114,7 @@ class Config:
         out += f"-chunks{self.loss_chunks}" if self.loss_chunks else ""
         out += "-offload" if self.offload else ""
         out += "-inbwd" if self.in_backward else ""
+        out += "" if self.packing else "-padded"
         return out + ("-hf" if self.runner == "hf" else "")
 
 
@@ -145,6 +148,7 @@ def matrix(name: str) -> list[Config]:
             c(l1, "full", "bf16-mixed", False, 8192, 2),
             c(l1, "lora", "bf16-mixed", True, 2048, 1),
             c(l1, "lora", "bf16-mixed", True, 2048, 1, runner="hf"),
+            c(l1, "lora", "bf16-mixed", True, 2048, 1, packing=False),  # the Trainer's data
             c(l1, "qlora", "bf16-mixed", True, 2048, 1),
             c(l1, "qlora", "bf16-mixed", True, 2048, 1, runner="hf"),
             *matrix("long"),
@@ -390,17 +394,16 @@ def _train_hf(run_cfg: Any, work: Path, on_step: Any) -> Any:
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    times: list[float] = []
+    ends: list[float] = []
     tokens: list[int] = []
 
     class Timed(TrainerCallback):
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            sync()
-            times.append(-time.perf_counter())
+        """Step end to step end, one sync a step: frugal's own window (its batches, its
+        step, the one sync that reads the loss), the first step left out as warm-up."""
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             sync()
-            times[-1] += time.perf_counter()
+            ends.append(time.perf_counter())
             on_step(state.global_step, {})
 
     class TimedTrainer(Trainer):
@@ -418,7 +421,6 @@ def _train_hf(run_cfg: Any, work: Path, on_step: Any) -> Any:
         mod.main()
     finally:
         os.chdir(here)
-    after_warmup = times[1:] or times
     device = torch.cuda.get_device_name() if cuda else None
     peak = torch.cuda.max_memory_allocated() if cuda else None
     held = torch.cuda.max_memory_reserved() if cuda else None
@@ -429,7 +431,9 @@ def _train_hf(run_cfg: Any, work: Path, on_step: Any) -> Any:
         actual=SimpleNamespace(
             peak_allocated_gib=round(peak / 2**30, 3) if peak is not None else None,
             peak_reserved_gib=round(held / 2**30, 3) if held is not None else None,
-            tokens_per_s=round(tokens[0] * len(after_warmup) / sum(after_warmup), 1),
+            tokens_per_s=round(tokens[0] * (len(ends) - 1) / (ends[-1] - ends[0]), 1)
+            if len(ends) > 1
+            else None,
         ),
     )
 
