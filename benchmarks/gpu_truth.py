@@ -129,8 +129,8 @@ def matrix(name: str) -> list[Config]:
             Config(small, "lora", "fp32", True, 64, 2, runner="hf"),
         ]
     if name == "first":
-        # one lent session's call (about 7 minutes on an H200), most valuable first: a killed
-        # run still leaves its rows. The open questions of the last loan, frugal beside the
+        # one lent session's calls (about 10 minutes on an H200), most valuable first: a
+        # killed run still leaves its rows. The open questions of the last loans, frugal beside the
         # `--emit hf` Trainer script of the same run, the memory techniques at 16K and the
         # estimator's longest sequence, then the rows measured before (repeatability): the
         # step of each method, QLoRA through bitsandbytes, the estimator's micro-batch on
@@ -141,10 +141,9 @@ def matrix(name: str) -> list[Config]:
             # 2026-11-26: 122 GiB allocated at micro-batch 2 after backing off from 32, 76 GiB
             # asked for directly (the third row): what the back-off run holds, by line
             c(l1, "full", "bf16-mixed", False, 8192, 32, effective=32, history=True),
-            # 2026-11-26: pinned host memory grew by one step's offloaded inputs every step
+            # pinned host memory held with offloading (4.0 GiB at every step of the second loan)
             c(l8, "qlora", "bf16-mixed", True, 16384, 1, 32, "adamw-8bit", 16, True, effective=1),
-            # 2026-11-26: 122 GiB measured at micro-batch 2 after backing off from 32, 83
-            # estimated: the same step asked for directly tells the back-off from the estimate
+            # the same step asked for directly (76 GiB on the second loan, 83 estimated)
             c(l1, "full", "bf16-mixed", False, 8192, 2),
             c(l1, "lora", "bf16-mixed", True, 2048, 1),
             c(l1, "lora", "bf16-mixed", True, 2048, 1, runner="hf"),
