@@ -385,9 +385,11 @@ def test_max_hours_stops_cleanly(tmp_path: Path, one_second_steps: recipe.Clock)
 def test_an_idle_run_stops_with_a_checkpoint(tmp_path: Path, books: Ledger) -> None:
     def stall(step: int, m: dict[str, float]) -> None:
         if step == 2:
-            time.sleep(4.5)  # idle at 3 s (polled every 0.75 s), hung only at 6 s
+            # idle at 4 s (polled every second), hung only at 8 s: 2.5 s for the step itself
+            # on a loaded machine (at 6 s a slow step was a hang, which exits the process)
+            time.sleep(5.5)
 
-    cfg = make_cfg(tmp_path / "r", "data.epochs=20", "training.idle_stop_min=3s")
+    cfg = make_cfg(tmp_path / "r", "data.epochs=20", "training.idle_stop_min=4s")
     s = recipe.train(cfg, quiet=True, on_step=stall)
     assert s.outcome == "idle-stopped" and s.resumable and s.steps == 2
     assert (tmp_path / "r" / "checkpoints").exists()
