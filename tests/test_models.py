@@ -236,11 +236,14 @@ def test_an_unknown_id_fails_at_once_offline(how: str, silent_hub: tuple[str, li
     endpoint, accepted = silent_hub
     args = ("--offline",) if how == "flag" else ()
     env = {"HF_HUB_OFFLINE": "1"} if how == "env" else {}
-    run, took = _frugal(*args, "estimate", "meta-llama/Llama-3.1-8x", HF_ENDPOINT=endpoint, **env)
+    unknown = (*args, "estimate", "meta-llama/Llama-3.1-8x")
+    run, took = _frugal(*unknown, HF_ENDPOINT=endpoint, **env)
     # "at once": no longer than a name that is never looked up on the hub (the same start-up),
     # give or take a loaded machine's noise; a probe of the silent hub alone would add PROBE_S
     plain, base = _frugal(*args, "estimate", "mistral-7b", HF_ENDPOINT=endpoint, **env)
     assert run.returncode == 2 and plain.returncode == 2, (run.stderr, plain.stderr)
+    if took >= base + 1.5 * specs.PROBE_S:  # a pause of a loaded machine: a probe pauses twice
+        took = min(took, _frugal(*unknown, HF_ENDPOINT=endpoint, **env)[1])
     assert took < base + 1.5 * specs.PROBE_S, (took, base)
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "offline" in lines[0] and "meta-llama/Llama-3.1-8B" in lines[0]
