@@ -11,7 +11,7 @@ QLoRA job calls bitsandbytes' CUDA ones.
 `bitsandbytes` package itself executes, turns `torch.compile(fn, ...)` into a function that
 compiles `fn` on its first call with the same arguments: what bitsandbytes gets is the same,
 compiled when first used instead of when imported. Nothing else is changed: the finder
-removes itself after that one import, and `torch.compile` of anything but a plain function
+removes itself when that one import runs, and `torch.compile` of anything but a plain function
 (a module, a method) goes straight to torch.
 """
 
@@ -57,8 +57,13 @@ class _CompileLater(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if name != DEFERRED:
             return None
-        uninstall()  # one import; the real finders find the spec below
-        spec = importlib.util.find_spec(name)
+        # the spec the other finders give (peft and transformers also ask for it only to
+        # learn whether bitsandbytes is installed: each asking gets its own)
+        uninstall()
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            install()
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         execute = spec.loader.exec_module
@@ -66,6 +71,7 @@ class _CompileLater(importlib.abc.MetaPathFinder):
         def exec_module(module: Any) -> None:
             import torch
 
+            uninstall()  # bitsandbytes is being imported: once is all
             real = torch.compile
             torch.compile = compile_on_first_call(real)
             try:
