@@ -18,6 +18,10 @@ def test_the_matrices_name_each_config_once() -> None:
     long = gt.matrix("long")
     fused = [c for c in long if c.in_backward]
     assert fused and all(c.effective == c.micro for c in fused)  # one micro-batch a step
+    # steps near the longest sequence take a minute each: two of them, last on a short loan
+    edges = [c for c in long if c.max_seq_share]
+    assert len(edges) == 2 and all(c.steps == 2 for c in edges)
+    assert gt.matrix("first")[-2:] == edges
 
 
 @pytest.mark.slow
