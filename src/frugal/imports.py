@@ -18,13 +18,14 @@ removes itself when that one import runs, and `torch.compile` of anything but a 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 DEFERRED = "bitsandbytes"
 
@@ -51,10 +52,13 @@ def compile_on_first_call(real: Callable[..., Any]) -> Callable[..., Any]:
     return compile_
 
 
-class _CompileLater(importlib.abc.MetaPathFinder):
+class _CompileLater:
+    """A `sys.meta_path` finder (a `find_spec` method is all one needs; subclassing
+    importlib.abc's would import importlib.resources, 40 ms on every command)."""
+
     def find_spec(
         self, name: str, path: Sequence[str] | None, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
+    ) -> ModuleSpec | None:
         if name != DEFERRED:
             return None
         # the spec the other finders give (peft and transformers also ask for it only to
