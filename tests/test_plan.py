@@ -431,3 +431,17 @@ def test_the_paged_8bit_optimizer_shares_the_8bit_profile() -> None:
     paged = make_job(method="full", optimizer="paged-adamw-8bit").profile_key()
     assert paged == make_job(method="full", optimizer="adamw-8bit").profile_key()
     assert paged != make_job(method="full", optimizer="adamw").profile_key()
+
+
+def test_an_instance_sold_in_several_regions_is_rejected_once(tiny_llama: ModelSpec) -> None:
+    """The same instance in five regions fails for the same reason five times: the rejected
+    list names it once, so that the five lines it shows are five different options."""
+    offers = catalog()
+    many = [o for o in offers if o.gpu.name == "T4" and o.gpus == 1]
+    regions = {o.instance: 0 for o in many}
+    for o in many:
+        regions[o.instance] += 1
+    assert max(regions.values()) > 1  # the catalog sells a T4 instance in several regions
+    r = search(tiny_llama, make_job(seq=128), offers, Constraints(tokens=1e7, effective_batch=12))
+    lines = [(x.label, x.why) for x in r.rejected]
+    assert lines and len(lines) == len(set(lines))

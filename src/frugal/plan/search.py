@@ -435,7 +435,19 @@ def search(
     _explain(best, feasible, frontier, k)
     over.sort(key=lambda r: r.cost_usd or 0.0)
     fit_rej = sorted(rejected, key=lambda r: r.label)
-    return Result(best, frontier, feasible, over[:5] + fit_rej[:5], [])
+    return Result(best, frontier, feasible, _distinct(over)[:5] + _distinct(fit_rej)[:5], [])
+
+
+def _distinct(rejected: list[Rejected]) -> list[Rejected]:
+    """One of each option and reason, in order: an instance sold in several regions is
+    rejected once per region, for the same reason, and would fill the list with one line."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for r in rejected:
+        if (r.label, r.why) not in seen:
+            seen.add((r.label, r.why))
+            out.append(r)
+    return out
 
 
 def _best_config(
