@@ -390,6 +390,77 @@ def test_two_processes_sigterm_then_resume_equal_one(
     assert all(abs(la[k] - lb[k]) < 1e-5 for k in la)
 
 
+def two_nodes(cfg: Path, stop_after: int | None = None) -> list[tuple[int, str, str]]:
+    """`frugal train CFG --json` as the two nodes of one job on loopback (`--nnodes 2`,
+    each given its rank); with `stop_after`, SIGTERM to node 1 alone once that many steps
+    are logged. Returns each node's (exit code, out, err)."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "frugal.cli.main", "train", str(cfg), "--json", "--nnodes",
+             "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,
+        )
+        for rank in (0, 1)
+    ]  # fmt: skip
+    try:
+        if stop_after is not None:
+            metrics = Path(load_run_config(cfg).output_dir) / "metrics.jsonl"
+            deadline = time.monotonic() + 240
+            while len(losses(metrics.parent) if metrics.exists() else ()) < stop_after:
+                assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            procs[1].send_signal(signal.SIGTERM)
+        out = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=300)
+            out.append((p.returncode, stdout, stderr))
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("sharding", "per_node"), [("ddp", 1), ("fsdp", 2)], ids=["ddp-1-each", "fsdp-2-each"]
+)
+@pytest.mark.slow
+def test_two_nodes_train_as_one(tmp_path: Path, sharding: str, per_node: int) -> None:
+    """Two launchers on loopback meet at the c10d rendezvous and train one job: the same
+    losses and weights as one process with the whole batch. SIGTERM to node 1 alone stops
+    both nodes with a checkpoint (exit 75 on each); both rerun, and end as an uninterrupted
+    run would."""
+    same = ("training.max_steps=6", *EVERY_STEP, f"job.sharding={sharding}")
+    one = tmp_path / "one"
+    recipe.train(make_cfg(one, "job.batch=4", *same), quiet=True)
+    two = tmp_path / "two"
+    micro = f"job.batch={4 // (2 * per_node)}"
+    cfg = write_cfg(tmp_path / "c.yaml", make_cfg(two, micro, *same, f"job.gpus={2 * per_node}"))
+    stopped = two_nodes(cfg, stop_after=2)
+    assert [rc for rc, _, _ in stopped] == [recipe.RESUMABLE_EXIT] * 2, stopped[1][2][-3000:]
+    assert "2 nodes (--nnodes): this is node 1" in stopped[1][2]
+    first = RunSummary.model_validate_json(stopped[0][1].strip().splitlines()[-1])
+    assert first.outcome == "preempted" and 2 <= first.steps < 6
+    assert stopped[1][1] == ""  # the head (rank 0) alone writes the summary
+    rerun = two_nodes(cfg)
+    assert [rc for rc, _, _ in rerun] == [0, 0], rerun[0][2][-3000:]
+    s = RunSummary.model_validate_json(rerun[0][1].strip().splitlines()[-1])
+    assert s.outcome == "completed" and s.steps_this_session == 6 - first.steps
+    assert_same_weights(one, two, tol=1e-5)
+    la, lb = losses(one), losses(two)
+    assert la.keys() == lb.keys() == set(range(1, 7))
+    assert all(abs(la[k] - lb[k]) < 1e-5 for k in la)
+
+
 def test_every_config_key_is_documented() -> None:
     import re
 

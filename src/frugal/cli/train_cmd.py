@@ -9,6 +9,8 @@ command with `--resume auto` (the default) to continue exactly where it stopped.
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from frugal.cli.options import number, option
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import INTERRUPTED_EXIT, RESUMABLE_EXIT, FrugalError
 from frugal.run.launch import launch
+from frugal.run.nodes import DEFAULT_PORT, Nodes, resolve
 from frugal.run.outdir import check, held
 from frugal.run.summary import RunSummary
 from frugal.step.job import TrainJob
@@ -56,6 +59,37 @@ def train(
         False, "--force", help="Start even if the plan's estimate would cross a budget."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+    nnodes: int | None = number(
+        None,
+        "Machines in a multi-node run (each runs this command) [default: SkyPilot's or "
+        "Slurm's, else 1].",
+        ge=1,
+        le=4096,
+        whole=True,
+    ),
+    node_rank: int | None = number(
+        None,
+        "This machine's place, 0 (the head) to nnodes-1 [default: the rendezvous'].",
+        ge=0,
+        le=4095,
+        whole=True,
+    ),
+    master_addr: str | None = typer.Option(None, help="The head node's address."),
+    master_port: int | None = number(
+        None,
+        f"The rendezvous port on the head node [default: {DEFAULT_PORT}].",
+        ge=1,
+        le=65535,
+        whole=True,
+    ),
+    rdzv_endpoint: str | None = typer.Option(
+        None, help="HOST:PORT of the rendezvous, in place of --master-addr/--master-port."
+    ),
+    rdzv_id: str | None = typer.Option(
+        None,
+        help="The job's name at the rendezvous [default: SkyPilot's task id, Slurm's "
+        "job id, else frugal].",
+    ),
 ) -> None:
     """Fine-tune with LoRA, QLoRA or full training, as planned, keeping the money in view."""
 
@@ -64,14 +98,27 @@ def train(
     cfg = load_run_config(
         config, list(overrides or []), {k: v for k, v in flags.items() if v is not None}
     )
-    if cfg.job.gpus > 1 and "LOCAL_RANK" not in os.environ:
+    if "LOCAL_RANK" in os.environ:  # a worker: of frugal's launcher, or of torchrun's
+        nodes = Nodes(worker=True)
+    else:
+        nodes = resolve(nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_id)
+    if not nodes.worker and (cfg.job.gpus > 1 or nodes.count > 1):
         from frugal.run.books import preflight  # the ledger: SQLAlchemy
 
-        check(Path(cfg.output_dir))  # frugal's, or refused before any process starts
-        out = Path(cfg.output_dir) / ("dry-run" if dry_run else "")
+        here = nodes.per_node(cfg.job.gpus)
+        if nodes.count > 1:
+            print(nodes.line(cfg.job.gpus), file=sys.stderr)
+        out_dir = Path(cfg.output_dir)
+        check(out_dir)  # frugal's, or refused before any process starts
+        out = out_dir / ("dry-run" if dry_run else "")
         preflight(cfg, list(tag or []), force, out, bool(dry_run))  # before any process starts
-        with held(Path(cfg.output_dir)):  # the workers run under this process's hold
-            code = launch(cfg.job.gpus, cli.ARGV)
+
+        def hold(rank: int) -> AbstractContextManager[Any]:
+            """The head node holds the output directory (shared by every node) for its
+            workers, and every other node checks that it sees the head's files there."""
+            return held(out_dir) if rank == 0 else nullcontext()
+
+        code = launch(here, cli.ARGV, nodes=nodes, hold=hold, shared=out_dir)
         raise typer.Exit(code)
 
     from frugal.run.recipe import train as run_train

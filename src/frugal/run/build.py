@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from typing import Any
 
 import torch
@@ -226,8 +227,12 @@ def refuse_unsupported(cfg: RunConfig) -> None:
                 "or drop it from training.loggers"
             )
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus and job.gpus > gpus:
-        raise FrugalError(f"job.gpus={job.gpus} but this machine has {gpus} GPUs")
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", job.gpus))  # of job.gpus over all nodes
+    if gpus and here > gpus:
+        nodes = f" on each of {job.gpus // here} nodes" if here < job.gpus else ""
+        raise FrugalError(
+            f"job.gpus={job.gpus} needs {here} GPUs{nodes} but this machine has {gpus}"
+        )
     if cfg.budget_usd is not None and not cfg.hourly_usd:
         raise FrugalError(
             "a budget needs the machine's price: run a plan's config, or give "

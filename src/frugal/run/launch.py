@@ -29,45 +29,85 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from pathlib import Path
 from typing import IO, Any
 
 import psutil
 
-from frugal.errors import RESUMABLE_EXIT
+from frugal.errors import RESUMABLE_EXIT, FrugalError
+from frugal.run.nodes import Nodes
 
 STOPS = (signal.SIGTERM, signal.SIGINT)  # passed on to the workers
 TORCH_HANDLES = "SIGHUP,SIGQUIT"  # left to torch: it stops the workers with them
 NOISE = re.compile(r"^(\[rank\d+\]:)?(\[?[WEIF]\d{4} |\[[WEIF] |torch\.distributed)")
 TAIL = 40  # lines of held output shown when a worker failed
 POLL_S = 0.1
+JOIN_TIMEOUT_S = 600  # torchrun's: how long the rendezvous waits for every node
+DONE_WAIT_S = 60  # how long a finished node keeps the rendezvous store up for the others
 
 
-def launch(n: int, argv: Sequence[str], worker: Sequence[str] | None = None) -> int:
+def launch(
+    n: int,
+    argv: Sequence[str],
+    worker: Sequence[str] | None = None,
+    nodes: Nodes | None = None,
+    hold: Callable[[int], AbstractContextManager[Any]] | None = None,
+    shared: Path | None = None,
+) -> int:
     """Run `worker` (default `python -m frugal.cli.main`) with `argv` (less `--debug`) in
-    `n` processes on this machine; returns the exit code for the launcher (see above)."""
+    `n` processes on this machine, of `nodes` (one, this one, by default); returns the exit
+    code for the launcher (see above). `hold(node rank)` is held while the workers run;
+    `shared` is a directory every node must see as the same (the run's output)."""
 
     from torch.distributed import TCPStore
+
+    nodes = nodes or Nodes()
+    with _quiet_torch():
+        if nodes.count > 1:
+            rdzv = _Rendezvous(nodes)
+            same, rank = rdzv.join(n), rdzv.node_rank
+        else:
+            rdzv, rank = None, 0
+            store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # free port
+            same = {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(store.port),
+                "TORCHELASTIC_USE_AGENT_STORE": "True",  # the workers join the launcher's store
+                "TORCHELASTIC_RUN_ID": uuid.uuid4().hex,
+                "WORLD_SIZE": str(n),
+            }
+        try:
+            with hold(rank) if hold else contextlib.nullcontext():
+                if rdzv is not None and shared is not None:
+                    rdzv.check_shared(shared)
+                return _run(n, argv, worker, rank, same)
+        finally:
+            if rdzv is not None:
+                rdzv.leave()
+
+
+def _run(
+    n: int, argv: Sequence[str], worker: Sequence[str] | None, node: int, same: dict[str, str]
+) -> int:
+    """The `n` workers of node `node`, started and waited for."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     cmd = list(worker or (sys.executable, "-m", "frugal.cli.main"))
     args = (*cmd[1:], *(a for a in argv if a != "--debug"))
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: free
     same = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(store.port),
-        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the workers join the launcher's store
-        "TORCHELASTIC_RUN_ID": uuid.uuid4().hex,
+        **same,
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
-        "WORLD_SIZE": str(n),
         "LOCAL_WORLD_SIZE": str(n),
-        "GROUP_RANK": "0",
+        "GROUP_RANK": str(node),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),  # as torchrun: not N x cores
     }
-    envs = {r: {**same, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(n)}
+    envs = {r: {**same, "RANK": str(node * n + r), "LOCAL_RANK": str(r)} for r in range(n)}
     logs = tempfile.mkdtemp(prefix="frugal-launch-")
-    with _quiet_torch(), _Forward() as forward:
+    with _Forward() as forward:
         try:
             with _env("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCH_HANDLES):  # read at the start
                 pc = start_processes(
@@ -94,6 +134,115 @@ def launch(n: int, argv: Sequence[str], worker: Sequence[str] | None = None) -> 
         return 2
     err.report(codes)
     return 1
+
+
+class _Rendezvous:
+    """This node's place in a multi-node job, from torch.distributed's elastic c10d
+    rendezvous at the head node (torchrun's `--rdzv-backend c10d`).
+
+    The rendezvous numbers the nodes in an order of its own; a node given its rank
+    (`--node-rank`, SkyPilot's, Slurm's) keeps it, so that node 0, the head, holds rank 0
+    (the one that writes the run's summary and books), and two nodes that claim one rank
+    are refused. The workers join the store the rendezvous shares (as torchrun's do). At the
+    end each node waits, for a while, for the others to be done with that store."""
+
+    def __init__(self, nodes: Nodes) -> None:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        self.nodes = nodes
+        # the node whose address is the endpoint's hosts the store (on loopback, the first)
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=nodes.endpoint,
+            run_id=nodes.run_id,
+            min_nodes=nodes.count,
+            max_nodes=nodes.count,
+            local_addr=nodes.local_addr,
+            join_timeout=JOIN_TIMEOUT_S,
+        )
+        self.handler = get_rendezvous_handler(params)
+        self.node_rank = -1
+
+    def join(self, n: int) -> dict[str, str]:
+        """Wait for every node; the environment every worker of this node shares."""
+        from torch.distributed.elastic.rendezvous import RendezvousError
+
+        nodes = self.nodes
+        try:
+            info = self.handler.next_rendezvous()
+        except RendezvousError as e:
+            raise FrugalError(
+                f"the rendezvous at {nodes.endpoint} did not gather {nodes.count} nodes in "
+                f"{JOIN_TIMEOUT_S} s ({str(e).splitlines()[0][:160]}): start frugal train on "
+                "every node, with the same --nnodes and the head's address"
+            ) from None
+        self.store = info.store
+        self.group = info.rank
+        rank = nodes.rank if nodes.rank is not None else info.rank
+        self.store.set(f"frugal/node/{info.rank}", f"{rank} {n}")
+        said = [self.store.get(f"frugal/node/{g}").decode().split() for g in range(nodes.count)]
+        ranks, procs = sorted(int(r) for r, _ in said), {int(p) for _, p in said}
+        if ranks != list(range(nodes.count)):
+            raise FrugalError(
+                f"the {nodes.count} nodes gave node ranks {ranks}: give each node its own "
+                f"--node-rank, 0 to {nodes.count - 1}"
+            )
+        if len(procs) > 1:
+            raise FrugalError(
+                f"the nodes would start {sorted(procs)} processes each: give every node the "
+                "same run config (job.gpus) and --nnodes"
+            )
+        self.node_rank = rank
+        boot = info.bootstrap_store_info
+        assert boot is not None  # the c10d rendezvous shares its store
+        return {
+            "MASTER_ADDR": boot.master_addr,
+            "MASTER_PORT": str(boot.master_port),
+            "TORCHELASTIC_USE_AGENT_STORE": str(self.handler.use_agent_store),
+            "TORCHELASTIC_RUN_ID": self.handler.get_run_id(),
+            "WORLD_SIZE": str(nodes.count * n),
+            "GROUP_WORLD_SIZE": str(nodes.count),
+        }
+
+    def check_shared(self, path: Path) -> None:
+        """Every node sees the head's files in `path` (checkpoints are written there shard
+        by shard, by every node), or every node refuses to start."""
+        mark = path / f".frugal-nodes-{self.nodes.run_id}"
+        if self.node_rank == 0:
+            token = uuid.uuid4().hex
+            mark.write_text(token)
+            self.store.set("frugal/shared", token)
+        else:
+            token = self.store.get("frugal/shared").decode()
+            seen = mark.is_file() and mark.read_text() == token
+            self.store.set(f"frugal/seen/{self.node_rank}", "yes" if seen else "no")
+        others = [f"frugal/seen/{r}" for r in range(1, self.nodes.count)]
+        said = self.store.multi_get(others)  # waits for every node's answer
+        blind = [k.rsplit("/", 1)[1] for k, v in zip(others, said, strict=True) if v != b"yes"]
+        if self.node_rank == 0:
+            mark.unlink(missing_ok=True)
+        if blind:
+            raise FrugalError(
+                f"output_dir {path} is not the same directory on every node (node "
+                f"{', '.join(blind)} does not see node 0's files there): put it on storage "
+                "all nodes share (a mounted bucket, NFS), as every node writes its checkpoint "
+                "shards there"
+            )
+
+    def leave(self) -> None:
+        """Done here: wait (a while) for the other nodes, whose workers may still use the
+        store this node hosts, then close the rendezvous."""
+        if self.node_rank < 0:
+            return
+        with contextlib.suppress(Exception):  # a node that is gone has nothing left to use
+            self.store.set(f"frugal/done/{self.group}", "1")
+            self.store.wait(
+                [f"frugal/done/{g}" for g in range(self.nodes.count)],
+                timedelta(seconds=DONE_WAIT_S),
+            )
+        with contextlib.suppress(Exception):
+            self.handler.shutdown()
 
 
 def _wait(pc: Any, procs: dict[int, psutil.Process], err: _Stderr) -> dict[int, int]:
