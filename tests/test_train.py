@@ -14,9 +14,11 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from conftest import DATA, ROOT, TINY, assert_same_weights, losses, make_cfg, run_error, run_json
@@ -390,10 +392,16 @@ def test_two_processes_sigterm_then_resume_equal_one(
     assert all(abs(la[k] - lb[k]) < 1e-5 for k in la)
 
 
-def two_nodes(cfg: Path, stop_after: int | None = None) -> list[tuple[int, str, str]]:
+def two_nodes(
+    cfg: Path,
+    stop_after: int | None = None,
+    act: Callable[[psutil.Process], None] | None = None,
+    grace_s: float = 60,
+) -> list[tuple[int, str, str]]:
     """`frugal train CFG --json` as the two nodes of one job on loopback (`--nnodes 2`,
-    each given its rank); with `stop_after`, SIGTERM to node 1 alone once that many steps
-    are logged. Returns each node's (exit code, out, err)."""
+    each given its rank); with `stop_after`, once that many steps are logged, `act` on node
+    1's launcher (default: SIGTERM to it alone). Node 1 is killed if it has not ended
+    `grace_s` after node 0. Returns each node's (exit code, out, err)."""
     import socket
     import time
 
@@ -418,12 +426,15 @@ def two_nodes(cfg: Path, stop_after: int | None = None) -> list[tuple[int, str, 
                 assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-            procs[1].send_signal(signal.SIGTERM)
-        out = []
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=300)
-            out.append((p.returncode, stdout, stderr))
-        return out
+            (act or (lambda p: p.send_signal(signal.SIGTERM)))(psutil.Process(procs[1].pid))
+        out = [procs[0].communicate(timeout=300)]
+        try:  # node 1 ends with node 0, or it is stuck (a test hung its worker): kill it
+            out.append(procs[1].communicate(timeout=grace_s))
+        except subprocess.TimeoutExpired:
+            for q in [*psutil.Process(procs[1].pid).children(recursive=True), procs[1]]:
+                q.kill()  # its workers run in sessions of their own
+            out.append(procs[1].communicate())
+        return [(p.returncode, o, e) for p, (o, e) in zip(procs, out, strict=True)]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -459,6 +470,50 @@ def test_two_nodes_train_as_one(tmp_path: Path, sharding: str, per_node: int) ->
     la, lb = losses(one), losses(two)
     assert la.keys() == lb.keys() == set(range(1, 7))
     assert all(abs(la[k] - lb[k]) < 1e-5 for k in la)
+
+
+def _kill_worker(launcher: psutil.Process) -> None:
+    launcher.children()[0].kill()
+
+
+def _hang_worker(launcher: psutil.Process) -> None:
+    launcher.children()[0].suspend()  # alive, silent: as a node whose network is gone
+
+
+def _kill_launcher(launcher: psutil.Process) -> None:
+    launcher.kill()  # no signal passed on: its worker notices the orphaning
+
+
+@pytest.mark.parametrize("act", [_kill_worker, _hang_worker, _kill_launcher],
+                         ids=["worker-killed", "worker-hung", "launcher-killed"])  # fmt: skip
+@pytest.mark.slow
+def test_a_node_that_dies_stops_the_others_resumable(
+    tmp_path: Path, act: Callable[[psutil.Process], None]
+) -> None:
+    """Node 1 loses its worker (kill -9), or its worker stops answering, or its launcher is
+    killed: node 0 stops within training.peer_timeout_min (at once where the connection
+    closes) with one line, exit 75, and its newest complete checkpoint intact."""
+    import time
+
+    long = ("training.max_steps=40", "data.epochs=20", "job.optimizer=sgd",
+            "training.save_every_min=1e-6", "training.peer_timeout_min=0.1")  # fmt: skip
+    out = tmp_path / "run"
+    cfg = write_cfg(tmp_path / "c.yaml", make_cfg(out, "job.batch=2", "job.gpus=2", *long))
+    t = time.monotonic()
+    nodes = two_nodes(cfg, stop_after=2, act=act, grace_s=10)
+    took = time.monotonic() - t
+    (rc, _, err) = nodes[0]
+    assert rc == recipe.RESUMABLE_EXIT, err[-3000:]
+    if act is _kill_launcher:  # the orphaned worker voted to stop: both saved a checkpoint
+        s = RunSummary.model_validate_json((out / "run_summary.json").read_text())
+        assert s.outcome == "preempted" and s.steps < 40
+    else:
+        line = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+        assert len(line) == 1 and "another process of this run is gone" in line[0], err[-3000:]
+        assert "is intact; once every node is up, run the same command" in line[0]
+    assert took < 120 and nodes[1][0] != 0  # stopped, not finished 40 steps
+    newest = ckpt.latest(out / "checkpoints")
+    assert newest is not None and ckpt.read_state(newest).step >= 1
 
 
 def test_every_config_key_is_documented() -> None:

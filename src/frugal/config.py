@@ -89,6 +89,12 @@ class TrainingConfig(Strict):
     heartbeat_min: Minutes = Field(
         1.0, description="how often the run reports its progress and spend to the ledger"
     )
+    peer_timeout_min: Minutes = Field(
+        10.0,
+        description="in a run of several processes, how long one waits for the others at a "
+        "step's exchange before it stops, resumable, as if they were gone (minutes, or a "
+        "duration)",
+    )
     log_every: int = Field(1, ge=1, description="log metrics every N steps")
     loggers: list[Logger] = Field(default_factory=_default_loggers, description="metric sinks")
     merge: bool = Field(False, description="also save the LoRA adapter merged into the model")

@@ -22,5 +22,12 @@ def notice(message: str) -> None:
         print(f"note: {message}", file=sys.stderr)
 
 
-RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped on a signal, checkpoint saved, run `--resume auto`
 INTERRUPTED_EXIT = 130  # 128 + SIGINT: a second Ctrl-C stopped it at once
+RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped on a signal, checkpoint saved, run `--resume auto`
+
+
+class PeerLost(FrugalError):
+    """Another process of a multi-process run is gone (its node died, or it was killed):
+    this one stops, and the run resumes from its newest complete checkpoint."""
+
+    exit_code = RESUMABLE_EXIT

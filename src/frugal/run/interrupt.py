@@ -5,6 +5,7 @@ place), a second Ctrl-C waits the few milliseconds until the swap is done (`held
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +41,16 @@ class Stop:
         _active.remove(self)
         for s, h in self.old.items():
             signal.signal(s, h)
+
+
+LAUNCHER = "FRUGAL_LAUNCHER_PID"  # set by frugal's launcher in each worker's environment
+
+
+def orphaned() -> bool:
+    """Whether this worker's launcher (frugal's) is gone: killed outright, it passed on no
+    signal, so its workers stop as if it had."""
+    pid = os.environ.get(LAUNCHER)
+    return pid is not None and os.getppid() != int(pid)
 
 
 @contextmanager

@@ -38,6 +38,7 @@ from typing import IO, Any
 import psutil
 
 from frugal.errors import RESUMABLE_EXIT, FrugalError
+from frugal.run.interrupt import LAUNCHER
 from frugal.run.nodes import Nodes
 
 STOPS = (signal.SIGTERM, signal.SIGINT)  # passed on to the workers
@@ -79,14 +80,16 @@ def launch(
                 "TORCHELASTIC_RUN_ID": uuid.uuid4().hex,
                 "WORLD_SIZE": str(n),
             }
+        code = 1
         try:
             with hold(rank) if hold else contextlib.nullcontext():
                 if rdzv is not None and shared is not None:
                     rdzv.check_shared(shared)
-                return _run(n, argv, worker, rank, same)
+                code = _run(n, argv, worker, rank, same)
+                return code
         finally:
             if rdzv is not None:
-                rdzv.leave()
+                rdzv.leave(wait=code == 0)
 
 
 def _run(
@@ -103,6 +106,7 @@ def _run(
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "LOCAL_WORLD_SIZE": str(n),
         "GROUP_RANK": str(node),
+        LAUNCHER: str(os.getpid()),  # a worker whose launcher is killed stops (orphaned)
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),  # as torchrun: not N x cores
     }
     envs = {r: {**same, "RANK": str(node * n + r), "LOCAL_RANK": str(r)} for r in range(n)}
@@ -230,17 +234,18 @@ class _Rendezvous:
                 "shards there"
             )
 
-    def leave(self) -> None:
-        """Done here: wait (a while) for the other nodes, whose workers may still use the
-        store this node hosts, then close the rendezvous."""
+    def leave(self, wait: bool) -> None:
+        """Done here. With `wait` (this node completed the run), wait a while for the other
+        nodes to complete theirs, as their workers may still use the store this node hosts;
+        a node that stopped (a signal, a lost peer) has agreed with the others to stop and
+        does not wait for nodes that may be gone. Then close the rendezvous."""
         if self.node_rank < 0:
             return
         with contextlib.suppress(Exception):  # a node that is gone has nothing left to use
             self.store.set(f"frugal/done/{self.group}", "1")
-            self.store.wait(
-                [f"frugal/done/{g}" for g in range(self.nodes.count)],
-                timedelta(seconds=DONE_WAIT_S),
-            )
+            if wait:
+                done = [f"frugal/done/{g}" for g in range(self.nodes.count)]
+                self.store.wait(done, timedelta(seconds=DONE_WAIT_S))
         with contextlib.suppress(Exception):
             self.handler.shutdown()
 

@@ -76,9 +76,11 @@ class Nodes:
     def line(self, gpus: int) -> str:
         """What `frugal train` says once at the start of a multi-node run."""
         which = f"node {self.rank}" if self.rank is not None else "a node the rendezvous numbers"
+        here = self.per_node(gpus)
         return (
-            f"{self.count} nodes ({self.source}): this is {which}, {self.per_node(gpus)} "
-            f"processes here, {gpus} in all; rendezvous {self.run_id} at {self.endpoint}"
+            f"{self.count} nodes ({self.source}): this is {which}, {here} "
+            f"process{'es' if here > 1 else ''} here, {gpus} in all; rendezvous {self.run_id} "
+            f"at {self.endpoint}"
         )
 
 

@@ -28,11 +28,13 @@ import gc
 import json
 import math
 import os
+import re
 import shutil
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,7 @@ from frugal.data.examples import (
 from frugal.data.stats import DataStats
 from frugal.data.tokens import Examples
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
-from frugal.errors import FrugalError
+from frugal.errors import FrugalError, PeerLost
 from frugal.files import write_text_atomic
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.run import checkpoint as ckpt
@@ -67,7 +69,7 @@ from frugal.run.build import (
     shard,
 )
 from frugal.run.diagnose import Diagnostics, Finding
-from frugal.run.interrupt import Stop
+from frugal.run.interrupt import Stop, orphaned
 from frugal.run.meter import CostMeter, Progress, Sinks
 from frugal.run.predict import expected_step_s, predict
 from frugal.run.state import FindingRecord, TrainState
@@ -133,7 +135,7 @@ class Run:
 def setup(cfg: RunConfig) -> Run:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
-    from accelerate.utils import set_seed
+    from accelerate.utils import InitProcessGroupKwargs, set_seed
 
     job = cfg.job
     refuse_unsupported(cfg)
@@ -143,7 +145,13 @@ def setup(cfg: RunConfig) -> Run:
     # accelerate keeps one precision per process: a second run in it (a notebook, the GPU
     # tests) may want another, so its state is set afresh (the process group is kept)
     AcceleratorState._reset_state()
-    acc = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available())
+    # a process that waits for the others longer than this stops, resumable (PeerLost);
+    # none: torch's own limit
+    peer = cfg.training.peer_timeout_min
+    wait = [InitProcessGroupKwargs(timeout=timedelta(minutes=peer))] if peer else []
+    acc = Accelerator(
+        mixed_precision=mixed, cpu=not torch.cuda.is_available(), kwargs_handlers=wait
+    )
     if acc.num_processes != job.gpus:
         raise FrugalError(
             f"job.gpus={job.gpus} but {acc.num_processes} processes were launched: "
@@ -431,14 +439,45 @@ def _session(
             raise
         summary = loop.interrupted()
     except BaseException as e:
+        lost = _peer_lost(e, out)
         if books is not None:
             step, tokens = (loop.state.step, loop.state.tokens) if loop else (0, 0.0)
-            books.end_failed("failed", f"{type(e).__name__}: {e}", round(meter.spent_usd(), 4),
+            why = str(lost) if lost else f"{type(e).__name__}: {e}"
+            outcome: Outcome = "preempted" if lost else "failed"
+            books.end_failed(outcome, why, round(meter.spent_usd(), 4),
                              round(meter.elapsed_s() / 3600, 5), step, tokens)  # fmt: skip
+        if lost:
+            raise lost from e
         raise
     if books is not None:
         books.end(summary)
     return summary
+
+
+def _peer_lost(e: BaseException, out: Path) -> PeerLost | None:
+    """`e` as PeerLost where it is an exchange between processes that failed because another
+    process is gone: its connection reset or closed (at once), or no answer within
+    training.peer_timeout_min. None for anything else, and in a run of one process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    text = str(e)
+    comms = isinstance(e, dist.DistError) or (
+        isinstance(e, RuntimeError)
+        and any(s in text for s in ("gloo", "NCCL", "Connection reset", "Connection closed"))
+    )
+    if not comms:
+        return None
+    newest = ckpt.latest(out / "checkpoints")
+    kept = f"its newest complete checkpoint ({newest.name}) is intact" if newest else (
+        "it has no checkpoint yet")  # fmt: skip
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    first = re.sub(r"^\[[^\]]*\]\s*", "", first)  # the C++ source line torch puts first
+    return PeerLost(
+        f"another process of this run is gone ({first[:160]}): this one stopped too, and "
+        f"{kept}; once every node is up, run the same command on each to resume"
+    )
 
 
 def _parts(run: Run) -> ckpt.Parts:
@@ -658,9 +697,10 @@ class Loop:
         then = nxt + 2 * self.save_s  # the next piece of work, a checkpoint, the weights
         cap = self._books(now, then)
         meter = self.meter
+        orphan = orphaned()
         sig, over_budget, over_scope, over_hours, idle, over_time, save_due = _global_sum(
             self.run,
-            float(self.stop.signal is not None),
+            float(self.stop.signal is not None or orphan),
             float(meter.would_exceed(nxt, 2 * self.save_s)),
             float(cap is not None and meter.spent_usd() + then * meter.rate > cap.usd),
             float(t.max_hours is not None and meter.elapsed_s() + then > 3600 * t.max_hours),
@@ -676,7 +716,8 @@ class Loop:
         if sig:
             before = " before the first step: nothing to save" if step == 0 else ""
             got = self.stop.signal or "on another process"
-            return self._stop("preempted", f"signal {got}{before}")
+            why = "this node's launcher is gone" if orphan and not self.stop.signal else ""
+            return self._stop("preempted", f"{why or f'signal {got}'}{before}")
         if idle:
             return self._stop(
                 "idle-stopped", f"nothing progressed for {t.idle_stop_min:g} min (idle_stop_min)"
