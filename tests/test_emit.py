@@ -134,3 +134,121 @@ def test_hf_script_refuses_what_the_trainer_cannot_run(
     cfg = cfg.model_copy(update={"job": cfg.job.model_copy(update=technique)})
     with pytest.raises(FrugalError, match=f"train with `frugal train`.*{fix}"):
         hf_script(cfg, plan.speed.step_time_s)
+
+
+def _two_node_plan(tiny_llama: ModelSpec) -> Any:
+    """A plan of the tiny model on two nodes of one GPU each (the search places tiny jobs on
+    one node; the emitters read only the plan's nodes, offer and hours)."""
+    from dataclasses import replace
+
+    r = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7))
+    rec = r.recommendation
+    return replace(rec, nodes=2, offer=replace(rec.offer, gpus=1), job=rec.job.model_copy(
+        update={"gpus": 2}))  # fmt: skip
+
+
+def _tiny_two_gpu_config(tmp_path: Path, out: Path) -> Path:
+    from conftest import make_cfg
+
+    path = tmp_path / "run.yaml"
+    make_cfg(out, "job.batch=2", "job.gpus=2", "training.max_steps=2").write(path)
+    return path
+
+
+def _as_two_nodes(script: str, envs: list[dict[str, str]], cwd: Path) -> list[Any]:
+    """`script` run by bash on this machine once per node environment, all at once."""
+    import os
+
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # this frugal's `frugal`
+    procs = [
+        subprocess.Popen(["bash", "-c", script], cwd=cwd, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env={**os.environ, "PATH": path,
+                                                      "OMP_NUM_THREADS": "1", **env})
+        for env in envs
+    ]  # fmt: skip
+    return [(p.wait(timeout=300), *p.communicate()) for p in procs]
+
+
+@pytest.mark.slow
+def test_a_multi_node_skypilot_task_trains_as_one_job(
+    tiny_llama: ModelSpec, tmp_path: Path
+) -> None:
+    """Every node of the task runs its `run` line; with SkyPilot's variables for two nodes
+    on loopback, they meet at the head (the first of SKYPILOT_NODE_IPS) and train one job
+    into the one checkpoint bucket."""
+    from frugal.plan.emit import BUCKET
+
+    plan = _two_node_plan(tiny_llama)
+    task = yaml.safe_load(skypilot_task(plan, "run.yaml"))
+    skypilot_validator("task").validate(task)
+    assert task["num_nodes"] == 2 and task["resources"]["accelerators"].endswith(":1")
+    bucket = tmp_path / "bucket"
+    _tiny_two_gpu_config(tmp_path, bucket)
+    run = task["run"].replace(BUCKET, str(bucket))  # the bucket, mounted here
+    sky = {"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1\n",
+           "SKYPILOT_NUM_GPUS_PER_NODE": "1", "SKYPILOT_TASK_ID": tmp_path.name}  # fmt: skip
+    run = run.replace("29500", str(_free_port()))
+    done = _as_two_nodes(run, [{**sky, "SKYPILOT_NODE_RANK": str(r)} for r in (0, 1)], tmp_path)
+    assert [rc for rc, _, _ in done] == [0, 0], done[0][2][-3000:] + done[1][2][-3000:]
+    assert "2 nodes (--nnodes): this is node 1" in done[1][2]
+    summary = json.loads((bucket / "run_summary.json").read_text())
+    assert summary["outcome"] == "completed" and summary["steps"] == 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_the_slurm_script_parses_and_its_srun_line_trains_two_nodes(
+    tiny_llama: ModelSpec, tmp_path: Path
+) -> None:
+    """The sbatch script passes `bash -n`; asks for the plan's nodes and GPUs, a time limit
+    with room for the checkpoint, SIGTERM before it, and a requeue on exit 75; the command
+    its srun starts on each node, under Slurm's variables for two nodes, trains one job."""
+    from frugal.plan.emit import SIGNAL_BEFORE_S, slurm_script
+
+    plan = _two_node_plan(tiny_llama)
+    text = slurm_script(plan, "run.yaml")
+    (tmp_path / "train.sbatch").write_text(text)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "train.sbatch")]).returncode == 0
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=TERM@{SIGNAL_BEFORE_S}",
+        "#SBATCH --ntasks-per-node=1",
+    ):
+        assert line in text.splitlines(), line  # fmt: skip
+    limit = next(ln for ln in text.splitlines() if ln.startswith("#SBATCH --time="))
+    days, hms = limit.split("=")[1].split("-")
+    h, m, _ = (int(x) for x in hms.split(":"))
+    assert (int(days) * 1440 + h * 60 + m) * 60 >= plan.hours * 3600 + SIGNAL_BEFORE_S
+    assert "if [ $rc -eq 75 ]; then" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+    srun = next(ln for ln in text.splitlines() if ln.startswith("srun "))
+    command = srun.split(" ", 2)[2]  # what srun starts, once a node
+    out = tmp_path / "shared"
+    _tiny_two_gpu_config(tmp_path, out)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2",
+             "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(_free_port())}  # fmt: skip
+    done = _as_two_nodes(command, [{**slurm, "SLURM_NODEID": str(r)} for r in (0, 1)], tmp_path)
+    assert [rc for rc, _, _ in done] == [0, 0], done[0][2][-3000:] + done[1][2][-3000:]
+    assert "2 nodes (Slurm): this is node 0" in done[0][2]
+    assert json.loads((out / "run_summary.json").read_text())["steps"] == 2
+
+
+def test_the_torchrun_lines_say_what_each_node_runs(tiny_llama: ModelSpec, tmp_path: Path) -> None:
+    from frugal.plan.emit import torchrun_lines
+
+    text = torchrun_lines(_two_node_plan(tiny_llama), "run.yaml", "nodes.sh")
+    (tmp_path / "nodes.sh").write_text(text)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "nodes.sh")]).returncode == 0
+    assert "#   bash nodes.sh 0 HEAD_ADDRESS   (the head)" in text
+    assert "#   bash nodes.sh 1 HEAD_ADDRESS" in text
+    assert (
+        'frugal train run.yaml --resume auto --nnodes 2 --node-rank "$1" --master-addr "$2"' in text
+    )

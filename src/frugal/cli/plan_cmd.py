@@ -26,7 +26,14 @@ from frugal.files import check_target, write_text_atomic
 from frugal.hardware.offers import KWH_USD, PriceBasis, price_basis, select_offers
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import load_spec
-from frugal.plan.emit import hf_script, modal_app, skypilot_task, to_run_config
+from frugal.plan.emit import (
+    hf_script,
+    modal_app,
+    skypilot_task,
+    slurm_script,
+    to_run_config,
+    torchrun_lines,
+)
 from frugal.plan.plot import check_plot_path, write_plot
 from frugal.plan.relax import Ask, explain
 from frugal.plan.search import Constraints, Infeasible, Result, search
@@ -91,11 +98,13 @@ def plan(
     ),
     emit: str | None = typer.Option(
         None,
-        help="hf (a transformers Trainer script), skypilot (a task YAML) or modal (a Modal app).",
+        help="hf (a transformers Trainer script), skypilot (a task YAML), modal (a Modal app), "
+        "slurm (an sbatch script) or torchrun (each node's command, for machines of yours).",
     ),
     emit_file: str | None = typer.Option(
         None,
-        help="Where --emit writes [default: train_hf.py, sky.yaml or modal_app.py].",
+        help="Where --emit writes [default: train_hf.py, sky.yaml, modal_app.py, train.sbatch "
+        "or nodes.sh].",
     ),
     plot: str | None = typer.Option(
         None, help="Chart cost vs time: FILE.png/.svg/.pdf (matplotlib) or FILE.html."
@@ -227,6 +236,8 @@ def plan(
         "hf": lambda: hf_script(run_cfg, rec.speed.step_time_s),
         "skypilot": lambda: skypilot_task(rec, targets["run config"]),
         "modal": lambda: modal_app(rec, targets["run config"]),
+        "slurm": lambda: slurm_script(rec, targets["run config"]),
+        "torchrun": lambda: torchrun_lines(rec, targets["run config"], targets["torchrun"]),
     }
     texts = {what: emitters[what]() for what in targets if what in emitters}
     wrote: dict[str, str] = {}  # what was written: "run config", "hf", "skypilot", "modal", "plot"
@@ -245,10 +256,11 @@ def plan(
     show_prices(basis, json_out)
 
 
-FLAGS = {"run config": "--write", "hf": "--emit-file", "skypilot": "--emit-file",
-         "modal": "--emit-file", "plot": "--plot"}  # fmt: skip
-EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml", "modal": "modal_app.py"}
-LAUNCHERS = ("skypilot", "modal")  # they launch `frugal train` on the run config
+EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml", "modal": "modal_app.py",
+           "slurm": "train.sbatch", "torchrun": "nodes.sh"}  # fmt: skip
+FLAGS = {"run config": "--write", **dict.fromkeys(EMITTED, "--emit-file"), "plot": "--plot"}
+LAUNCHERS = ("skypilot", "modal", "slurm", "torchrun")  # they launch `frugal train` on the config
+KINDS = "hf, skypilot, modal, slurm or torchrun"
 
 
 def _targets(
@@ -258,9 +270,9 @@ def _targets(
     and not a file that exists unless --force. A SkyPilot task trains the run config
     written beside it in the same call, so it needs --write."""
     if emit is not None and emit not in EMITTED:
-        raise FrugalError(f"--emit {emit!r}: use hf, skypilot or modal")
+        raise FrugalError(f"--emit {emit!r}: use {KINDS}")
     if emit_file and not emit:
-        raise FrugalError("--emit-file names where --emit writes: add --emit hf, skypilot or modal")
+        raise FrugalError(f"--emit-file names where --emit writes: add --emit {KINDS}")
     if emit in LAUNCHERS and not write:
         raise FrugalError(
             f"--emit {emit} launches `frugal train` on this plan's run config: add --write "

@@ -207,20 +207,87 @@ def _resources(offer: Offer, spot: bool) -> dict[str, Any]:
     return resources
 
 
+BUCKET = "/checkpoints"  # where SkyPilot mounts the checkpoint bucket, on every node
+SKYPILOT_NODES = (
+    '--nnodes "$SKYPILOT_NUM_NODES" --node-rank "$SKYPILOT_NODE_RANK" '
+    '--master-addr "$(echo "$SKYPILOT_NODE_IPS" | head -n1)" --master-port 29500'
+)  # the head node is the first of SKYPILOT_NODE_IPS
+
+
 def skypilot_task(plan: Plan, run_config: str) -> str:
     """A SkyPilot task YAML: resources, spot with job recovery, a checkpoint bucket mount,
-    and frugal installed from the synced working directory with the extras the plan needs."""
+    and frugal installed from the synced working directory with the extras the plan needs.
+    On several nodes every node runs the same line, which joins them into one job at the
+    head node's rendezvous, all writing the one checkpoint bucket."""
     package = ".[train]" if needs_bitsandbytes(plan.job) else "."
+    run = f"frugal train {run_config} output_dir={BUCKET} --resume auto"
+    if plan.nodes > 1:
+        run = f"{run} {SKYPILOT_NODES}"
     task: dict[str, Any] = {
         "name": "frugal-train",
         "resources": _resources(plan.offer, plan.spot),
         "num_nodes": plan.nodes,
-        "file_mounts": {"/checkpoints": {"name": "frugal-checkpoints", "mode": "MOUNT"}},
+        "file_mounts": {BUCKET: {"name": "frugal-checkpoints", "mode": "MOUNT"}},
         "workdir": ".",  # this checkout of frugal, with the run config, synced to the VM
         "setup": f"pip install '{package}'",
-        "run": f"frugal train {run_config} output_dir=/checkpoints --resume auto",
+        "run": run,
     }
     return "# SkyPilot task written by frugal plan\n" + yaml.safe_dump(task, sort_keys=False)
+
+
+SIGNAL_BEFORE_S = 300  # Slurm's SIGTERM this long before the time limit: time to checkpoint
+
+
+def slurm_script(plan: Plan, run_config: str) -> str:
+    """An sbatch script for the plan: its nodes, GPUs a node, and a time limit of the
+    plan's hours with a quarter more and the checkpoint's notice; one task a node (frugal
+    starts a process per GPU). Slurm sends SIGTERM SIGNAL_BEFORE_S before the limit, so the
+    run checkpoints and exits 75; that exit (and a preemption) requeues the job, which
+    resumes from its checkpoint. The run config's output_dir must be on storage every node
+    shares (frugal train checks)."""
+    minutes = math.ceil(plan.hours * 60 * 1.25 + SIGNAL_BEFORE_S / 60)
+    limit = f"{minutes // 1440}-{minutes % 1440 // 60:02d}:{minutes % 60:02d}:00"
+    lines = [
+        "#!/bin/bash",
+        f"# Slurm job written by frugal plan: {plan.label()}, {plan.hours:.2f} h planned",
+        "#SBATCH --job-name=frugal-train",
+        f"#SBATCH --nodes={plan.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={plan.offer.gpus}",
+        f"#SBATCH --time={limit}",
+        f"#SBATCH --signal=TERM@{SIGNAL_BEFORE_S}",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --output=frugal-train-%j.out",
+        "set -uo pipefail",
+        "# the rendezvous port, from the job id: two jobs on one head node do not collide",
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        f"srun --kill-on-bad-exit=0 frugal train {run_config} --resume auto",
+        "rc=$?",
+        "if [ $rc -eq 75 ]; then  # stopped with a checkpoint (time limit, preemption): again",
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        "exit $rc",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def torchrun_lines(plan: Plan, run_config: str, path: str) -> str:
+    """The command each of the plan's nodes runs, on machines of the user's own: frugal
+    train is its own torchrun (one process a GPU, the c10d rendezvous at the head node)."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# frugal plan: {plan.label()}, {plan.nodes} node(s) of {plan.offer.gpus} GPUs;",
+        "# run on every node, giving its rank (0 is the head) and the head's address:",
+    ]
+    for r in range(plan.nodes):
+        lines.append(f"#   bash {path} {r} HEAD_ADDRESS" + ("   (the head)" if r == 0 else ""))
+    lines += [
+        "set -euo pipefail",
+        f"exec frugal train {run_config} --resume auto --nnodes {plan.nodes} "
+        '--node-rank "$1" --master-addr "$2" --master-port "${MASTER_PORT:-29500}"',
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def skypilot_jobs_task(vm: VM, configs: dict[str, str], name: str) -> str:
