@@ -445,3 +445,23 @@ def test_an_instance_sold_in_several_regions_is_rejected_once(tiny_llama: ModelS
     r = search(tiny_llama, make_job(seq=128), offers, Constraints(tokens=1e7, effective_batch=12))
     lines = [(x.label, x.why) for x in r.rejected]
     assert lines and len(lines) == len(set(lines))
+
+
+def test_multi_node_plans_say_the_network_and_need_one() -> None:
+    """A multi-node plan names the bandwidth between its nodes and whose figure it is; a
+    provider with no multi-node network frugal knows of (Lambda's terms say 0) gets plans on
+    one node only, unless --network-gbps vouches for one."""
+    spec = load_spec("meta-llama/Llama-3.1-70B")
+    k = {"tokens": 2e8, "deadline_h": 2.5}
+    lam = [o for o in catalog() if o.provider == "lambda"]
+    assert lam and all(o.terms.node_network_gbps == 0 for o in lam)
+    with pytest.raises(FrugalError, match="deadline"):
+        search(spec, make_job(), lam, Constraints(**k))  # one 8-GPU node is too slow
+    vouched = search(spec, make_job(), lam, Constraints(**k, network_gbps=3200))
+    best = vouched.recommendation
+    assert best.nodes > 1
+    line = next(r for r in best.reasons if "between nodes" in r)
+    assert "3,200 Gbit/s between nodes (--network-gbps)" in line
+    aws = search(spec, make_job(), [o for o in catalog() if o.provider == "aws"], Constraints(**k))
+    line = next(r for r in aws.recommendation.reasons if "between nodes" in r)
+    assert "400 Gbit/s between nodes (aws's, providers.csv)" in line

@@ -86,6 +86,7 @@ def plan(
     optimize: str = option(Constraints, "objective"),
     value_of_time: float = option(Constraints, "value_of_time_usd_h"),
     margin: float = option(Constraints, "margin"),
+    network_gbps: float | None = option(Constraints, "network_gbps"),
     prices: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
     include_suspicious: bool = typer.Option(
         False, help="Plan with offers flagged as suspicious too (frugal offers --suspicious)."
@@ -203,6 +204,7 @@ def plan(
         mtbi_h=spot_mtbi_hours,
         objective=optimize,
         value_of_time_usd_h=value_of_time,
+        network_gbps=network_gbps,
     )
     offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers,
                            include_suspicious=include_suspicious)  # fmt: skip

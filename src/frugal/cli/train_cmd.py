@@ -2,8 +2,10 @@
 
 Exit codes: 0 completed or stopped cleanly (budget, time, early stopping); 2 bad input
 (a missing required tag, a plan over a budget without --force); 75 (RESUMABLE_EXIT)
-stopped by SIGTERM/SIGINT or by the idle watchdog with a checkpoint saved: run the same
-command with `--resume auto` (the default) to continue exactly where it stopped.
+stopped by SIGTERM/SIGINT or by the idle watchdog with a checkpoint saved, or, in a run of
+several processes or nodes, because another process is gone (its newest complete checkpoint
+intact): run the same command (on every node) with `--resume auto` (the default) to continue
+exactly where it stopped.
 """
 
 from __future__ import annotations

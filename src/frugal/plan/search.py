@@ -124,6 +124,14 @@ class Constraints(BaseModel):
     data_gb: float = Field(
         0.0, ge=0, le=1e6, description="the dataset's size, GB, up to a petabyte (0: not priced)"
     )
+    network_gbps: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="bandwidth between nodes, Gbit/s a node (400 for one NDR InfiniBand or EFA "
+        "link): multi-node plans use it, also on providers frugal knows no fast network "
+        "between nodes for (by default, each provider's; none: one node only)",
+    )
 
     @classmethod
     def build(cls, **values: Any) -> Constraints:
@@ -351,8 +359,8 @@ def search(
         raise FrugalError("no offers to plan on: check --providers and --prices")
 
     for offer in offers:
-        terms = offer.terms
-        node_options = NODE_COUNTS if terms.node_network_gbps > 0 and offer.gpus >= 8 else (1,)
+        node_gb_s = node_network(offer, k)[0]
+        node_options = NODE_COUNTS if node_gb_s > 0 and offer.gpus >= 8 else (1,)
         for nodes in node_options:
             n = nodes * offer.gpus
             if n > k.max_gpus:
@@ -396,7 +404,7 @@ def search(
                     profiles,
                     sc,
                     fit_memo,
-                    terms.node_network_gbps,
+                    node_gb_s,
                     ov,
                 )
                 if isinstance(found, Rejected):
@@ -735,6 +743,15 @@ def pareto(plans: list[Plan]) -> list[Plan]:
     return out
 
 
+def node_network(offer: Offer, k: Constraints) -> tuple[float, str]:
+    """GB/s between two nodes of `offer`, and whose figure it is: the user's --network-gbps,
+    else the provider's terms (0: the provider rents no multi-node clusters frugal knows of,
+    so its plans stay on one node)."""
+    if k.network_gbps is not None:
+        return k.network_gbps / 8, "--network-gbps"
+    return offer.terms.node_network_gbps, f"{offer.provider}'s, providers.csv"
+
+
 def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constraints) -> None:
     j = best.job
     r = best.reasons
@@ -744,6 +761,15 @@ def _explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constrai
         + (" with gradient checkpointing" if j.grad_checkpointing else "")
         + (f", {j.sharding} over {j.gpus} GPUs" if j.gpus > 1 else "")
     )
+    if best.nodes > 1:
+        gb_s, whose = node_network(best.offer, k)
+        share = best.speed.parts_s.get("comm_exposed", 0.0) / best.speed.step_time_s
+        r.append(
+            f"{best.nodes} nodes of {best.offer.gpus} GPUs, {gb_s * 8:,.0f} Gbit/s between "
+            f"nodes ({whose}): the exchange not hidden behind compute is {share:.0%} of the "
+            f"step; frugal train joins the nodes into one job (--emit skypilot, slurm or "
+            "torchrun launches it)"
+        )
     r.append(
         f"{best.speed.tokens_per_s:,.0f} tokens/s ({best.speed.bound}-bound, "
         f"{best.speed.efficiency:.0%} of peak): {best.hours:.1f} h including "
