@@ -382,12 +382,20 @@ def test_max_hours_stops_cleanly(tmp_path: Path, one_second_steps: recipe.Clock)
     assert s.outcome == "budget-stopped" and "max_hours" in s.reason and s.steps == 2
 
 
-def test_an_idle_run_stops_with_a_checkpoint(tmp_path: Path, books: Ledger) -> None:
+def test_an_idle_run_stops_with_a_checkpoint(
+    tmp_path: Path, books: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from frugal.run.books import Watchdog
+
+    dogs: list[Watchdog] = []
+    enter = Watchdog.__enter__
+    monkeypatch.setattr(Watchdog, "__enter__", lambda self: dogs.append(self) or enter(self))
+
     def stall(step: int, m: dict[str, float]) -> None:
-        if step == 2:
-            # idle at 4 s (polled every second), hung only at 8 s: 2.5 s for the step itself
-            # on a loaded machine (at 6 s a slow step was a hang, which exits the process)
-            time.sleep(5.5)
+        if step == 2:  # step 2 runs until the watchdog calls it idle (4 s), then returns:
+            deadline = time.monotonic() + 30  # a hang (8 s) would exit the process
+            while not dogs[-1].idle and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     cfg = make_cfg(tmp_path / "r", "data.epochs=20", "training.idle_stop_min=4s")
     s = recipe.train(cfg, quiet=True, on_step=stall)

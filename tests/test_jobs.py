@@ -11,7 +11,10 @@ import yaml
 from conftest import ROOT, run_error, run_json, skypilot_validator
 
 from frugal.config import validate_run_config
-from frugal.hardware.offers import bundled_offers
+from frugal.hardware.offers import bundled_offers, catalog
+from frugal.models.specs import ModelSpec
+from frugal.plan.search import Constraints, search
+from frugal.step.job import make_job
 
 JOBS = str(ROOT / "examples" / "jobs.yaml")
 NOW = "2026-11-20T18:00"
@@ -195,3 +198,28 @@ def test_a_shallow_dip_is_not_worth_waiting_for(
                    "--price-history", history, "--json")  # fmt: skip
     assert all(vm["start_h"] == 0 for vm in out["vms"])
     assert any("under 5%" in n for n in out["notes"])
+
+
+def test_multi_node_jobs_share_only_vms_of_as_many_nodes(tiny_llama: ModelSpec) -> None:
+    """A job planned on two nodes is packed only with jobs planned on two nodes of the same
+    offer, and its VM's task asks for both nodes and joins them into one job."""
+    from dataclasses import replace
+
+    from frugal.plan.emit import skypilot_jobs_task
+    from frugal.plan.jobs import Run, pack
+
+    plan = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e6)).recommendation
+    two = replace(plan, nodes=2, compute_usd=2 * plan.compute_usd)  # twice the machines
+    runs = {
+        "one": [Run("one", "m", "d", None, plan)],
+        "two": [Run("two", "m", "d", None, two)],
+        "also-two": [Run("also-two", "m", "d", None, two)],
+    }
+    vms = pack(runs).vms
+    together = {tuple(sorted(r.job for r in vm.runs)): vm.nodes for vm in vms}
+    assert together == {("also-two", "two"): 2, ("one",): 1}
+    vm = next(vm for vm in vms if vm.nodes == 2)
+    task = yaml.safe_load(skypilot_jobs_task(vm, {"two": "two.yaml", "also-two": "a.yaml"}, "v"))
+    skypilot_validator("task").validate(task)
+    assert task["num_nodes"] == 2 and task["run"].count('--node-rank "$SKYPILOT_NODE_RANK"') == 2
+    assert vm.to_json()["nodes"] == 2

@@ -298,16 +298,17 @@ def skypilot_jobs_task(vm: VM, configs: dict[str, str], name: str) -> str:
     steps = []
     for r in vm.runs:
         out = f"/checkpoints/{r.job}"
+        nodes = f" {SKYPILOT_NODES}" if vm.nodes > 1 else ""
         steps.append(
             f"if [ ! -f {out}/run_summary.json ]; then\n"
-            f"  frugal train {configs[r.job]} output_dir={out} --resume auto\n"
+            f"  frugal train {configs[r.job]} output_dir={out} --resume auto{nodes}\n"
             "fi"
         )
     package = ".[train]" if any(needs_bitsandbytes(r.plan.job) for r in vm.runs) else "."
     task: dict[str, Any] = {
         "name": name,
         "resources": _resources(vm.offer, vm.spot),
-        "num_nodes": 1,
+        "num_nodes": vm.nodes,
         "file_mounts": {"/checkpoints": {"name": "frugal-checkpoints", "mode": "MOUNT"}},
         "workdir": ".",
         "setup": f"pip install '{package}'",

@@ -113,6 +113,11 @@ class VM:
         ends = self.timeline()
         return ends[-1][1] - self.start_h if ends else 0.0
 
+    @property
+    def nodes(self) -> int:
+        """Machines of the offer the VM's runs span (the same for all: see `pack`)."""
+        return self.runs[0].plan.nodes if self.runs else 1
+
     def fits(self, run: Run) -> bool:
         """Whether every job, `run` added last, still ends by its deadline."""
         ends = self.timeline([*self.runs, run])
@@ -160,6 +165,7 @@ class VM:
             "region": self.offer.region,
             "gpu": self.offer.gpu.name,
             "gpus": self.offer.gpus,
+            "nodes": self.nodes,
             "spot": self.spot,
             "price_per_hour_usd": round(self.runs[0].price_h, 4),
             "start_h": round(self.start_h, 2),
@@ -234,7 +240,9 @@ def pack(by_job: dict[str, list[Run]]) -> Packing:
         groups: dict[tuple[Any, ...], list[Run]] = {}
         for name in left:
             for r in by_job[name]:
-                groups.setdefault((*offer_key(r.plan.offer), r.plan.spot), []).append(r)
+                # runs share a VM only on as many nodes as each planned
+                key = (*offer_key(r.plan.offer), r.plan.spot, r.plan.nodes)
+                groups.setdefault(key, []).append(r)
         best_vms, best_saving = None, 1e-9
         for group in groups.values():
             vms = [vm for vm in _pack(group, alone) if len(vm.runs) > 1]
