@@ -172,3 +172,16 @@ def test_nodes_that_claim_one_rank_or_see_different_directories_are_refused(
     assert [p.returncode for p in apart] == [2, 2], [p.stderr for p in apart]
     assert all("not the same directory on every node (node 1" in p.stderr for p in apart)
     assert not list(a.iterdir()) and not list(b.iterdir())  # nothing left behind
+
+
+def test_only_an_exchange_whose_other_end_is_gone_counts_as_a_lost_peer() -> None:
+    import torch.distributed as dist
+
+    from frugal.run.recipe import peer_gone
+
+    gloo = "[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:58507: Connection reset"
+    assert peer_gone(RuntimeError(gloo))
+    assert peer_gone(RuntimeError("Timed out waiting 6000ms for recv operation to complete"))
+    assert peer_gone(dist.DistNetworkError("failed to connect"))
+    assert not peer_gone(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not peer_gone(ValueError("Connection reset"))  # not an exchange's error

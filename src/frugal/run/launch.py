@@ -1,8 +1,10 @@
 """One process per GPU for `frugal train` with `job.gpus > 1`, through torch's elastic
-multiprocessing API (`start_processes`), as torchrun --standalone does it but without its
-agent: the launcher hosts the c10d store on a free port of localhost, starts N workers
-(`python -m frugal.cli.main` with the same arguments; gloo on CPU, NCCL on CUDA is theirs to
-choose) and reads each one's exit code from torch's result.
+multiprocessing API (`start_processes`), as torchrun does it but without its agent. On one
+machine the launcher hosts the c10d store on a free port of localhost; on several
+(`frugal.run.nodes`) each node's launcher first joins torch's elastic c10d rendezvous at the
+head node (`_Rendezvous`). Then it starts its workers (`python -m frugal.cli.main` with the
+same arguments; gloo on CPU, NCCL on CUDA is theirs to choose) and reads each one's exit code
+from torch's result.
 
 - SIGTERM/SIGINT to the launcher go straight to the workers, which checkpoint and stop
   however long that takes: the launcher waits for every worker to exit by itself. (torch's
@@ -147,8 +149,9 @@ class _Rendezvous:
     The rendezvous numbers the nodes in an order of its own; a node given its rank
     (`--node-rank`, SkyPilot's, Slurm's) keeps it, so that node 0, the head, holds rank 0
     (the one that writes the run's summary and books), and two nodes that claim one rank
-    are refused. The workers join the store the rendezvous shares (as torchrun's do). At the
-    end each node waits, for a while, for the others to be done with that store."""
+    are refused. The workers join the store the rendezvous shares (as torchrun's do). A
+    node that completed the run waits, for a while, for the others to be done with that
+    store (`leave`)."""
 
     def __init__(self, nodes: Nodes) -> None:
         from torch.distributed.elastic.rendezvous import RendezvousParameters

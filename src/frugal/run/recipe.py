@@ -454,6 +454,21 @@ def _session(
     return summary
 
 
+# what gloo and NCCL say when the other end of an exchange is gone, or never answered (not
+# their other errors, a CUDA fault say, which are no reason to resume)
+PEER_GONE = ("Connection reset", "Connection closed", "closed by peer", "Broken pipe",
+             "Timed out", "timed out", "timeout")  # fmt: skip
+
+
+def peer_gone(e: BaseException) -> bool:
+    """Whether `e`, raised by an exchange between processes, says the other end is gone."""
+    import torch.distributed as dist
+
+    return isinstance(e, dist.DistNetworkError | dist.DistStoreError) or (
+        isinstance(e, RuntimeError) and any(s in str(e) for s in PEER_GONE)
+    )
+
+
 def _peer_lost(e: BaseException, out: Path) -> PeerLost | None:
     """`e` as PeerLost where it is an exchange between processes that failed because another
     process is gone: its connection reset or closed (at once), or no answer within
@@ -462,13 +477,9 @@ def _peer_lost(e: BaseException, out: Path) -> PeerLost | None:
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return None
-    text = str(e)
-    comms = isinstance(e, dist.DistError) or (
-        isinstance(e, RuntimeError)
-        and any(s in text for s in ("gloo", "NCCL", "Connection reset", "Connection closed"))
-    )
-    if not comms:
+    if not peer_gone(e):
         return None
+    text = str(e)
     newest = ckpt.latest(out / "checkpoints")
     kept = f"its newest complete checkpoint ({newest.name}) is intact" if newest else (
         "it has no checkpoint yet")  # fmt: skip
