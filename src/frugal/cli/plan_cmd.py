@@ -322,8 +322,10 @@ def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) ->
         spot = f" (spot, on-demand after {fallback.switch_at_h:.1f} h)" if fallback else " (spot)"
     con.print(f"[bold]{model}[/] · {_si(k.tokens)} tokens · {len(result.plans)} feasible plans")
     where = f" in {o.region}" if o.region and o.region not in ("any", "default", "here") else ""
+    nodes = f"{r.nodes}x " if r.nodes > 1 else ""  # as the frontier and rejected lines say it
     con.print(
-        f"[bold green]plan:[/] {o.provider} {o.instance}{where}{spot} · {j.gpus}x {o.gpu.name} · "
+        f"[bold green]plan:[/] {o.provider} {nodes}{o.instance}{where}{spot} · {j.gpus}x "
+        f"{o.gpu.name} · "
         f"{j.method} · micro-batch {j.batch} x accum {j.grad_accum} · checkpointing "
         f"{'on' if j.grad_checkpointing else 'off'} · {j.optimizer}"
     )
