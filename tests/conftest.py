@@ -235,9 +235,7 @@ def postgres_server() -> Iterator[str]:
             pytest.skip("running as root and there is no postgres user to run PostgreSQL as")
         os.chown(root, owner.pw_uid, owner.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     data = root / "data"
 
     def run(*cmd: str) -> None:
@@ -306,3 +304,10 @@ def load_benchmark(name: str) -> Any:
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the OS's pick, closed again)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from typing import Any, ClassVar
 
 import pytest
 import yaml
-from conftest import make_cfg, run_error, run_json
+from conftest import free_port, make_cfg, run_error, run_json
 
 from frugal.errors import FrugalError
 from frugal.ledger import budgets as B
@@ -172,16 +171,10 @@ def test_a_run_that_fails_is_ended_as_failed(tmp_path: Path, books: Ledger) -> N
 # -- the ledger down ---------------------------------------------------------------------------
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_run_whose_ledger_is_down_finishes_and_its_records_arrive_later(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    down = f"postgresql+psycopg://frugal@127.0.0.1:{_closed_port()}/nothing"
+    down = f"postgresql+psycopg://frugal@127.0.0.1:{free_port()}/nothing"
     monkeypatch.setenv("FRUGAL_DB_URL", down)
     out = tmp_path / "run"
     s = recipe.train(make_cfg(out, "training.max_steps=3", "training.heartbeat_min=0.0001"),
@@ -301,7 +294,7 @@ def test_alerts_reach_a_webhook_and_a_mailbox(
             mails.append(envelope)
             return "250 OK"
 
-    smtp = Controller(Box(), hostname="127.0.0.1", port=_closed_port())
+    smtp = Controller(Box(), hostname="127.0.0.1", port=free_port())
     smtp.start()
     try:
         monkeypatch.setenv("FRUGAL_ALERT_WEBHOOK", webhook)
@@ -326,7 +319,7 @@ def test_alerts_reach_a_webhook_and_a_mailbox(
 def test_a_failed_delivery_is_reported_without_its_secret(
     monkeypatch: pytest.MonkeyPatch, books: Ledger
 ) -> None:
-    monkeypatch.setenv("FRUGAL_ALERT_WEBHOOK", f"http://127.0.0.1:{_closed_port()}/SECRET")
+    monkeypatch.setenv("FRUGAL_ALERT_WEBHOOK", f"http://127.0.0.1:{free_port()}/SECRET")
     B.set_budget(books, "b", 1.0, "total", {})
     books.add_cost(2.0, "x")
     (problem,) = deliver(B.check_alerts(books))
@@ -583,7 +576,7 @@ def test_a_torn_spool_line_does_not_swallow_the_next_record(tmp_path: Path) -> N
     start = {"op": "start_run", "run_id": "r", "model": "m", "method": "lora", "config": {},
              "price_per_hour_usd": 1.0, "at": "2026-05-01T00:00:00+00:00"}  # fmt: skip
     spool.write_text(json.dumps(start) + '\n{"op": "heartbeat", "run_id": "r", "st')  # torn
-    down = Recorder(spool, f"postgresql+psycopg://x@127.0.0.1:{_closed_port()}/none")
+    down = Recorder(spool, f"postgresql+psycopg://x@127.0.0.1:{free_port()}/none")
     assert not down.send("heartbeat", run_id="r", step=2, tokens=5.0, cost_usd=0.5)
     up = f"sqlite:///{tmp_path / 'up.sqlite'}"
     rec = Recorder(spool, up)

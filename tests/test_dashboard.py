@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, TINY, make_cfg, run_error, run_json
+from conftest import ROOT, TINY, free_port, make_cfg, run_error, run_json
 
 from frugal.ledger import budgets as B
 from frugal.ledger.store import Ledger
@@ -129,12 +129,6 @@ def test_the_token_is_asked_of_every_request(books: dict[str, Any]) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, token: str | None = None) -> int:
     req = urllib.request.Request(url)
     if token:
@@ -166,14 +160,14 @@ def test_the_command_serves_on_loopback_and_asks_a_token_elsewhere(
     books: dict[str, Any],
 ) -> None:
     env = {**os.environ, "FRUGAL_DB_URL": books["url"]}
-    port = _port()
+    port = free_port()
     proc = _serve("--port", str(port), env=env)
     try:
         assert _wait(f"http://127.0.0.1:{port}/api/overview", proc) == 200
     finally:
         proc.terminate()
         proc.wait(10)
-    port = _port()
+    port = free_port()
     proc = _serve("--host", "0.0.0.0", "--port", str(port),
                   env={**env, "FRUGAL_DASHBOARD_TOKEN": "t0ken"})  # fmt: skip
     try:
@@ -223,7 +217,7 @@ def served(books: dict[str, Any]) -> Any:
     """The dashboard on a free loopback port, served by uvicorn in a thread."""
     import uvicorn
 
-    port = _port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(books["url"]), host="127.0.0.1",
                                            port=port, log_level="warning"))  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import run_json, skypilot_validator
+from conftest import free_port, run_json, skypilot_validator
 
 from frugal.hardware.offers import catalog
 from frugal.models.specs import ModelSpec
@@ -187,20 +187,12 @@ def test_a_multi_node_skypilot_task_trains_as_one_job(
     run = task["run"].replace(BUCKET, str(bucket))  # the bucket, mounted here
     sky = {"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1\n",
            "SKYPILOT_NUM_GPUS_PER_NODE": "1", "SKYPILOT_TASK_ID": tmp_path.name}  # fmt: skip
-    run = run.replace("29500", str(_free_port()))
+    run = run.replace("29500", str(free_port()))
     done = _as_two_nodes(run, [{**sky, "SKYPILOT_NODE_RANK": str(r)} for r in (0, 1)], tmp_path)
     assert [rc for rc, _, _ in done] == [0, 0], done[0][2][-3000:] + done[1][2][-3000:]
     assert "2 nodes (--nnodes): this is node 1" in done[1][2]
     summary = json.loads((bucket / "run_summary.json").read_text())
     assert summary["outcome"] == "completed" and summary["steps"] == 2
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow
@@ -234,7 +226,7 @@ def test_the_slurm_script_parses_and_its_srun_line_trains_two_nodes(
     out = tmp_path / "shared"
     _tiny_two_gpu_config(tmp_path, out)
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2",
-             "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(_free_port())}  # fmt: skip
+             "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(free_port())}  # fmt: skip
     done = _as_two_nodes(command, [{**slurm, "SLURM_NODEID": str(r)} for r in (0, 1)], tmp_path)
     assert [rc for rc, _, _ in done] == [0, 0], done[0][2][-3000:] + done[1][2][-3000:]
     assert "2 nodes (Slurm): this is node 0" in done[0][2]

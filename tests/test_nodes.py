@@ -4,12 +4,12 @@ nodes of one job. `tests/test_train.py` trains across two such nodes."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 from frugal.errors import FrugalError
 from frugal.run.nodes import DEFAULT_PORT, Nodes, first_host, resolve
@@ -117,12 +117,6 @@ line = (f"rank {env['RANK']} of {env['WORLD_SIZE']} local {env['LOCAL_RANK']} "
 os.write(1, line.encode())  # one write: two workers' lines never interleave
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def nodes(

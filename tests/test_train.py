@@ -21,7 +21,17 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from conftest import DATA, ROOT, TINY, assert_same_weights, losses, make_cfg, run_error, run_json
+from conftest import (
+    DATA,
+    ROOT,
+    TINY,
+    assert_same_weights,
+    free_port,
+    losses,
+    make_cfg,
+    run_error,
+    run_json,
+)
 
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import FrugalError
@@ -312,11 +322,21 @@ def test_cli_json_summary_and_exit_code(tmp_path: Path) -> None:
     assert s.outcome == "completed" and s.steps == 2
 
 
+def wait_for_steps(cfg: Path, n: int, procs: list[subprocess.Popen[str]]) -> None:
+    """Until the run of `cfg` has logged `n` steps, while every one of `procs` runs."""
+    import time
+
+    metrics = Path(load_run_config(cfg).output_dir) / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while len(losses(metrics.parent) if metrics.exists() else ()) < n:
+        assert all(p.poll() is None for p in procs), [p.communicate()[1] for p in procs]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def launch(cfg: Path, stop_after: int | None = None) -> tuple[int, str, str]:
     """`frugal train CFG --json` in a child (two gloo processes when the config asks); with
     `stop_after`, SIGTERM once that many steps are logged. Returns (exit code, out, err)."""
-    import time
-
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "frugal.cli.main", "train", str(cfg), "--json"]
     # its own process group: on a hang, the workers are killed with the launcher
@@ -324,11 +344,7 @@ def launch(cfg: Path, stop_after: int | None = None) -> tuple[int, str, str]:
                          env=env, start_new_session=True)  # fmt: skip
     try:
         if stop_after is not None:
-            metrics = load_run_config(cfg).output_dir + "/metrics.jsonl"
-            deadline = time.monotonic() + 240
-            while len(losses(Path(metrics).parent) if Path(metrics).exists() else ()) < stop_after:
-                assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1]
-                time.sleep(0.05)
+            wait_for_steps(cfg, stop_after, [p])
             p.send_signal(signal.SIGTERM)
         stdout, stderr = p.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -378,12 +394,7 @@ def two_nodes(
     each given its rank); with `stop_after`, once that many steps are logged, `act` on node
     1's launcher (default: SIGTERM to it alone). Node 1 is killed if it has not ended
     `grace_s` after node 0. Returns each node's (exit code, out, err)."""
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
@@ -396,12 +407,7 @@ def two_nodes(
     ]  # fmt: skip
     try:
         if stop_after is not None:
-            metrics = Path(load_run_config(cfg).output_dir) / "metrics.jsonl"
-            deadline = time.monotonic() + 240
-            while len(losses(metrics.parent) if metrics.exists() else ()) < stop_after:
-                assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+            wait_for_steps(cfg, stop_after, procs)
             (act or (lambda p: p.send_signal(signal.SIGTERM)))(psutil.Process(procs[1].pid))
         out = [procs[0].communicate(timeout=300)]
         try:  # node 1 ends with node 0, or it is stuck (a test hung its worker): kill it

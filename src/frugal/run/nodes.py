@@ -22,7 +22,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from frugal.errors import FrugalError
 
@@ -131,8 +131,7 @@ def _from_options(
     _endpoint(rdzv_endpoint, "--rdzv-endpoint")
     if node_rank is not None and not 0 <= node_rank < nnodes:
         raise FrugalError(f"--node-rank {node_rank}: give 0 to {nnodes - 1} (0 is the head)")
-    nodes = Nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id or "frugal", None, None, "--nnodes")
-    return _local(nodes)
+    return _local(Nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id or "frugal", source="--nnodes"))
 
 
 def _from_skypilot(env: Mapping[str, str], rdzv_id: str | None) -> Nodes:
@@ -146,11 +145,11 @@ def _from_skypilot(env: Mapping[str, str], rdzv_id: str | None) -> Nodes:
             f"SkyPilot's SKYPILOT_NODE_IPS lists {len(ips)} nodes for SKYPILOT_NUM_NODES="
             f"{count} (node rank {rank}): run frugal train from the task's run section"
         )
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else DEFAULT_PORT
     gpus = "SKYPILOT_NUM_GPUS_PER_NODE"
     per_node = _int(env, gpus) if gpus in env else None
     run_id = rdzv_id or _safe_id(env.get("SKYPILOT_TASK_ID", "frugal"))
-    return Nodes(count, rank, f"{ips[0]}:{port}", run_id, ips[rank], per_node or None, "SkyPilot")
+    endpoint = f"{ips[0]}:{_port(env)}"
+    return Nodes(count, rank, endpoint, run_id, ips[rank], per_node or None, "SkyPilot")
 
 
 def _from_slurm(env: Mapping[str, str], rdzv_id: str | None) -> Nodes:
@@ -166,10 +165,10 @@ def _from_slurm(env: Mapping[str, str], rdzv_id: str | None) -> Nodes:
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     if not nodelist:
         raise FrugalError("Slurm's SLURM_JOB_NODELIST is not set: run frugal train under srun")
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else DEFAULT_PORT
     rank = _int(env, "SLURM_NODEID")
     run_id = rdzv_id or f"slurm-{_safe_id(env['SLURM_JOB_ID'])}"
-    return _local(Nodes(count, rank, f"{first_host(nodelist)}:{port}", run_id, None, None, "Slurm"))
+    endpoint = f"{first_host(nodelist)}:{_port(env)}"
+    return _local(Nodes(count, rank, endpoint, run_id, source="Slurm"))
 
 
 def first_host(nodelist: str) -> str:
@@ -185,15 +184,19 @@ def first_host(nodelist: str) -> str:
 
 def _local(nodes: Nodes) -> Nodes:
     """On loopback every node is this machine: it is reached at the same address."""
-    if nodes.loopback:
-        return Nodes(**{**nodes.__dict__, "local_addr": nodes.host})
-    return nodes
+    return replace(nodes, local_addr=nodes.host) if nodes.loopback else nodes
 
 
 def _endpoint(value: str, what: str) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise FrugalError(f"{what} {value!r}: give HOST:PORT, e.g. 10.0.0.1:{DEFAULT_PORT}")
+
+
+def _port(env: Mapping[str, str]) -> int:
+    """The rendezvous port: MASTER_PORT where the job's script sets it, else torchrun's."""
+    value = env.get("MASTER_PORT", "")
+    return int(value) if value.isdigit() else DEFAULT_PORT
 
 
 def _int(env: Mapping[str, str], name: str) -> int:

@@ -456,8 +456,8 @@ def _session(
 
 # what gloo and NCCL say when the other end of an exchange is gone, or never answered (not
 # their other errors, a CUDA fault say, which are no reason to resume)
-PEER_GONE = ("Connection reset", "Connection closed", "closed by peer", "Broken pipe",
-             "Timed out", "timed out", "timeout")  # fmt: skip
+PEER_GONE = ("connection reset", "connection closed", "closed by peer", "broken pipe",
+             "timed out", "timeout")  # fmt: skip
 
 
 def peer_gone(e: BaseException) -> bool:
@@ -465,7 +465,7 @@ def peer_gone(e: BaseException) -> bool:
     import torch.distributed as dist
 
     return isinstance(e, dist.DistNetworkError | dist.DistStoreError) or (
-        isinstance(e, RuntimeError) and any(s in str(e) for s in PEER_GONE)
+        isinstance(e, RuntimeError) and any(s in str(e).lower() for s in PEER_GONE)
     )
 
 
