@@ -125,6 +125,37 @@ def test_a_signal_goes_to_the_workers_who_finish_in_their_own_time(
     assert err == ""
 
 
+# a worker still starting: no handler of its own yet, so a signal ends it outright
+STARTING = """
+import os, sys, time
+from pathlib import Path
+(Path(sys.argv[1]) / f"ready{os.environ['RANK']}").touch()
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_while_the_workers_start_is_resumable(tmp_path: Path) -> None:
+    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, STARTING, str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.02)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == RESUMABLE_EXIT, err
+    assert err == (
+        "stopped by SIGTERM while the processes were starting, before training began: run "
+        "the same command again\n"
+    )
+
+
 # a real gloo process group on the launcher's store
 ALL_REDUCE = """
 import os, torch, torch.distributed as dist

@@ -4,6 +4,8 @@ nodes of one job. `tests/test_train.py` trains across two such nodes."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 
-from frugal.errors import FrugalError
+from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.run.nodes import DEFAULT_PORT, Nodes, first_host, resolve
 
 SKY = {
@@ -166,6 +168,34 @@ def test_nodes_that_claim_one_rank_or_see_different_directories_are_refused(
     assert [p.returncode for p in apart] == [2, 2], [p.stderr for p in apart]
     assert all("not the same directory on every node (node 1" in p.stderr for p in apart)
     assert not list(a.iterdir()) and not list(b.iterdir())  # nothing left behind
+
+
+@pytest.mark.slow
+def test_a_signal_while_waiting_for_the_other_nodes_ends_the_wait(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    port = free_port()
+    argv = [sys.executable, "-c", NODE, "2", "0", str(port), "1", str(tmp_path), WORKER]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the head hosts the rendezvous' store: it waits once the port answers
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            with socket.socket() as s, contextlib.suppress(OSError):
+                s.connect(("127.0.0.1", port))
+                break
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == RESUMABLE_EXIT, err
+    assert err.splitlines() == [
+        "stopped by SIGTERM while waiting for the other nodes, before anything started: run "
+        "the same command again on every node"
+    ]
 
 
 def test_only_an_exchange_whose_other_end_is_gone_counts_as_a_lost_peer() -> None:

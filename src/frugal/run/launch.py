@@ -11,9 +11,12 @@ from torch's result.
   agent would give them 30 s, then kill them; its process context does that as soon as one
   worker exits non-zero, so it is asked for the result only once all have exited, or once
   one has failed outright: then the others are stopped its way, SIGTERM, then SIGKILL.)
+  One that comes while a node waits for the others at the rendezvous ends the wait: exit
+  75, nothing started.
 - The exit code is the workers': 0 if all succeeded, 75 (RESUMABLE_EXIT) if any stopped
-  resumably, 2 if one printed a one-line `error: ...` (each distinct line shown once, not
-  once per worker), else 1 with a short tail of what failed.
+  resumably (or a stop signal passed on ended one still starting), 2 if one printed a
+  one-line `error: ...` (each distinct line shown once, not once per worker), else 1 with
+  a short tail of what failed.
 - The workers' stderr goes to files the launcher follows: their own lines are shown as they
   come, torch's C++ log lines and Python tracebacks are held back (shown only on exit 1),
   and torch's own logging in the launcher is silenced.
@@ -50,6 +53,7 @@ TAIL = 40  # lines of held output shown when a worker failed
 POLL_S = 0.1
 JOIN_TIMEOUT_S = 600  # torchrun's: how long the rendezvous waits for every node
 DONE_WAIT_S = 60  # how long a finished node keeps the rendezvous store up for the others
+REFUSED = "refused: "  # a node's answer in check_shared when it will not start
 
 
 def launch(
@@ -68,10 +72,18 @@ def launch(
     from torch.distributed import TCPStore
 
     nodes = nodes or Nodes()
-    with _quiet_torch():
+    with _quiet_torch(), _Forward() as forward:
         if nodes.count > 1:
             rdzv = _Rendezvous(nodes)
-            same, rank = rdzv.join(n), rdzv.node_rank
+            try:
+                with forward.ending_the_wait():
+                    same = rdzv.join(n)
+            except _Stopped as e:
+                why = f"stopped by {e.name} while waiting for the other nodes"
+                print(f"{why}, before anything started: run the same command again on every "
+                      "node", file=sys.stderr)  # fmt: skip
+                return RESUMABLE_EXIT
+            rank = rdzv.node_rank
         else:
             rdzv, rank = None, 0
             store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # free port
@@ -84,10 +96,17 @@ def launch(
             }
         code = 1
         try:
-            with hold(rank) if hold else contextlib.nullcontext():
+            with contextlib.ExitStack() as held:
+                if hold is not None:
+                    try:
+                        held.enter_context(hold(rank))
+                    except FrugalError as e:
+                        if rdzv is not None:
+                            rdzv.refuse(str(e))  # the other nodes stop with this node's reason
+                        raise
                 if rdzv is not None and shared is not None:
                     rdzv.check_shared(shared)
-                code = _run(n, argv, worker, rank, same)
+                code = _run(n, argv, worker, rank, same, forward)
                 return code
         finally:
             if rdzv is not None:
@@ -95,9 +114,15 @@ def launch(
 
 
 def _run(
-    n: int, argv: Sequence[str], worker: Sequence[str] | None, node: int, same: dict[str, str]
+    n: int,
+    argv: Sequence[str],
+    worker: Sequence[str] | None,
+    node: int,
+    same: dict[str, str],
+    forward: _Forward,
 ) -> int:
-    """The `n` workers of node `node`, started and waited for."""
+    """The `n` workers of node `node`, started and waited for; `forward` passes the stop
+    signals on to them."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     cmd = list(worker or (sys.executable, "-m", "frugal.cli.main"))
@@ -113,28 +138,34 @@ def _run(
     }
     envs = {r: {**same, "RANK": str(node * n + r), "LOCAL_RANK": str(r)} for r in range(n)}
     logs = tempfile.mkdtemp(prefix="frugal-launch-")
-    with _Forward() as forward:
+    try:
+        with _env("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCH_HANDLES):  # read at the start
+            pc = start_processes(
+                name="frugal",
+                entrypoint=cmd[0],
+                args=dict.fromkeys(range(n), args),
+                envs=envs,
+                logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=Std.ERR),
+            )
+        procs = {r: psutil.Process(pid) for r, pid in pc.pids().items()}
+        forward.to(list(procs.values()))
+        err = _Stderr(pc.stderrs)
         try:
-            with _env("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCH_HANDLES):  # read at the start
-                pc = start_processes(
-                    name="frugal",
-                    entrypoint=cmd[0],
-                    args=dict.fromkeys(range(n), args),
-                    envs=envs,
-                    logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=Std.ERR),
-                )
-            procs = {r: psutil.Process(pid) for r, pid in pc.pids().items()}
-            forward.to(list(procs.values()))
-            err = _Stderr(pc.stderrs)
-            try:
-                codes = _wait(pc, procs, err)
-            finally:
-                err.close()
+            codes = _wait(pc, procs, err)
         finally:
-            shutil.rmtree(logs, ignore_errors=True)
+            err.close()
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
     if all(c == 0 for c in codes.values()):
         return 0
-    if RESUMABLE_EXIT in codes.values():
+    # a worker that a stop signal passed on to ended outright was still starting (its own
+    # handler checkpoints and exits 75): nothing of the run had begun there
+    early = {r for r, c in codes.items() if -c in forward.sent}
+    if RESUMABLE_EXIT in codes.values() or early:
+        if early and RESUMABLE_EXIT not in codes.values():
+            names = sorted({signal.Signals(-codes[r]).name for r in early})
+            print(f"stopped by {', '.join(names)} while the processes were starting, before "
+                  "training began: run the same command again", file=sys.stderr)  # fmt: skip
         return RESUMABLE_EXIT
     if err.errors:
         return 2
@@ -212,6 +243,16 @@ class _Rendezvous:
             "GROUP_WORLD_SIZE": str(nodes.count),
         }
 
+    def _key(self, rank: int) -> str:
+        """Where node `rank` says what it saw of the shared directory (the head: its token)."""
+        return "frugal/shared" if rank == 0 else f"frugal/seen/{rank}"
+
+    def refuse(self, why: str) -> None:
+        """This node will not start (`why`, its one-line error): the others are told
+        where they wait for it (`check_shared`), and stop with the same reason."""
+        with contextlib.suppress(Exception):  # the others may be gone already
+            self.store.set(self._key(self.node_rank), REFUSED + why)
+
     def check_shared(self, path: Path) -> None:
         """Every node sees the head's files in `path` (checkpoints are written there shard
         by shard, by every node), or every node refuses to start."""
@@ -219,14 +260,14 @@ class _Rendezvous:
         if self.node_rank == 0:
             token = uuid.uuid4().hex
             mark.write_text(token)
-            self.store.set("frugal/shared", token)
+            self.store.set(self._key(0), token)
         else:
-            token = self.store.get("frugal/shared").decode()
+            token = self._said([0])[0]
             seen = mark.is_file() and mark.read_text() == token
-            self.store.set(f"frugal/seen/{self.node_rank}", "yes" if seen else "no")
-        others = [f"frugal/seen/{r}" for r in range(1, self.nodes.count)]
-        said = self.store.multi_get(others)  # waits for every node's answer
-        blind = [k.rsplit("/", 1)[1] for k, v in zip(others, said, strict=True) if v != b"yes"]
+            self.store.set(self._key(self.node_rank), "yes" if seen else "no")
+        others = list(range(1, self.nodes.count))
+        said = self._said(others)  # waits for every node's answer
+        blind = [str(r) for r, v in zip(others, said, strict=True) if v != "yes"]
         if self.node_rank == 0:
             mark.unlink(missing_ok=True)
         if blind:
@@ -236,6 +277,23 @@ class _Rendezvous:
                 "all nodes share (a mounted bucket, NFS), as every node writes its checkpoint "
                 "shards there"
             )
+
+    def _said(self, ranks: list[int]) -> list[str]:
+        """What nodes `ranks` said in `check_shared`, once they have; a node that refused
+        to start, or is gone, stops this one with a line that says so."""
+        from torch.distributed import DistError
+
+        try:
+            said = [v.decode() for v in self.store.multi_get([self._key(r) for r in ranks])]
+        except DistError as e:
+            raise FrugalError(
+                f"a node stopped before the run began ({str(e).splitlines()[0][:120]}): see "
+                "its output, then run the same command again on every node"
+            ) from None
+        for r, v in zip(ranks, said, strict=True):
+            if v.startswith(REFUSED):
+                raise FrugalError(f"node {r} refused to start: {v[len(REFUSED) :]}")
+        return said
 
     def leave(self, wait: bool) -> None:
         """Done here. With `wait` (this node completed the run), wait a while for the other
@@ -292,14 +350,25 @@ def _exit_code(p: psutil.Process) -> int | None:
     return 0
 
 
+class _Stopped(Exception):
+    """A stop signal that ended this node's wait for the others."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
 class _Forward:
     """SIGTERM/SIGINT to the launcher, passed on to each worker (each runs in a session of
     its own, so a Ctrl-C in the terminal reaches the launcher alone). One that comes before
-    the workers exist is passed on as soon as they do."""
+    the workers exist is passed on as soon as they do; one that comes while the node waits
+    at the rendezvous ends the wait (`_Stopped`)."""
 
     def __init__(self) -> None:
         self.procs: list[psutil.Process] = []
         self.pending: list[int] = []
+        self.sent: set[int] = set()  # the signals passed on
+        self.waiting = False
         self.old: dict[int, Any] = {}
 
     def __enter__(self) -> _Forward:
@@ -310,14 +379,27 @@ class _Forward:
             self.old[s] = signal.signal(s, self._handle)
         return self
 
+    @contextlib.contextmanager
+    def ending_the_wait(self) -> Iterator[None]:
+        self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
+
     def to(self, procs: list[psutil.Process]) -> None:
         self.procs = procs
         for s in self.pending:
             self._handle(s, None)
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.waiting:
+            self.waiting = False  # once: a second signal is passed on as usual
+            raise _Stopped(signum)
         if not self.procs:
             self.pending.append(signum)
+            return
+        self.sent.add(signum)
         for p in self.procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(signum)
