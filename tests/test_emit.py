@@ -244,3 +244,18 @@ def test_the_torchrun_lines_say_what_each_node_runs(tiny_llama: ModelSpec, tmp_p
     assert (
         'frugal train run.yaml --resume auto --nnodes 2 --node-rank "$1" --master-addr "$2"' in text
     )
+
+
+def test_the_plan_says_how_to_launch_each_file_it_wrote(tiny_llama: ModelSpec) -> None:
+    from frugal.cli.plan_cmd import EMITTED, _use
+
+    two = _two_node_plan(tiny_llama)
+    assert _use("run config", "f.yaml", two) == (
+        "run it on each of the 2 nodes with: frugal train f.yaml --nnodes 2 --node-rank "
+        "NODE_RANK --master-addr HEAD_ADDRESS"
+    )
+    one = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7))
+    assert _use("run config", "f.yaml", one.recommendation) == "run it with: frugal train f.yaml"
+    assert _use("slurm", "t.sbatch", two) == "submit with: sbatch t.sbatch"
+    assert _use("torchrun", "n.sh", two) == "on each node: bash n.sh NODE_RANK HEAD_ADDRESS"
+    assert all(_use(what, "x", two) for what in [*EMITTED, "plot"])

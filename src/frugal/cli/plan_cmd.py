@@ -36,7 +36,7 @@ from frugal.plan.emit import (
 )
 from frugal.plan.plot import check_plot_path, write_plot
 from frugal.plan.relax import Ask, explain
-from frugal.plan.search import Constraints, Infeasible, Result, search
+from frugal.plan.search import Constraints, Infeasible, Plan, Result, search
 from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import TrainJob, make_job
 
@@ -263,6 +263,22 @@ EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml", "modal": "modal_app.py",
 FLAGS = {"run config": "--write", **dict.fromkeys(EMITTED, "--emit-file"), "plot": "--plot"}
 LAUNCHERS = ("skypilot", "modal", "slurm", "torchrun")  # they launch `frugal train` on the config
 KINDS = "hf, skypilot, modal, slurm or torchrun"
+USE = {"hf": "run it with: python {}", "skypilot": "launch with: sky jobs launch {}",
+       "modal": "launch with: modal run {}", "slurm": "submit with: sbatch {}",
+       "torchrun": "on each node: bash {} NODE_RANK HEAD_ADDRESS",
+       "plot": "cost against time of every feasible plan"}  # fmt: skip
+
+
+def _use(what: str, path: str, plan: Plan) -> str:
+    """How a file the plan wrote is used: the words after `wrote PATH`."""
+    if what != "run config":
+        return USE[what].format(path)
+    if plan.nodes == 1:
+        return f"run it with: frugal train {path}"
+    return (
+        f"run it on each of the {plan.nodes} nodes with: frugal train {path} --nnodes "
+        f"{plan.nodes} --node-rank NODE_RANK --master-addr HEAD_ADDRESS"
+    )
 
 
 def _targets(
@@ -364,11 +380,5 @@ def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) ->
             con.print(f"  ✗ {x.label}: {x.why}")
     for n in result.notes:
         con.print(f"[dim]note: {n}[/]")
-    if "run config" in wrote:
-        con.print(f"wrote {wrote['run config']} (run it with: frugal train {wrote['run config']})")
-    if "skypilot" in wrote:
-        con.print(f"wrote {wrote['skypilot']} (launch with: sky jobs launch {wrote['skypilot']})")
-    if "hf" in wrote:
-        con.print(f"wrote {wrote['hf']} (run it with: python {wrote['hf']})")
-    if "modal" in wrote:
-        con.print(f"wrote {wrote['modal']} (launch with: modal run {wrote['modal']})")
+    for what, path in wrote.items():
+        con.print(f"wrote {path} ({_use(what, path, result.recommendation)})")
