@@ -29,7 +29,8 @@ from frugal.estimate.core import estimate
 from frugal.hardware.gpus import find_gpu
 from frugal.hardware.offers import select_offers
 from frugal.models.specs import load_spec
-from frugal.plan.search import Constraints, search
+from frugal.plan.constraints import Constraints
+from frugal.plan.search import search
 from frugal.step.job import make_job
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -309,7 +309,8 @@ def test_plan_turns_the_chunked_loss_on_where_the_plain_loss_does_not_fit(
     from frugal.errors import FrugalError
     from frugal.hardware.offers import select_offers
     from frugal.models.specs import load_spec
-    from frugal.plan.search import Constraints, search
+    from frugal.plan.constraints import Constraints
+    from frugal.plan.search import search
     from frugal.step.job import make_job
 
     plain = make_job(method="qlora", seq=16384)

@@ -17,8 +17,9 @@ from conftest import free_port, run_json, skypilot_validator
 
 from frugal.hardware.offers import catalog
 from frugal.models.specs import ModelSpec
+from frugal.plan.constraints import Constraints
 from frugal.plan.emit import hf_script, save_steps, skypilot_task, to_run_config
-from frugal.plan.search import Constraints, search
+from frugal.plan.search import search
 from frugal.step.job import make_job
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ from conftest import ROOT, run_error, run_json, skypilot_validator
 from frugal.config import validate_run_config
 from frugal.hardware.offers import bundled_offers, catalog
 from frugal.models.specs import ModelSpec
-from frugal.plan.search import Constraints, search
+from frugal.plan.constraints import Constraints
+from frugal.plan.search import search
 from frugal.step.job import make_job
 
 JOBS = str(ROOT / "examples" / "jobs.yaml")

@@ -210,7 +210,9 @@ def test_spot_that_never_finishes_is_not_planned() -> None:
 
 def test_a_spot_only_plan_that_never_finishes_says_so(tiny_llama: Any) -> None:
     from frugal.hardware.offers import select_offers
-    from frugal.plan.search import Constraints, Infeasible, search
+    from frugal.plan.constraints import Constraints
+    from frugal.plan.plans import Infeasible
+    from frugal.plan.search import search
     from frugal.step.job import make_job
 
     offers = [o for o in select_offers(providers_csv="aws") if o.spot_usd_h and o.gpus == 1]

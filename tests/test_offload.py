@@ -150,7 +150,8 @@ def test_plan_offloads_where_nothing_else_fits(capsys: pytest.CaptureFixture[str
 
 
 def test_the_plans_techniques_come_one_at_a_time_cheapest_in_time_first() -> None:
-    from frugal.plan.search import TECHNIQUES, Constraints, _next_technique
+    from frugal.plan.constraints import Constraints
+    from frugal.plan.search import TECHNIQUES, _next_technique
 
     spec = load_spec("meta-llama/Llama-3.1-8B")
     k = Constraints(tokens=1e6)
@@ -184,8 +185,8 @@ def test_the_plans_techniques_come_one_at_a_time_cheapest_in_time_first() -> Non
 
 def test_an_error_offers_back_the_techniques_pinned_off() -> None:
     from frugal.models.specs import load_spec
+    from frugal.plan.constraints import Constraints
     from frugal.plan.relax import Ask, _unpinned
-    from frugal.plan.search import Constraints
 
     spec = load_spec("meta-llama/Llama-3.1-8B")
     pinned = Constraints(tokens=1e6, auto_loss_chunks=False, auto_offload=False)

@@ -180,8 +180,8 @@ def test_plan_turns_it_on_where_nothing_else_fits(
 
 def test_an_error_offers_it_back_for_full_fine_tuning_only() -> None:
     from frugal.models.specs import load_spec
+    from frugal.plan.constraints import Constraints
     from frugal.plan.relax import Ask, _unpinned
-    from frugal.plan.search import Constraints
 
     spec = load_spec("Qwen/Qwen3-0.6B")
     pinned = Constraints(tokens=1e6, methods=("full",), auto_in_backward=False)

@@ -14,7 +14,7 @@ from frugal.cli.main import app
 from frugal.cli.options import default, describe
 from frugal.config import DataConfig, RunConfig
 from frugal.errors import FrugalError
-from frugal.plan.search import Constraints
+from frugal.plan.constraints import Constraints
 from frugal.step.job import TrainJob
 
 

@@ -14,7 +14,9 @@ from frugal.config import load_run_config
 from frugal.errors import FrugalError
 from frugal.hardware.offers import catalog
 from frugal.models.specs import ModelSpec, load_spec
-from frugal.plan.search import Constraints, pareto, search
+from frugal.plan.constraints import Constraints
+from frugal.plan.plans import pareto
+from frugal.plan.search import search
 from frugal.step.job import make_job
 
 # the step's memory techniques off: for tests about something else (each is simulated apart)
@@ -365,8 +367,8 @@ def test_every_suggested_change_gives_a_plan(
     capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
     from frugal.hardware.offers import select_offers
+    from frugal.plan.plans import Infeasible
     from frugal.plan.relax import Ask, suggest
-    from frugal.plan.search import Infeasible
 
     msg = run_error(capsys, *argv)
     assert msg.count("\n") == 0 and "these would give a plan: " in msg, msg

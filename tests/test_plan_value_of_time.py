@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from frugal.cli.main import main
 from frugal.errors import FrugalError
-from frugal.plan.search import Constraints
+from frugal.plan.constraints import Constraints
 
 WIDE = {
     "model_type": "llama",

@@ -392,7 +392,8 @@ def test_the_spot_advisor_feed_is_read_in_its_real_format() -> None:
 
 def test_amd_gpus_are_planned_for_what_the_trainer_runs_on_them(tiny_llama_dir: Path) -> None:
     from frugal.models.specs import load_spec
-    from frugal.plan.search import Constraints, search
+    from frugal.plan.constraints import Constraints
+    from frugal.plan.search import search
     from frugal.step.job import make_job
 
     mi300x = [o for o in bundled().offers if o.gpu.name == "MI300X"]

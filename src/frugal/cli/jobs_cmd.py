@@ -14,9 +14,9 @@ from frugal.config import apply_overrides, validate_run_config
 from frugal.errors import FrugalError
 from frugal.files import check_dir, check_target, write_text_atomic
 from frugal.hardware.offers import Offer, price_basis
+from frugal.plan.constraints import Constraints
 from frugal.plan.emit import skypilot_jobs_task, to_run_config
 from frugal.plan.jobs import Packing
-from frugal.plan.search import Constraints
 from frugal.plan.sweep import Planned, plan_jobs, read_jobs
 from frugal.plan.timing import read_price_history
 from frugal.times import parse_time

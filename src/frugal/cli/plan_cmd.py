@@ -26,6 +26,7 @@ from frugal.files import check_target, write_text_atomic
 from frugal.hardware.offers import KWH_USD, PriceBasis, price_basis, select_offers
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import load_spec
+from frugal.plan.constraints import Constraints
 from frugal.plan.emit import (
     hf_script,
     modal_app,
@@ -34,9 +35,10 @@ from frugal.plan.emit import (
     to_run_config,
     torchrun_lines,
 )
+from frugal.plan.plans import Infeasible, Plan, Result
 from frugal.plan.plot import check_plot_path, write_plot
 from frugal.plan.relax import Ask, explain
-from frugal.plan.search import Constraints, Infeasible, Plan, Result, search
+from frugal.plan.search import search
 from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import TrainJob, make_job
 

@@ -20,7 +20,9 @@ from frugal.cli.serve_cmd import (
 )
 from frugal.errors import FrugalError
 from frugal.hardware.offers import HOST_WATTS, KWH_USD, price_basis, select_offers
-from frugal.plan.search import Constraints, Infeasible, search
+from frugal.plan.constraints import Constraints
+from frugal.plan.plans import Infeasible
+from frugal.plan.search import search
 from frugal.serve import compare
 from frugal.serve.plan import Option, plan
 from frugal.serve.prices import api_prices, conservative_commitment, purchase_price

@@ -19,8 +19,9 @@ from frugal.errors import FrugalError
 from frugal.hardware.offers import MODAL_CORES_PER_GPU, MODAL_GIB_PER_GPU, Offer, modal_gpu
 from frugal.hardware.skypilot import CLOUDS, to_skypilot
 from frugal.models.specs import load_spec
+from frugal.plan.constraints import Constraints
 from frugal.plan.jobs import VM
-from frugal.plan.search import Constraints, Plan
+from frugal.plan.plans import Plan
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.step.job import TrainJob
 

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from frugal.hardware.offers import Offer
-from frugal.plan.search import Plan
+from frugal.plan.plans import Plan
 from frugal.plan.timing import PricePoint, Window, best_start
 from frugal.plan.transfer import Move
 

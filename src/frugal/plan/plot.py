@@ -17,7 +17,8 @@ from frugal.errors import FrugalError
 from frugal.files import replacing, write_text_atomic
 
 if TYPE_CHECKING:
-    from frugal.plan.search import Constraints, Plan, Result
+    from frugal.plan.constraints import Constraints
+    from frugal.plan.plans import Plan, Result
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 

@@ -28,7 +28,9 @@ from frugal.errors import FrugalError
 from frugal.estimate.closed_form import model_params
 from frugal.hardware.offers import Offer
 from frugal.models.specs import ModelSpec, bundled_model_ids, load_spec
-from frugal.plan.search import Constraints, Infeasible, Plan, search
+from frugal.plan.constraints import Constraints
+from frugal.plan.plans import Infeasible, Plan
+from frugal.plan.search import search
 from frugal.step.job import TrainJob
 
 MAX_TRIES = 10  # searches one explanation may run (each new method or model simulates)

@@ -29,8 +29,11 @@ from frugal.durations import Hours
 from frugal.errors import FrugalError
 from frugal.hardware.offers import Offer
 from frugal.models.specs import load_spec
+from frugal.plan.constraints import Constraints
 from frugal.plan.jobs import Packing, Run, pack, time_spot
-from frugal.plan.search import Constraints, Infeasible, data_reason, search
+from frugal.plan.plans import Infeasible
+from frugal.plan.reasons import data_reason
+from frugal.plan.search import search
 from frugal.plan.timing import PricePoint
 from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import Method, make_job
