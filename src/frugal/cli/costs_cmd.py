@@ -20,8 +20,8 @@ from frugal.cli import console, print_json
 from frugal.cli.options import JSON_HELP, argument, number
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing, write_text_atomic
+from frugal.formats import usd
 from frugal.ledger.tags import resolve
-from frugal.run.meter import usd
 from frugal.step.job import installed_version
 
 app = typer.Typer(

@@ -12,6 +12,7 @@ from frugal.cli import print_json
 from frugal.cli.options import JSON_HELP, MODEL_HELP, number, option
 from frugal.errors import FrugalError
 from frugal.estimate.core import estimate as run_estimate
+from frugal.formats import si
 from frugal.hardware.gpus import find_gpu
 from frugal.models.specs import load_spec
 from frugal.step.job import TrainJob, make_job
@@ -98,13 +99,6 @@ PEAK_AT = {
 }
 
 
-def _si(x: float) -> str:
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f} {unit}"
-    return f"{x:.0f}"
-
-
 def render(d: dict[str, Any]) -> None:
 
     c = Console()
@@ -146,8 +140,8 @@ def render(d: dict[str, Any]) -> None:
     c.print(t)
     f = d["flops_per_step"]
     c.print(
-        f"FLOPs per step: forward {_si(f['forward'])}, backward {_si(f['backward'])}, "
-        f"recompute {_si(f['recompute'])} = {_si(f['total'])}FLOP for "
+        f"FLOPs per step: forward {si(f['forward'])}, backward {si(f['backward'])}, "
+        f"recompute {si(f['recompute'])} = {si(f['total'])}FLOP for "
         f"{d['tokens_per_step']:,} tokens"
     )
     if "fits" in d:

@@ -23,6 +23,7 @@ from frugal.config import DataConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
 from frugal.files import check_target, write_text_atomic
+from frugal.formats import as_count
 from frugal.hardware.offers import KWH_USD, PriceBasis, price_basis, select_offers
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import load_spec
@@ -41,13 +42,6 @@ from frugal.plan.relax import Ask, explain
 from frugal.plan.search import search
 from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import TrainJob, make_job
-
-
-def _si(n: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:.0f}"
 
 
 def plan(
@@ -338,7 +332,8 @@ def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) ->
     spot = ""
     if r.spot:
         spot = f" (spot, on-demand after {fallback.switch_at_h:.1f} h)" if fallback else " (spot)"
-    con.print(f"[bold]{model}[/] · {_si(k.tokens)} tokens · {len(result.plans)} feasible plans")
+    feasible = f"{len(result.plans)} feasible plans"
+    con.print(f"[bold]{model}[/] · {as_count(k.tokens)} tokens · {feasible}")
     where = f" in {o.region}" if o.region and o.region not in ("any", "default", "here") else ""
     nodes = f"{r.nodes}x " if r.nodes > 1 else ""  # as the frontier and rejected lines say it
     con.print(

@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session, aliased
 
 from frugal.durations import parse_duration
 from frugal.errors import FrugalError
+from frugal.formats import usd_cents
 from frugal.ledger.budgets import daily_spend, period_end, period_start, spend, utc_day
 from frugal.ledger.schema import CostEntry, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware, now
@@ -592,9 +593,9 @@ class Showback:
         lines = [
             f"# GPU spend by team: week of {self.week_start:%Y-%m-%d} ({iso.year}-W{iso.week:02d})",
             "",
-            f"Total **{_usd(self.total.spend_usd)}**, "
+            f"Total **{usd_cents(self.total.spend_usd)}**, "
             f"{_change(self.total.spend_usd, self.total_before.spend_usd)} vs the week before "
-            f"({_usd(self.total_before.spend_usd)}) · {self.total.runs} runs · "
+            f"({usd_cents(self.total_before.spend_usd)}) · {self.total.runs} runs · "
             f"{_failures(self.total)}.",
             "",
             "| team | spend | vs the week before | runs | failed | preempted | lost |",
@@ -602,9 +603,10 @@ class Showback:
         ]
         for g, before in self.teams:
             lines.append(
-                f"| {g.name} | {_usd(g.spend_usd)} | {_change(g.spend_usd, before.spend_usd)} | "
+                f"| {g.name} | {usd_cents(g.spend_usd)} | "
+                f"{_change(g.spend_usd, before.spend_usd)} | "
                 f"{g.runs} | {g.outcomes['failed']} | {g.outcomes['preempted']} | "
-                f"{_usd(g.lost_usd)} |"
+                f"{usd_cents(g.lost_usd)} |"
             )
         if not self.teams:
             lines.append("| (no spend) | $0.00 | | 0 | 0 | 0 | $0.00 |")
@@ -618,14 +620,14 @@ class Showback:
                 ]
                 lines += [
                     f"| {r.id[:8]} | {r.model} | {r.gpus}x {r.gpu or '?'} | {r.outcome} | "
-                    f"{r.hours:.2f} | {_usd(r.cost_usd)} |"
+                    f"{r.hours:.2f} | {usd_cents(r.cost_usd)} |"
                     for r in runs
                 ]
             else:
                 lines.append("No runs; other costs only." if g.other_costs else "No spend.")
             lines += ["", f"Failures: {_failures(g)}."]
             if g.other_costs:
-                lines[-1] += f" Other costs: {g.other_costs}, {_usd(g.other_usd)}."
+                lines[-1] += f" Other costs: {g.other_costs}, {usd_cents(g.other_usd)}."
         return "\n".join(lines) + "\n"
 
 
@@ -686,10 +688,6 @@ def _iso(t: datetime | None) -> str | None:
     return None if t is None else t.isoformat()
 
 
-def _usd(v: float) -> str:
-    return f"-${-v:,.2f}" if v < 0 else f"${v:,.2f}"
-
-
 def _change(now_usd: float, before_usd: float) -> str:
     diff = now_usd - before_usd
     sign = "+" if diff >= 0 else "-"
@@ -701,4 +699,4 @@ def _failures(g: Group) -> str:
     failed, preempted = g.outcomes["failed"], g.outcomes["preempted"]
     if not failed and not preempted:
         return "no failed or preempted runs"
-    return f"{failed} failed, {preempted} preempted ({_usd(g.lost_usd)} lost)"
+    return f"{failed} failed, {preempted} preempted ({usd_cents(g.lost_usd)} lost)"

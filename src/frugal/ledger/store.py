@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from frugal.ledger.db import engine
 from frugal.ledger.schema import CostEntry, Heartbeat, PlanRecord, RunRecord, Tag
+from frugal.times import utc
 
 
 def now() -> datetime:
@@ -28,10 +29,10 @@ def aware(t: datetime) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
-def utc(t: datetime | None) -> datetime:
+def stored(t: datetime | None) -> datetime:
     """A time to store: in UTC (SQLite keeps the wall clock of an aware time as given, so
     every write converts), now when None."""
-    return now() if t is None else aware(t).astimezone(UTC)
+    return now() if t is None else utc(t)
 
 
 class Ledger:
@@ -88,7 +89,7 @@ class Ledger:
         that is already on the books (a resumed run, a spooled start sent twice) keeps the
         first record."""
         rid = run_id or str(uuid.uuid4())
-        t = utc(at)
+        t = stored(at)
         predicted = predicted or {}
         with self.session() as s:
             if s.get(RunRecord, rid) is not None:
@@ -115,13 +116,13 @@ class Ledger:
             run = s.get(RunRecord, run_id, with_for_update=True)
             if run is not None:  # seen now: other runs of its budgets count it as running
                 run.ended_at = run.outcome = None
-                run.heartbeat_at = utc(at)
+                run.heartbeat_at = stored(at)
 
     def heartbeat(self, run_id: str, step: int, tokens: float, cost_usd: float,
                   at: datetime | None = None, total_steps: int | None = None) -> None:  # fmt: skip
         """A run's progress at `at` (default now). The same heartbeat sent twice (a spool
         flushed again after a crash) is kept once."""
-        explicit, t = at is not None, utc(at)
+        explicit, t = at is not None, stored(at)
         with self.session() as s:
             run = s.get(RunRecord, run_id, with_for_update=True)
             if explicit and s.scalar(
@@ -144,7 +145,7 @@ class Ledger:
             run = s.get(RunRecord, run_id, with_for_update=True)
             if run is None:
                 raise KeyError(run_id)
-            run.ended_at, run.outcome, run.actual = utc(at), outcome, actual
+            run.ended_at, run.outcome, run.actual = stored(at), outcome, actual
             if predicted is not None:
                 run.predicted = predicted
                 run.est_hours, run.est_cost_usd = predicted.get("hours"), predicted.get("cost_usd")
@@ -158,10 +159,10 @@ class Ledger:
                  period_end: datetime | None = None) -> int:  # fmt: skip
         with self.session() as s:
             c = CostEntry(
-                at=utc(at), kind=kind, amount_usd=amount_usd, description=description[:500],
+                at=stored(at), kind=kind, amount_usd=amount_usd, description=description[:500],
                 resource_id=resource_id[:300], source=source[:300], run_id=run_id,
                 provider=provider[:50], gpu_hours=gpu_hours,
-                period_end=None if period_end is None else utc(period_end),
+                period_end=None if period_end is None else stored(period_end),
             )  # fmt: skip
             s.add(c)
             s.flush()

@@ -8,7 +8,7 @@ from frugal.plan.constraints import Constraints, node_network
 from frugal.plan.plans import Plan, Rejected
 
 
-def explain(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constraints) -> None:
+def give_reasons(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constraints) -> None:
     """Give the recommended plan its reasons, in the order a reader asks: does it fit, how
     fast, what the plan turned on, the data, why this one, spot, the frontier."""
     best.reasons += [

@@ -24,7 +24,7 @@ from frugal.models.specs import ModelSpec
 from frugal.plan import spot as spot_math
 from frugal.plan.constraints import Constraints, node_network
 from frugal.plan.plans import NO_MOVE, Infeasible, Plan, Rejected, Result, pareto
-from frugal.plan.reasons import closest_miss, explain
+from frugal.plan.reasons import closest_miss, give_reasons
 from frugal.plan.transfer import DOWNLOAD_GBPS, move_in, move_out, parse_location
 from frugal.step.job import TrainJob, in_backward_refusal
 
@@ -166,7 +166,7 @@ def search(
     feasible.sort(key=key)
     best = feasible[0]
     frontier = pareto(feasible)
-    explain(best, feasible, frontier, k)
+    give_reasons(best, feasible, frontier, k)
     over.sort(key=lambda r: r.cost_usd or 0.0)
     fit_rej = sorted(rejected, key=lambda r: r.label)
     return Result(best, frontier, feasible, _distinct(over)[:5] + _distinct(fit_rej)[:5], [])

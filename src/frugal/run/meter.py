@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 
 from frugal.files import write_text_atomic
+from frugal.formats import usd
 
 
 class CostMeter:
@@ -175,11 +176,6 @@ class Progress:
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()
-
-
-def usd(x: float) -> str:
-    """Dollars with cents, or four decimals below a dollar (a CPU demo costs fractions)."""
-    return f"${x:,.2f}" if abs(x) >= 1 or x == 0 else f"${x:.4f}"
 
 
 def _hms(s: float) -> str:
