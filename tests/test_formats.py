@@ -42,6 +42,14 @@ HOMES = {
     "pareto": "plan/plans.py",
     "give_reasons": "plan/reasons.py",
     "closest_miss": "plan/reasons.py",
+    # names that said nothing of which one they were
+    "Run": None,
+    "TrainingRun": "run/recipe.py",  # everything `frugal train` sets up
+    "JobQuote": "plan/jobs.py",  # one job of a --jobs plan, priced on one offer
+    "JobOnOffer": "ledger/schema.py",  # the columns a plan and a run share
+    "Report": None,
+    "SpendReport": "ledger/report.py",
+    "AdviceReport": "ledger/advise.py",
 }
 
 

@@ -207,14 +207,14 @@ def test_multi_node_jobs_share_only_vms_of_as_many_nodes(tiny_llama: ModelSpec) 
     from dataclasses import replace
 
     from frugal.plan.emit import skypilot_jobs_task
-    from frugal.plan.jobs import Run, pack
+    from frugal.plan.jobs import JobQuote, pack
 
     plan = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e6)).recommendation
     two = replace(plan, nodes=2, compute_usd=2 * plan.compute_usd)  # twice the machines
     runs = {
-        "one": [Run("one", "m", "d", None, plan)],
-        "two": [Run("two", "m", "d", None, two)],
-        "also-two": [Run("also-two", "m", "d", None, two)],
+        "one": [JobQuote("one", "m", "d", None, plan)],
+        "two": [JobQuote("two", "m", "d", None, two)],
+        "also-two": [JobQuote("also-two", "m", "d", None, two)],
     }
     vms = pack(runs).vms
     together = {tuple(sorted(r.job for r in vm.runs)): vm.nodes for vm in vms}

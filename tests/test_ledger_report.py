@@ -62,7 +62,7 @@ def may_books(led: Ledger) -> None:
     led.add_cost(2, "other", at=T("2026-05-12T00:00"))
 
 
-def groups(r: rep.Report) -> dict[str, dict[str, Any]]:
+def groups(r: rep.SpendReport) -> dict[str, dict[str, Any]]:
     return {g.name: g.to_json() for g in r.groups}
 
 

@@ -197,7 +197,7 @@ def test_an_oom_attempt_is_released_before_its_memory_is_freed(
 
     real_free, alive = recipe._free_memory, []
 
-    def free(run: recipe.Run) -> None:
+    def free(run: recipe.TrainingRun) -> None:
         real_free(run)
         alive.append(any(r() is not None for r in held))
 

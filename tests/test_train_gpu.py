@@ -67,7 +67,7 @@ def test_the_peak_a_run_reports_leaves_out_an_attempt_that_ran_out_of_memory(
 
     real, calls = recipe.train_step, []
 
-    def first_runs_out(run: recipe.Run, step: int) -> dict[str, float]:
+    def first_runs_out(run: recipe.TrainingRun, step: int) -> dict[str, float]:
         calls.append(step)
         if len(calls) == 1:
             big = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB, then OOM

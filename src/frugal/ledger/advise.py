@@ -290,7 +290,7 @@ def advise(runs: list[RunRecord], plans: list[PlanRecord],
 
 
 @dataclass
-class Report:
+class AdviceReport:
     period: str
     since: datetime | None
     runs: int
@@ -307,7 +307,7 @@ class Report:
         }
 
 
-def advise_ledger(led: Ledger, period: str = "all") -> Report:
+def advise_ledger(led: Ledger, period: str = "all") -> AdviceReport:
     """The advice over the runs started and plans made in `period` (as reports name it)."""
     span = parse_period(period)
     start, end = span.start, span.end
@@ -320,4 +320,6 @@ def advise_ledger(led: Ledger, period: str = "all") -> Report:
         plans = [p for p in s.scalars(select(PlanRecord)) if within(p.created_at)]
     runs = [r for r in led.runs() if within(r.started_at)]
     real = [r for r in runs if not r.dry_run]
-    return Report(period, start, len(real), sum(r.cost_usd for r in real), advise(runs, plans))
+    return AdviceReport(
+        period, start, len(real), sum(r.cost_usd for r in real), advise(runs, plans)
+    )

@@ -320,7 +320,7 @@ class Anomaly:
 
 
 @dataclass
-class Report:
+class SpendReport:
     period: Period
     by: str
     groups: list[Group]
@@ -349,15 +349,15 @@ ANOMALY_RULE = (
 
 
 def report(led: Ledger, by: str = "project", period: str = "this-month",
-           at: datetime | None = None, extras: bool = True) -> Report:  # fmt: skip
+           at: datetime | None = None, extras: bool = True) -> SpendReport:  # fmt: skip
     """The report of `period` grouped `by`; `extras` adds the month-end projection and the
     anomalies of the period's days."""
     at = aware(at or now()).astimezone(UTC)
     g, p = parse_by(by), parse_period(period, at)
     with led.session() as s:
         groups = group_spend(s, g, p.start, p.end)
-        out = Report(p, g.name, sorted(groups.values(), key=lambda x: (-x.spend_usd, x.name)),
-                     totals(groups.values()))  # fmt: skip
+        biggest_first = sorted(groups.values(), key=lambda x: (-x.spend_usd, x.name))
+        out = SpendReport(p, g.name, biggest_first, totals(groups.values()))
         if extras:
             out.projection = projection(s, at)
             out.anomalies = anomalies(s, p.start, p.end, at)

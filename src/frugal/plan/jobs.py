@@ -41,7 +41,7 @@ def offer_key(o: Offer) -> tuple[str, str, str]:
 
 
 @dataclass(frozen=True)
-class Run:
+class JobQuote:
     """One job planned on one offer and pricing: what a VM running it pays for it."""
 
     job: str  # the job's name
@@ -84,11 +84,11 @@ def boot_h(o: Offer) -> float:
 class VM:
     offer: Offer
     spot: bool
-    runs: list[Run] = field(default_factory=list)
+    runs: list[JobQuote] = field(default_factory=list)
     start_h: float = 0.0  # hours from now it starts (a price window)
     window: Window | None = None
 
-    def timeline(self, runs: list[Run] | None = None) -> list[tuple[float, float]]:
+    def timeline(self, runs: list[JobQuote] | None = None) -> list[tuple[float, float]]:
         """(start, end) hours from now of each run, in order, setup paid once per model and
         per dataset."""
         t = self.start_h + boot_h(self.offer)
@@ -118,7 +118,7 @@ class VM:
         """Machines of the offer the VM's runs span (the same for all: see `pack`)."""
         return self.runs[0].plan.nodes if self.runs else 1
 
-    def fits(self, run: Run) -> bool:
+    def fits(self, run: JobQuote) -> bool:
         """Whether every job, `run` added last, still ends by its deadline."""
         ends = self.timeline([*self.runs, run])
         return all(
@@ -126,12 +126,12 @@ class VM:
             for r, (_, end) in zip([*self.runs, run], ends, strict=True)
         )
 
-    def marginal_usd(self, run: Run) -> float:
+    def marginal_usd(self, run: JobQuote) -> float:
         """What adding `run` last adds to the bill."""
         before = self.usd(self.runs)
         return self.usd([*self.runs, run]) - before
 
-    def usd(self, runs: list[Run] | None = None) -> float:
+    def usd(self, runs: list[JobQuote] | None = None) -> float:
         """The VM's bill (`runs`: as if it ran those instead, at the catalog price)."""
         priced = runs is None
         runs = self.runs if runs is None else runs
@@ -189,7 +189,7 @@ class VM:
 @dataclass
 class Packing:
     vms: list[VM]
-    alone: dict[str, Run]  # each job's cheapest VM of its own
+    alone: dict[str, JobQuote]  # each job's cheapest VM of its own
     notes: list[str]
 
     @property
@@ -201,12 +201,12 @@ class Packing:
         return sum(r.alone_usd() for r in self.alone.values())
 
 
-def _cheapest_alone(runs: list[Run]) -> Run | None:
+def _cheapest_alone(runs: list[JobQuote]) -> JobQuote | None:
     ok = [r for r in runs if r.deadline_h is None or r.plan.hours <= r.deadline_h]
     return min(ok, key=lambda r: r.alone_usd()) if ok else None
 
 
-def _pack(runs: list[Run], alone: dict[str, Run]) -> list[VM]:
+def _pack(runs: list[JobQuote], alone: dict[str, JobQuote]) -> list[VM]:
     """Earliest deadline first, first fit, a job joining only where it costs less than its
     own VM. `runs` are one offer and pricing."""
     vms: list[VM] = []
@@ -227,9 +227,9 @@ def _pack(runs: list[Run], alone: dict[str, Run]) -> list[VM]:
     return vms
 
 
-def pack(by_job: dict[str, list[Run]]) -> Packing:
+def pack(by_job: dict[str, list[JobQuote]]) -> Packing:
     """Jobs onto shared VMs (module doc): `by_job` holds each job's runs on every offer."""
-    alone: dict[str, Run] = {}
+    alone: dict[str, JobQuote] = {}
     for name, runs in by_job.items():
         best = _cheapest_alone(runs)
         if best is not None:
@@ -237,7 +237,7 @@ def pack(by_job: dict[str, list[Run]]) -> Packing:
     left = set(alone)
     chosen: list[VM] = []
     while left:
-        groups: dict[tuple[Any, ...], list[Run]] = {}
+        groups: dict[tuple[Any, ...], list[JobQuote]] = {}
         for name in left:
             for r in by_job[name]:
                 # runs share a VM only on as many nodes as each planned

@@ -30,7 +30,7 @@ from frugal.errors import FrugalError
 from frugal.hardware.offers import Offer
 from frugal.models.specs import load_spec
 from frugal.plan.constraints import Constraints
-from frugal.plan.jobs import Packing, Run, pack, time_spot
+from frugal.plan.jobs import JobQuote, Packing, pack, time_spot
 from frugal.plan.plans import Infeasible
 from frugal.plan.reasons import data_reason
 from frugal.plan.search import search
@@ -146,11 +146,11 @@ def _alone(p: Planned, offers: list[Offer], spot: str, memo: dict[Any, Any]) -> 
     return list(memo[key])
 
 
-def runs_of(p: Planned, offers: list[Offer], spot: str, memo: dict[Any, Any]) -> list[Run]:
+def runs_of(p: Planned, offers: list[Offer], spot: str, memo: dict[Any, Any]) -> list[JobQuote]:
     """The job alone on every single-machine offer, on-demand and spot, with its data."""
     job, model = p.job, load_spec(p.job.model).id
     dataset = job.dataset or f"{job.name} (tokens)"
-    return [Run(job.name, model, dataset, job.deadline, plan)
+    return [JobQuote(job.name, model, dataset, job.deadline, plan)
             for plan in _alone(p, offers, spot, memo)]  # fmt: skip
 
 
@@ -164,7 +164,7 @@ def plan_jobs(
     """The packing of `jobs` on `offers`, spot VMs timed by `history`; notes say what was
     assumed and which jobs have no plan."""
     planned, notes = [], []
-    by_job: dict[str, list[Run]] = {}
+    by_job: dict[str, list[JobQuote]] = {}
     memo: dict[Any, Any] = {}
     for job in jobs:
         if job.dataset:
@@ -190,7 +190,7 @@ def plan_jobs(
     return packing, planned, notes
 
 
-def _data_reasons(by_job: dict[str, list[Run]], packing: Packing) -> list[str]:
+def _data_reasons(by_job: dict[str, list[JobQuote]], packing: Packing) -> list[str]:
     """Where moving a job's data changed its offer: the dollars on each side."""
     out = []
     for name, chosen in packing.alone.items():

@@ -84,7 +84,7 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled", categ
 
 
 @dataclass
-class Run:
+class TrainingRun:
     """Everything `train` sets up, in one place."""
 
     cfg: RunConfig
@@ -132,7 +132,7 @@ class Run:
 # -- setup ---------------------------------------------------------------------------------
 
 
-def setup(cfg: RunConfig) -> Run:
+def setup(cfg: RunConfig) -> TrainingRun:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import InitProcessGroupKwargs, set_seed
@@ -206,7 +206,7 @@ def setup(cfg: RunConfig) -> Run:
     per_rank = cfg.training.effective_batch // acc.num_processes
     micro, why = auto_micro_batch(cfg, per_rank)
     out = Path(cfg.output_dir)
-    run = Run(
+    run = TrainingRun(
         cfg=cfg, out=out, acc=acc, model=model, tokenizer=tok, optimizer=optimizer,
         scheduler=scheduler, batches=Batcher(rows, pad, cfg.job.packing),
         val_batches=Batcher(val_rows, pad, cfg.job.packing), schedule=sched_data,
@@ -230,7 +230,7 @@ def _segments_with_pairs(labels: torch.Tensor, segments: torch.Tensor) -> int:
     return n
 
 
-def _global_sum(run: Run, *values: float | torch.Tensor) -> list[float]:
+def _global_sum(run: TrainingRun, *values: float | torch.Tensor) -> list[float]:
     """Sums over all processes of scalars (or of one stacked tensor)."""
     if len(values) == 1 and isinstance(values[0], torch.Tensor):
         t = values[0].to(torch.float64)
@@ -251,7 +251,7 @@ class StepInput:
     real_tokens: int  # this process's tokens that are not padding
 
 
-def step_input(run: Run, step: int) -> StepInput:
+def step_input(run: TrainingRun, step: int) -> StepInput:
     contrastive = run.cfg.job.loss == "ce+contrastive"
     ids = run.schedule.micro_batches(step, run.acc.process_index, run.world, run.micro)
     batches = [run.batches(b) for b in ids]
@@ -266,7 +266,7 @@ def step_input(run: Run, step: int) -> StepInput:
     return StepInput(batches, n_tok, n_seg, real)
 
 
-def device_step(run: Run, inp: StepInput) -> Sums:
+def device_step(run: TrainingRun, inp: StepInput) -> Sums:
     """The step itself (`frugal.step.loop.optimizer_step`, what the estimate simulates)."""
     t = run.cfg.training
     run.model.train()
@@ -285,7 +285,7 @@ def device_step(run: Run, inp: StepInput) -> Sums:
     )
 
 
-def train_step(run: Run, step: int) -> dict[str, float]:
+def train_step(run: TrainingRun, step: int) -> dict[str, float]:
     inp = step_input(run, step)
     sums = device_step(run, inp)
     skipped = bool(getattr(run.optimizer, "step_was_skipped", False))  # fp16 overflow
@@ -313,7 +313,7 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def _free_memory(run: Run) -> None:
+def _free_memory(run: TrainingRun) -> None:
     """After an OOM: free what the failed attempt held (called outside the `except` block,
     whose traceback would keep the attempt's tensors alive). Its peak is forgotten too, so
     the peak a run reports is of the steps that ran (the loop keeps the earlier steps')."""
@@ -324,7 +324,7 @@ def _free_memory(run: Run) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def evaluate(run: Run) -> float | None:
+def evaluate(run: TrainingRun) -> float | None:
     """Mean token loss on the validation rows; an OOM halves only the evaluation batch."""
     if not len(run.val_batches):
         return None
@@ -491,11 +491,11 @@ def _peer_lost(e: BaseException, out: Path) -> PeerLost | None:
     )
 
 
-def _parts(run: Run) -> ckpt.Parts:
+def _parts(run: TrainingRun) -> ckpt.Parts:
     return ckpt.Parts(run.unwrapped, run.inner_optimizer, run.scheduler, run.acc)
 
 
-def _run_key(run: Run) -> dict[str, Any]:
+def _run_key(run: TrainingRun) -> dict[str, Any]:
     """What a checkpoint's weights, optimizer state and data position depend on."""
     c = run.cfg
     return {"job.method": c.job.method, "job.optimizer": c.job.optimizer,
@@ -548,7 +548,7 @@ def _trained(out: Path) -> str | None:
     return f"reached step {steps}" if steps else None
 
 
-def start(run: Run, source: Path | None, meter: CostMeter) -> TrainState:
+def start(run: TrainingRun, source: Path | None, meter: CostMeter) -> TrainState:
     """Resume from `source`, a checkpoint, or start fresh."""
     out, cfg = run.out, run.cfg
     store = ckpt.Checkpoints(out / "checkpoints", cfg.training.keep_checkpoints)
@@ -562,7 +562,7 @@ def start(run: Run, source: Path | None, meter: CostMeter) -> TrainState:
     return state
 
 
-def _intact(run: Run, store: ckpt.Checkpoints, source: Path) -> Path:
+def _intact(run: TrainingRun, store: ckpt.Checkpoints, source: Path) -> Path:
     """The checkpoint to resume: `source`, or where it is damaged the newest intact one
     before it (said in the run's notes). The main process reads them whole, once, and
     tells the others."""
@@ -592,7 +592,9 @@ def _intact(run: Run, store: ckpt.Checkpoints, source: Path) -> Path:
     return chosen
 
 
-def _restore(run: Run, store: ckpt.Checkpoints, source: Path, meter: CostMeter) -> TrainState:
+def _restore(
+    run: TrainingRun, store: ckpt.Checkpoints, source: Path, meter: CostMeter
+) -> TrainState:
     state, same_rng = store.restore(source, _parts(run))
     mismatch = [k for k, v in _run_key(run).items() if state.run_key.get(k) != v]
     if mismatch:
@@ -630,7 +632,7 @@ class Loop:
     then `step`, `evaluate` or `checkpoint`; `finish` saves and summarizes."""
 
     def __init__(
-        self, run: Run, state: TrainState, meter: CostMeter, stop: Stop, clock: Clock,
+        self, run: TrainingRun, state: TrainState, meter: CostMeter, stop: Stop, clock: Clock,
         dry_run: int | None, on_step: Callable[[int, dict[str, float]], None] | None,
         quiet: bool, books: RunBooks | None = None,
     ) -> None:  # fmt: skip
@@ -893,7 +895,7 @@ def _cuda_device() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def _back_off(run: Run, progress: Progress) -> None:
+def _back_off(run: TrainingRun, progress: Progress) -> None:
     """After an OOM: halve the micro-batch, keeping the effective batch (more accumulation)."""
     if run.world > 1:
         raise FrugalError(
@@ -938,7 +940,7 @@ def _plan_interval(cfg: RunConfig) -> float | None:
 # -- cleanup -----------------------------------------------------------------------------------
 
 
-def _export(run: Run, best_step: int | None) -> dict[str, str]:
+def _export(run: TrainingRun, best_step: int | None) -> dict[str, str]:
     """The adapter (or the full model) in HF format, from the best evaluation if there was
     one; with training.merge, the adapter merged into the model as well. Every process
     calls it (under FSDP each sends its shards); the main process writes."""
