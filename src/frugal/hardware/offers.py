@@ -72,6 +72,10 @@ class Offer:
     def terms(self) -> Provider:
         return providers()[self.provider]
 
+    def hourly_usd(self, spot: bool) -> float:
+        """Dollars an hour for the instance: on spot where asked and offered, else on demand."""
+        return self.spot_usd_h if spot and self.spot_usd_h is not None else self.ondemand_usd_h
+
     def to_json(self) -> dict[str, object]:
         t = self.terms
         return {

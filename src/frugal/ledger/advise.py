@@ -89,19 +89,15 @@ class _Speeds:
         return s.tokens_per_s if s else None
 
 
-def _price(o: Offer, spot: bool) -> float:
-    return o.spot_usd_h if spot and o.spot_usd_h is not None else o.ondemand_usd_h
-
-
 def _cheapest(offers: Iterable[Offer], gpu: GPU, count: int, spot: bool) -> Offer | None:
     same = [o for o in offers if o.gpu == gpu and o.gpus == count]
     if spot:
         same = [o for o in same if o.spot_usd_h is not None]
-    return min(same, key=lambda o: _price(o, spot), default=None)
+    return min(same, key=lambda o: o.hourly_usd(spot), default=None)
 
 
 def _where(o: Offer, spot: bool) -> str:
-    return f"{o.provider} {o.instance}{' spot' if spot else ''} (${_price(o, spot):.2f}/h)"
+    return f"{o.provider} {o.instance}{' spot' if spot else ''} (${o.hourly_usd(spot):.2f}/h)"
 
 
 def gpu_oversized(runs: list[RunRecord], offers: list[Offer], speeds: _Speeds) -> list[Advice]:
@@ -115,7 +111,7 @@ def gpu_oversized(runs: list[RunRecord], offers: list[Offer], speeds: _Speeds) -
         need = (float(peak) + context) * GIB
         here = speeds.tokens_per_s(r, gpu)
         same = _cheapest(offers, gpu, r.gpus, r.spot)
-        base = _price(same, r.spot) if same else r.price_per_hour_usd
+        base = same.hourly_usd(r.spot) if same else r.price_per_hour_usd
         if here is None or base is None:
             continue
         best: tuple[float, Offer] | None = None
@@ -127,7 +123,7 @@ def gpu_oversized(runs: list[RunRecord], offers: list[Offer], speeds: _Speeds) -
             there = speeds.tokens_per_s(r, o.gpu)
             if not there:
                 continue
-            cost = r.hours * here / there * _price(o, r.spot)
+            cost = r.hours * here / there * o.hourly_usd(r.spot)
             if best is None or cost < best[0]:
                 best = (cost, o)
         if best is None:
@@ -241,9 +237,9 @@ def cheaper_offers(plans: list[PlanRecord], runs: list[RunRecord],
         if gpu is None or p.provider == "local":
             continue
         o = _cheapest((o for o in offers if o.provider != "local"), gpu, p.gpus, p.spot)
-        if o is None or _price(o, p.spot) > (1 - CHEAPER_BY) * p.price_per_hour_usd:
+        if o is None or o.hourly_usd(p.spot) > (1 - CHEAPER_BY) * p.price_per_hour_usd:
             continue
-        usd = p.est_hours * (p.price_per_hour_usd - _price(o, p.spot))
+        usd = p.est_hours * (p.price_per_hour_usd - o.hourly_usd(p.spot))
         if usd >= MIN_USD:
             out.append(Advice(
                 "cheaper-offer", usd,

@@ -72,9 +72,7 @@ class Plan:
 
     @property
     def price_per_hour(self) -> float:
-        o = self.offer
-        p = o.spot_usd_h if self.spot and o.spot_usd_h is not None else o.ondemand_usd_h
-        return p * self.nodes
+        return self.offer.hourly_usd(self.spot) * self.nodes
 
     def label(self) -> str:
         nodes = f"{self.nodes}x " if self.nodes > 1 else ""

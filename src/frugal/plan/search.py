@@ -136,7 +136,7 @@ def search(
                 if isinstance(found, Rejected):
                     rejected.append(replace(found, label=label))
                     continue
-                priced = _price(offer, nodes, found, k)
+                priced = _priced(offer, nodes, found, k)
                 if not priced and offer.spot_usd_h is not None:  # --spot, and it never ends
                     every = k.mtbi_h or spot_math.offer_mtbi(offer)[0]
                     never = (
@@ -382,7 +382,7 @@ def _next_technique(spec: ModelSpec, job: TrainJob, k: Constraints, method: str)
     return None
 
 
-def _price(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
+def _priced(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
     """The on-demand and spot plans of one configuration on one offer."""
     job, mem, speed, prof = cfg.job, cfg.memory, cfg.speed, cfg.profile
     terms = offer.terms

@@ -91,7 +91,7 @@ def _time(raw: str, at: str, what: str) -> datetime:
         raise FrugalError(f"{at}: {what} {e}") from None
 
 
-def _price(raw: object) -> float | None:
+def _usd_cell(raw: object) -> float | None:
     try:
         value = float(str(raw).strip().lstrip("$"))
     except ValueError:
@@ -113,7 +113,7 @@ def _read_aws(data: object, path: str) -> list[PricePoint]:
             others.add(str(r["ProductDescription"]))
             continue
         t = _time(str(r["Timestamp"]), at, "Timestamp")
-        price = _price(r["SpotPrice"])
+        price = _usd_cell(r["SpotPrice"])
         if price is None:
             raise FrugalError(f"{at}: SpotPrice {r['SpotPrice']!r} must be a number >= 0 ($/h)")
         zone = str(r["AvailabilityZone"]).strip()
@@ -151,7 +151,7 @@ def _read_csv(text: str, path: str) -> list[PricePoint]:
             )
         if not r["instance"]:
             raise FrugalError(f"{at}: column 'instance': empty; name the instance type")
-        price = _price(r["spot_usd_h"])
+        price = _usd_cell(r["spot_usd_h"])
         if price is None:
             raise FrugalError(
                 f"{at}: column 'spot_usd_h': {r['spot_usd_h']!r}: a price must be a "
