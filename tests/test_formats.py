@@ -43,6 +43,9 @@ HOMES = {
     "give_reasons": "plan/reasons.py",
     "closest_miss": "plan/reasons.py",
     "_price": None,  # three meant three things: Offer.hourly_usd, search._priced, a cell
+    "parse_period": "ledger/periods.py",
+    "period_start": "ledger/periods.py",
+    "Period": "ledger/periods.py",  # a report's span; a budget's is periods.BudgetPeriod
     # names that said nothing of which one they were
     "Run": None,
     "TrainingRun": "run/recipe.py",  # everything `frugal train` sets up

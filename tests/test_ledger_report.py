@@ -16,6 +16,7 @@ from conftest import run_error, run_json
 
 from frugal.cli.main import main
 from frugal.errors import FrugalError
+from frugal.ledger import periods
 from frugal.ledger import report as rep
 from frugal.ledger.store import Ledger
 
@@ -116,7 +117,7 @@ def test_group_sums_match_hand_computed_values(ledger_url: str) -> None:
 
 def test_periods_and_their_boundaries(ledger_url: str) -> None:
     at = T("2026-05-20T12:00")  # a Wednesday
-    p = rep.parse_period
+    p = periods.parse_period
     assert (p("this-month", at).start, p("this-month", at).end) == (
         T("2026-05-01"),
         T("2026-06-01"),
@@ -237,7 +238,7 @@ def test_the_weekly_showback(ledger_url: str) -> None:
     assert md == rep.showback(led, "2026-W20", at=T("2026-06-30")).to_markdown()
     assert md == rep.showback(led, "2026-05-14").to_markdown()
     with pytest.raises(FrugalError, match="--week"):
-        rep.parse_week("W20")
+        periods.parse_week("W20")
 
 
 # -- the command line ------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def add(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Put a cost that is not a `frugal train` run on the books."""
-    from frugal.ledger.report import parse_instant
+    from frugal.ledger.periods import parse_instant
     from frugal.ledger.store import Ledger
 
     if not kind.strip() or len(kind) > 50:

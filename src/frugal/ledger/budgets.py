@@ -27,42 +27,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
-from typing import Any, Literal
+from datetime import date, datetime
+from typing import Any
 
 from sqlalchemy import ColumnElement, String, cast, exists, func, literal_column, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from frugal.errors import FrugalError
+from frugal.ledger.periods import BUDGET_PERIODS, period_start
 from frugal.ledger.schema import Alert, Budget, CostEntry, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware, now
 
-Period = Literal["week", "month", "total"]
-PERIODS: tuple[Period, ...] = ("week", "month", "total")
 ACTIONS = ("warn", "stop")
 DEFAULT_THRESHOLDS = (50.0, 75.0, 90.0, 100.0)
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # the start of a "total" budget's one period
 STALE_HEARTBEATS, STALE_MIN_S = 10, 600.0  # a running run silent this long has died
 YIELD = 3  # heartbeat intervals a later run reserves for an earlier one (itself gets one)
-
-
-def period_start(period: str, at: datetime) -> datetime:
-    at = aware(at).astimezone(UTC)
-    day = at.replace(hour=0, minute=0, second=0, microsecond=0)
-    if period == "week":
-        return day - timedelta(days=day.weekday())
-    if period == "month":
-        return day.replace(day=1)
-    return EPOCH
-
-
-def period_end(period: str, start: datetime) -> datetime | None:
-    if period == "week":
-        return start + timedelta(days=7)
-    if period == "month":
-        return (start + timedelta(days=32)).replace(day=1)
-    return None
 
 
 def _tagged(kind: str, ref: Any, scope: dict[str, str]) -> list[ColumnElement[bool]]:
@@ -148,8 +128,8 @@ def set_budget(led: Ledger, name: str, amount_usd: float, period: str,
         raise FrugalError("a budget needs a name, e.g. frugal budget set nlp-monthly ...")
     if not (math.isfinite(amount_usd) and amount_usd > 0):
         raise FrugalError(f"--amount {amount_usd}: a budget is a positive number of USD")
-    if period not in PERIODS:
-        raise FrugalError(f"--period {period!r}: use {', '.join(PERIODS)}")
+    if period not in BUDGET_PERIODS:
+        raise FrugalError(f"--period {period!r}: use {', '.join(BUDGET_PERIODS)}")
     if action not in ACTIONS:
         raise FrugalError(f"--action {action!r}: use warn (alerts only) or stop")
     with led.session() as s:

@@ -47,7 +47,7 @@ from typing import Any, TextIO
 
 from frugal.ledger.backup import table_rows
 from frugal.ledger.billing import CURRENCY
-from frugal.ledger.budgets import period_end, period_start
+from frugal.ledger.periods import period_end, period_start
 from frugal.ledger.schema import Base
 from frugal.ledger.store import Ledger, aware
 

@@ -15,7 +15,8 @@ from sqlalchemy import select
 
 from frugal.errors import FrugalError
 from frugal.ledger import budgets as B
-from frugal.ledger.report import OUTCOMES, RUNNING, daily_spend_by, parse_period, report
+from frugal.ledger.periods import parse_period, period_end
+from frugal.ledger.report import OUTCOMES, RUNNING, daily_spend_by, report
 from frugal.ledger.schema import Heartbeat, PlanRecord, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
 
@@ -208,7 +209,7 @@ def budgets(request: Request) -> dict[str, Any]:
     rows = []
     with led.session() as ses:
         for st in B.statuses(led):
-            end = B.period_end(st.budget.period, st.period_start)
+            end = period_end(st.budget.period, st.period_start)
             days = sorted(B.daily_spend(ses, st.budget.scope, st.period_start, end).items())
             total, burn = 0.0, []
             for day, usd in days:  # the period's spend, day by day: the burn against the amount
