@@ -43,6 +43,8 @@ HOMES = {
     "give_reasons": "plan/reasons.py",
     "closest_miss": "plan/reasons.py",
     "_price": None,  # three meant three things: Offer.hourly_usd, search._priced, a cell
+    "Cells": "csvrows.py",  # a data row's typed cells, each error with file, line, column
+    "_Where": None,
     "parse_period": "ledger/periods.py",
     "period_start": "ledger/periods.py",
     "Period": "ledger/periods.py",  # a report's span; a budget's is periods.BudgetPeriod

@@ -15,8 +15,11 @@ misread is refused instead.
 from __future__ import annotations
 
 import csv
+import math
 import sys
 from collections.abc import Iterable, Iterator
+
+from frugal.errors import FrugalError
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # the stdlib's 128 KiB would refuse long rows
 
@@ -85,3 +88,49 @@ class Rows:
                     "holds a comma, and give each row every column",
                 )
             yield line, dict(zip(self.header, cells, strict=True))
+
+
+class Cells:
+    """One row of a data file and where it is: typed values, each bad one a one-line
+    FrugalError naming the file, line and column (price files, catalogs, reference data)."""
+
+    def __init__(self, file: str, line: int, row: dict[str, str]) -> None:
+        self.file, self.line, self.row = file, line, row
+
+    def fail(self, column: str, msg: str) -> FrugalError:
+        return FrugalError(f"{self.file}:{self.line}: column {column!r}: {msg}")
+
+    def text(self, column: str, required: bool = True) -> str:
+        value = (self.row.get(column) or "").strip()
+        if required and not value:
+            raise self.fail(column, "missing: every row needs it")
+        return value
+
+    def number(
+        self, column: str, hi: float = math.inf, required: bool = True, unit: str = ""
+    ) -> float | None:
+        """A number from 0 to `hi` (a leading $ allowed), None where empty and not
+        `required`; `unit` says what the number counts, in the messages."""
+        raw = (self.row.get(column) or "").strip()
+        if not raw:
+            if required:
+                raise self.fail(
+                    column, f"missing: every row needs it{f' ({unit})' if unit else ''}"
+                )
+            return None
+        try:
+            value = float(raw.lstrip("$"))
+        except ValueError:
+            raise self.fail(
+                column, f"{raw!r} is not a number{f' of {unit}' if unit else ''}"
+            ) from None
+        if not math.isfinite(value) or not 0 <= value <= hi:
+            span = f"from 0 to {hi:g}" if math.isfinite(hi) else ">= 0"
+            raise self.fail(column, f"{raw!r}: give a number {span}")
+        return value
+
+    def whole(self, column: str) -> int:
+        raw = self.text(column)
+        if not raw.isdigit() or int(raw) < 1:
+            raise self.fail(column, f"{raw!r}: give a whole number >= 1")
+        return int(raw)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from frugal.csvrows import Cells
 from frugal.errors import FrugalError, notice
 from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.gpus import GPU, find_gpu, gpus, lookup_gpu
@@ -37,6 +37,7 @@ HOST_WATTS = 150.0  # CPU, RAM, disks and fans of a one-GPU workstation under lo
 HOURS_PER_MONTH = 730.0  # 8,760 / 12: what clouds bill a month of (AWS pricing calculator)
 ADVISED = "interruption: AWS Spot Advisor"  # in an offer's source: its bucket is AWS's own
 MAX_AGE_DAYS = 7.0  # prices older than this make a plan warn (settings [offers] max_age_days)
+PER_HOUR = "$/hour for the whole instance"  # what a price cell holds
 
 
 @dataclass(frozen=True)
@@ -136,43 +137,6 @@ def find_provider(name: str) -> str:
     raise FrugalError(f"unknown provider {name!r}; closest: {', '.join(hint or list(providers()))}")
 
 
-class _Where:
-    """Names the file, line and column of a bad value."""
-
-    def __init__(self, file: str, line: int) -> None:
-        self.file, self.line = file, line
-
-    def fail(self, column: str, msg: str) -> FrugalError:
-        return FrugalError(f"{self.file}:{self.line}: column {column!r}: {msg}")
-
-    def price(self, row: dict[str, str], column: str, required: bool) -> float | None:
-        raw = (row.get(column) or "").strip()
-        if not raw:
-            if required:
-                raise self.fail(column, "missing price: give $/hour for the whole instance")
-            return None
-        try:
-            value = float(raw.lstrip("$"))
-        except ValueError:
-            raise self.fail(column, f"{raw!r} is not a number of $/hour") from None
-        if not math.isfinite(value) or value < 0:
-            raise self.fail(column, f"{raw!r}: a price must be a number >= 0")
-        return value
-
-    def amount(self, row: dict[str, str], column: str) -> float | None:
-        """An optional count or size (vCPUs, GiB): a number >= 0, or None when empty."""
-        raw = (row.get(column) or "").strip()
-        if not raw:
-            return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise self.fail(column, f"{raw!r} is not a number") from None
-        if not math.isfinite(value) or value < 0:
-            raise self.fail(column, f"{raw!r}: give a number >= 0")
-        return value
-
-
 def parse_offers(text: str, file: str, retrieved_default: str = "") -> list[Offer]:
     """Offers from frugal's own CSV format (see data/offers.csv); a row without a
     `retrieved` date takes `retrieved_default`."""
@@ -185,7 +149,7 @@ def parse_offers(text: str, file: str, retrieved_default: str = "") -> list[Offe
         )
     out = []
     for lineno, r in data_rows(text, file):
-        at = _Where(file, lineno)
+        at = Cells(file, lineno, r)
         provider = (r["provider"] or "").strip().lower()
         if provider not in providers():
             raise at.fail(
@@ -201,9 +165,9 @@ def parse_offers(text: str, file: str, retrieved_default: str = "") -> list[Offe
             raise at.fail("gpus", f"{r['gpus']!r} is not a whole number of GPUs") from None
         if count < 1:
             raise at.fail("gpus", "a training offer needs at least one whole GPU")
-        ondemand = at.price(r, "ondemand_usd_h", required=True)
+        ondemand = at.number("ondemand_usd_h", required=True, unit=PER_HOUR)
         assert ondemand is not None
-        spot = at.price(r, "spot_usd_h", required=False)
+        spot = at.number("spot_usd_h", required=False, unit=PER_HOUR)
         bucket = (r.get("interruption") or "").strip() or providers()[provider].interruption
         if spot is not None and bucket not in BUCKETS:
             raise at.fail("interruption", f"{bucket!r}: use one of {', '.join(BUCKETS)}")
@@ -226,8 +190,8 @@ def parse_offers(text: str, file: str, retrieved_default: str = "") -> list[Offe
                 source=(r.get("source") or file).strip(),
                 retrieved=retrieved,
                 zone=(r.get("zone") or "").strip(),
-                vcpus=at.amount(r, "vcpus"),
-                memory_gib=at.amount(r, "memory_gib"),
+                vcpus=at.number("vcpus", required=False),
+                memory_gib=at.number("memory_gib", required=False),
             )
         )
     return out
@@ -291,14 +255,19 @@ def parse_skypilot(
     hosts: dict[tuple[str, str], tuple[float, float | None, float | None, float | None]] = {}
     for lineno, r in rows:
         if not (r.get("AcceleratorName") or "").strip() and r.get("InstanceType"):
-            at = _Where(file, lineno)
-            od = at.price(r, "Price", required=False)
+            at = Cells(file, lineno, r)
+            od = at.number("Price", required=False, unit=PER_HOUR)
             if od is not None:
                 key = (r["InstanceType"], r.get("Region", ""))
-                spot_host = at.price(r, "SpotPrice", required=False)
+                spot_host = at.number("SpotPrice", required=False, unit=PER_HOUR)
                 old = hosts.get(key)
                 if old is None or _cheaper(spot_host, old[1]):
-                    hosts[key] = (od, spot_host, at.amount(r, "vCPUs"), at.amount(r, "MemoryGiB"))
+                    hosts[key] = (
+                        od,
+                        spot_host,
+                        at.number("vCPUs", required=False),
+                        at.number("MemoryGiB", required=False),
+                    )
     done = Normalized([], Counter())
     best: dict[tuple[str, str, str], Offer] = {}
     terms = providers()[cloud]
@@ -306,7 +275,7 @@ def parse_skypilot(
         name = (r.get("AcceleratorName") or "").strip()
         if not name:
             continue
-        at = _Where(file, lineno)
+        at = Cells(file, lineno, r)
         try:
             count_f = float(r.get("AcceleratorCount") or "0")
         except ValueError:
@@ -322,13 +291,13 @@ def parse_skypilot(
         if gpu is None:
             done.unknown[name] += 1
             continue
-        od = at.price(r, "Price", required=False)
+        od = at.number("Price", required=False, unit=PER_HOUR)
         if od is None:
             done.no_price += 1
             continue
-        spot = at.price(r, "SpotPrice", required=False)
+        spot = at.number("SpotPrice", required=False, unit=PER_HOUR)
         region = (r.get("Region") or "").strip().lstrip(", ")  # Vast: ", US, NA" (no state)
-        vcpus, memory = at.amount(r, "vCPUs"), at.amount(r, "MemoryGiB")
+        vcpus, memory = at.number("vCPUs", required=False), at.number("MemoryGiB", required=False)
         if not instance:  # a GCP GPU-only row: add its host
             family = gcp_host(name, count)
             host = hosts.get((family, region)) if family else None

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from functools import cache
 from importlib import resources
 
+from frugal.csvrows import Cells
 from frugal.errors import FrugalError
 from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.gpus import lookup_gpu
@@ -32,44 +33,14 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _VARIANT_WORDS = frozenset({"instruct", "hf", "chat", "it", "base"})
 
 
-class _Row:
-    """One data row and where it is: reads typed values, failing with file, line and column."""
-
-    def __init__(self, file: str, line: int, row: dict[str, str]) -> None:
-        self.file, self.line, self.row = file, line, row
-
-    def fail(self, column: str, msg: str) -> FrugalError:
-        return FrugalError(f"{self.file}:{self.line}: column {column!r}: {msg}")
-
-    def text(self, column: str, required: bool = True) -> str:
-        value = (self.row.get(column) or "").strip()
-        if required and not value:
-            raise self.fail(column, "missing: every row needs it")
-        return value
-
-    def number(self, column: str, hi: float = math.inf, required: bool = True) -> float | None:
-        raw = self.text(column, required)
-        if not raw:
-            return None
-        try:
-            value = float(raw.lstrip("$"))
-        except ValueError:
-            raise self.fail(column, f"{raw!r} is not a number") from None
-        if not math.isfinite(value) or not 0 <= value <= hi:
-            span = f"from 0 to {hi:g}" if math.isfinite(hi) else ">= 0"
-            raise self.fail(column, f"{raw!r}: give a number {span}")
-        return value
+class _Row(Cells):
+    """A row of the serving reference data: GPUs, yes/no columns, and where each figure
+    came from."""
 
     def price(self, column: str) -> float:
         value = self.number(column)
         assert value is not None
         return value
-
-    def whole(self, column: str) -> int:
-        raw = self.text(column)
-        if not raw.isdigit() or int(raw) < 1:
-            raise self.fail(column, f"{raw!r}: give a whole number >= 1")
-        return int(raw)
 
     def gpu(self, column: str) -> str:
         g = lookup_gpu(self.text(column))
