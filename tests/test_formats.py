@@ -48,6 +48,7 @@ HOMES = {
     "parse_period": "ledger/periods.py",
     "period_start": "ledger/periods.py",
     "Period": "ledger/periods.py",  # a report's span; a budget's is periods.BudgetPeriod
+    "_iso": "ledger/periods.py",
     # names that said nothing of which one they were
     "Run": None,
     "TrainingRun": "run/recipe.py",  # everything `frugal train` sets up

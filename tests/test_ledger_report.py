@@ -16,7 +16,7 @@ from conftest import run_error, run_json
 
 from frugal.cli.main import main
 from frugal.errors import FrugalError
-from frugal.ledger import periods
+from frugal.ledger import periods, showback
 from frugal.ledger import report as rep
 from frugal.ledger.store import Ledger
 
@@ -225,7 +225,7 @@ def test_the_weekly_showback(ledger_url: str) -> None:
     add_run(led, T("2026-05-13T10:00"), {"team": "nlp"}, "failed", cost=3)
     add_run(led, T("2026-05-14T10:00"), {"team": "search"}, "preempted", cost=5)
     led.add_cost(2, "storage", at=T("2026-05-15T00:00"))
-    md = rep.showback(led, "last", at=T("2026-05-20T12:00")).to_markdown()
+    md = showback.showback(led, "last", at=T("2026-05-20T12:00")).to_markdown()
     assert md.startswith("# GPU spend by team: week of 2026-05-11 (2026-W20)\n")
     assert "Total **$22.00**, +$8.00 (+57%) vs the week before ($14.00) · 3 runs" in md
     assert "| nlp | $15.00 | +$5.00 (+50%) | 2 | 1 | 0 | $3.00 |" in md
@@ -235,8 +235,8 @@ def test_the_weekly_showback(ledger_url: str) -> None:
     nlp = md[md.index("## nlp") :]
     assert f"| {top[:8]} | llama-8b | 2x H100 | completed | 3.00 | $12.00 |" in nlp
     assert "Failures: 1 failed, 0 preempted ($3.00 lost)." in nlp
-    assert md == rep.showback(led, "2026-W20", at=T("2026-06-30")).to_markdown()
-    assert md == rep.showback(led, "2026-05-14").to_markdown()
+    assert md == showback.showback(led, "2026-W20", at=T("2026-06-30")).to_markdown()
+    assert md == showback.showback(led, "2026-05-14").to_markdown()
     with pytest.raises(FrugalError, match="--week"):
         periods.parse_week("W20")
 

@@ -178,7 +178,7 @@ def showback(
     week: str = typer.Option("last", help="last, this, an ISO week (2026-W19) or a date in it."),
 ) -> None:
     """The weekly showback for team leads, in Markdown: spend by team, top runs, failures."""
-    from frugal.ledger.report import showback as make
+    from frugal.ledger.showback import showback as make
     from frugal.ledger.store import Ledger
 
     sys.stdout.write(make(Ledger(), week).to_markdown())

@@ -42,12 +42,10 @@ from sqlalchemy import ColumnElement, String, and_, case, cast, func, literal_co
 from sqlalchemy.orm import Session, aliased
 
 from frugal.errors import FrugalError
-from frugal.formats import usd_cents
 from frugal.ledger.budgets import daily_spend, spend, utc_day
 from frugal.ledger.periods import (
     Period,
     parse_period,
-    parse_week,
     period_end,
     period_start,
 )
@@ -70,7 +68,6 @@ ANOMALY_K = 3.5  # Iglewicz-Hoaglin modified z-score cut
 MAD_TO_SIGMA = 1.4826  # 1 / the normal's 0.75 quantile
 ANOMALY_FLOOR_FRAC = 0.10  # the scale is at least this share of the median
 ANOMALY_MIN_EXCESS_USD = 10.0
-SHOWBACK_TOP_RUNS = 3
 
 
 # -- grouping --------------------------------------------------------------------------------
@@ -94,7 +91,7 @@ def parse_by(text: str) -> Grouping:
     raise FrugalError(f"--by {text!r}: use {BY_FORMS}")
 
 
-def _label(value: Any, column: str | None = None) -> str:
+def label(value: Any, column: str | None = None) -> str:
     if value is None and column == "outcome":
         return RUNNING
     return NONE if value is None or value == "" else str(value)
@@ -273,7 +270,7 @@ def totals(groups: Iterable[Group]) -> Group:
     return t
 
 
-def _in(col: Any, start: datetime | None, end: datetime | None) -> list[ColumnElement[bool]]:
+def within(col: Any, start: datetime | None, end: datetime | None) -> list[ColumnElement[bool]]:
     return [
         *([col >= start] if start is not None else []),
         *([col < end] if end is not None else []),
@@ -321,15 +318,15 @@ def daily_spend_by(led: Ledger, by: str, period: str,
         t, c = aliased(Tag), aliased(Tag)
         rk, rd = _run_key(g, t), utc_day(RunRecord.started_at, dialect)
         runs = _join_run_tag(select(rk, rd, func.sum(RunRecord.cost_usd)), g, t)
-        runs = runs.where(*_in(RunRecord.started_at, p.start, p.end)).group_by(rk, rd)
+        runs = runs.where(*within(RunRecord.started_at, p.start, p.end)).group_by(rk, rd)
         ck, cd = _cost_key(g, c), utc_day(CostEntry.at, dialect)
         cols = [ck] if ck is not None else [literal_column("NULL")]
         costs = _join_cost_tag(select(*cols, cd, func.sum(CostEntry.amount_usd)), g, c)
-        costs = costs.where(CostEntry.run_id.is_(None), *_in(CostEntry.at, p.start, p.end))
+        costs = costs.where(CostEntry.run_id.is_(None), *within(CostEntry.at, p.start, p.end))
         costs = costs.group_by(*([ck] if ck is not None else []), cd)
         for q, column in ((runs, g.column), (costs, None)):
             for key, day, usd in s.execute(q):
-                days = out.setdefault(_label(key, column), {})
+                days = out.setdefault(label(key, column), {})
                 d = str(day)[:10]
                 days[d] = days.get(d, 0.0) + float(usd or 0.0)
     return out
@@ -355,12 +352,12 @@ def group_spend(s: Session, g: Grouping, start: datetime | None,
         run_key, func.count(), func.sum(RunRecord.cost_usd),
         func.sum(RunRecord.hours * RunRecord.gpus), func.sum(RunRecord.tokens),
         func.sum(lost), _concat(ratio, s.get_bind().dialect.name), RunRecord.outcome,
-    ).where(*_in(RunRecord.started_at, start, end))  # fmt: skip
+    ).where(*within(RunRecord.started_at, start, end))  # fmt: skip
     q = _join_run_tag(q, g, t)
     for key, n, usd, gpu_h, tokens, lost_usd, ratios, outcome in s.execute(
         q.group_by(run_key, RunRecord.outcome)
     ):
-        x = group(_label(key, g.column))
+        x = group(label(key, g.column))
         x.runs += n
         x.run_usd += usd or 0.0
         x.gpu_hours += gpu_h or 0.0
@@ -375,7 +372,7 @@ def group_spend(s: Session, g: Grouping, start: datetime | None,
     cq = select(
         *([cost_key] if cost_key is not None else []), func.count(),
         func.sum(CostEntry.amount_usd), func.sum(CostEntry.gpu_hours),
-    ).where(CostEntry.run_id.is_(None), *_in(CostEntry.at, start, end))  # fmt: skip
+    ).where(CostEntry.run_id.is_(None), *within(CostEntry.at, start, end))  # fmt: skip
     cq = _join_cost_tag(cq, g, c)
     if cost_key is not None:
         cq = cq.group_by(cost_key)
@@ -384,7 +381,7 @@ def group_spend(s: Session, g: Grouping, start: datetime | None,
         n, usd, gpu_h = row[-3:]
         if not n:
             continue
-        x = group(_label(key))
+        x = group(label(key))
         x.other_costs += n
         x.other_usd += usd or 0.0
         x.gpu_hours += gpu_h or 0.0
@@ -468,137 +465,8 @@ def anomalies(s: Session, start: datetime | None, end: datetime | None,
     return detect_anomalies(daily_spend(s, {}, since, until), first, last, history_from)
 
 
-# -- the weekly showback ---------------------------------------------------------------------
-
-
-@dataclass
-class TopRun:
-    id: str
-    model: str
-    gpu: str
-    gpus: int
-    outcome: str
-    hours: float
-    cost_usd: float
-
-
-@dataclass
-class Showback:
-    week_start: datetime
-    teams: list[tuple[Group, Group]]  # (this week, the week before), by spend this week
-    top: dict[str, list[TopRun]]
-    total: Group
-    total_before: Group
-
-    def to_markdown(self) -> str:
-        iso = self.week_start.isocalendar()
-        lines = [
-            f"# GPU spend by team: week of {self.week_start:%Y-%m-%d} ({iso.year}-W{iso.week:02d})",
-            "",
-            f"Total **{usd_cents(self.total.spend_usd)}**, "
-            f"{_change(self.total.spend_usd, self.total_before.spend_usd)} vs the week before "
-            f"({usd_cents(self.total_before.spend_usd)}) · {self.total.runs} runs · "
-            f"{_failures(self.total)}.",
-            "",
-            "| team | spend | vs the week before | runs | failed | preempted | lost |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for g, before in self.teams:
-            lines.append(
-                f"| {g.name} | {usd_cents(g.spend_usd)} | "
-                f"{_change(g.spend_usd, before.spend_usd)} | "
-                f"{g.runs} | {g.outcomes['failed']} | {g.outcomes['preempted']} | "
-                f"{usd_cents(g.lost_usd)} |"
-            )
-        if not self.teams:
-            lines.append("| (no spend) | $0.00 | | 0 | 0 | 0 | $0.00 |")
-        for g, _ in self.teams:
-            lines += ["", f"## {g.name}", ""]
-            runs = self.top.get(g.name, [])
-            if runs:
-                lines += [
-                    "| top run | model | GPUs | outcome | hours | cost |",
-                    "|---|---|---|---|---:|---:|",
-                ]
-                lines += [
-                    f"| {r.id[:8]} | {r.model} | {r.gpus}x {r.gpu or '?'} | {r.outcome} | "
-                    f"{r.hours:.2f} | {usd_cents(r.cost_usd)} |"
-                    for r in runs
-                ]
-            else:
-                lines.append("No runs; other costs only." if g.other_costs else "No spend.")
-            lines += ["", f"Failures: {_failures(g)}."]
-            if g.other_costs:
-                lines[-1] += f" Other costs: {g.other_costs}, {usd_cents(g.other_usd)}."
-        return "\n".join(lines) + "\n"
-
-
-def showback(led: Ledger, week: str = "last", at: datetime | None = None) -> Showback:
-    """Each team's spend in `week` against the week before, its top runs and failures."""
-    w0 = parse_week(week, at)
-    w1, before = w0 + timedelta(days=7), w0 - timedelta(days=7)
-    team = Grouping("team", key="team")
-    with led.session() as s:
-        this = group_spend(s, team, w0, w1)
-        prev = group_spend(s, team, before, w0)
-        top = top_runs(s, "team", w0, w1, SHOWBACK_TOP_RUNS)
-    names = sorted(this.keys() | prev.keys(),
-                   key=lambda n: (-this.get(n, Group(n)).spend_usd, n))  # fmt: skip
-    teams = [(this.get(n, Group(n)), prev.get(n, Group(n))) for n in names]
-    return Showback(w0, teams, top, totals(this.values()), totals(prev.values()))
-
-
-def top_runs(s: Session, key: str, start: datetime, end: datetime,
-             n: int) -> dict[str, list[TopRun]]:  # fmt: skip
-    """The `n` costliest runs started in [start, end) of each value of tag `key`."""
-    t = aliased(Tag)
-    rank = func.row_number().over(
-        partition_by=t.value, order_by=(RunRecord.cost_usd.desc(), RunRecord.id)
-    )
-    inner = (
-        select(t.value.label("g"), RunRecord.id, RunRecord.model, RunRecord.gpu, RunRecord.gpus,
-               RunRecord.outcome, RunRecord.hours, RunRecord.cost_usd, rank.label("rank"))
-        .outerjoin(t, and_(t.kind == "run", t.ref == RunRecord.id, t.key == key))
-        .where(*_in(RunRecord.started_at, start, end))
-        .subquery()
-    )  # fmt: skip
-    q = select(inner).where(inner.c.rank <= n).order_by(inner.c.g, inner.c.rank)
-    out: dict[str, list[TopRun]] = {}
-    for row in s.execute(q):
-        out.setdefault(_label(row.g), []).append(
-            TopRun(
-                row.id,
-                row.model,
-                row.gpu,
-                row.gpus,
-                row.outcome or RUNNING,
-                row.hours,
-                row.cost_usd,
-            )
-        )
-    return out
-
-
 # -- formatting helpers ----------------------------------------------------------------------
 
 
 def _r(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
-
-
-def _iso(t: datetime | None) -> str | None:
-    return None if t is None else t.isoformat()
-
-
-def _change(now_usd: float, before_usd: float) -> str:
-    diff = now_usd - before_usd
-    sign = "+" if diff >= 0 else "-"
-    pct = f" ({sign}{abs(diff) / before_usd:.0%})" if before_usd > 0 else " (new)"
-    return f"{sign}${abs(diff):,.2f}{pct if diff or before_usd else ''}"
-
-
-def _failures(g: Group) -> str:
-    failed, preempted = g.outcomes["failed"], g.outcomes["preempted"]
-    if not failed and not preempted:
-        return "no failed or preempted runs"
-    return f"{failed} failed, {preempted} preempted ({usd_cents(g.lost_usd)} lost)"
