@@ -1,6 +1,6 @@
-"""What a plan must meet: the request `frugal plan` (and the dashboard, and `--jobs`) makes
-of the search, validated as one line per bad value; and the one figure of an offer a
-constraint may replace (the network between nodes)."""
+"""What a plan must meet: the request `frugal plan` (and each job of `--jobs`) makes of the
+search, validated as one line per bad value; and the one figure of an offer a constraint
+may replace (the network between nodes)."""
 
 from __future__ import annotations
 
