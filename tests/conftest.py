@@ -311,3 +311,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def signal_when(
+    argv: list[str], ready: Callable[[], bool], sig: int, timeout: float = 60
+) -> tuple[int, str, float]:
+    """Run `argv` in a session of its own; once `ready()` holds (while it still runs), send
+    it `sig`. Returns its exit code, its stderr and when the signal went; it is killed if it
+    outlives `timeout` after that."""
+    import time
+
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.02)
+        p.send_signal(sig)
+        sent = time.monotonic()
+        _, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, err, sent

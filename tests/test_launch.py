@@ -6,12 +6,12 @@ SIGTERM/SIGINT go on to the workers, which are left to finish however long that 
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import signal_when
 
 from frugal.errors import RESUMABLE_EXIT
 from frugal.run.launch import launch
@@ -96,6 +96,13 @@ time.sleep(2.0 if rank == 0 else 0.0)
 (out / f"saved{rank}").write_text(" ".join(map(str, got)))
 sys.exit(75)
 """
+
+
+def ready(out: Path) -> bool:
+    """Both workers have started (each touched its file)."""
+    return all((out / f"ready{r}").exists() for r in (0, 1))
+
+
 LAUNCHER = "import sys; from frugal.run.launch import launch; sys.exit(launch(2, sys.argv[2:], [sys.executable, '-c', sys.argv[1]]))"  # noqa: E501
 
 
@@ -104,21 +111,10 @@ LAUNCHER = "import sys; from frugal.run.launch import launch; sys.exit(launch(2,
 def test_a_signal_goes_to_the_workers_who_finish_in_their_own_time(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
-    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, SLOW_STOP, str(tmp_path)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.02)
-        p.send_signal(sig)
-        sent = time.monotonic()
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == RESUMABLE_EXIT, err
+    rc, err, sent = signal_when(
+        [sys.executable, "-c", LAUNCHER, SLOW_STOP, str(tmp_path)], lambda: ready(tmp_path), sig
+    )
+    assert rc == RESUMABLE_EXIT, err
     assert time.monotonic() - sent >= 2.0  # the launcher waited for rank 0
     # each got the signal once: rank 1's exit did not make the launcher stop rank 0
     assert (tmp_path / "saved0").read_text() == (tmp_path / "saved1").read_text() == str(sig)
@@ -136,20 +132,12 @@ time.sleep(600)
 
 @pytest.mark.slow
 def test_a_signal_while_the_workers_start_is_resumable(tmp_path: Path) -> None:
-    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, STARTING, str(tmp_path)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.02)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == RESUMABLE_EXIT, err
+    rc, err, _ = signal_when(
+        [sys.executable, "-c", LAUNCHER, STARTING, str(tmp_path)],
+        lambda: ready(tmp_path),
+        signal.SIGTERM,
+    )
+    assert rc == RESUMABLE_EXIT, err
     assert err == (
         "stopped by SIGTERM while the processes were starting, before training began: run "
         "the same command again\n"

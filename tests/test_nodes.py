@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, signal_when
 
 from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.run.nodes import DEFAULT_PORT, Nodes, first_host, resolve
@@ -173,25 +173,17 @@ def test_nodes_that_claim_one_rank_or_see_different_directories_are_refused(
 @pytest.mark.slow
 def test_a_signal_while_waiting_for_the_other_nodes_ends_the_wait(tmp_path: Path) -> None:
     import socket
-    import time
+
+    def waiting() -> bool:  # the head hosts the rendezvous' store: it waits once that answers
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.connect(("127.0.0.1", port))
+            return True
+        return False
 
     port = free_port()
     argv = [sys.executable, "-c", NODE, "2", "0", str(port), "1", str(tmp_path), WORKER]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # the head hosts the rendezvous' store: it waits once the port answers
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            with socket.socket() as s, contextlib.suppress(OSError):
-                s.connect(("127.0.0.1", port))
-                break
-            time.sleep(0.1)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == RESUMABLE_EXIT, err
+    rc, err, _ = signal_when(argv, waiting, signal.SIGTERM, timeout=30)
+    assert rc == RESUMABLE_EXIT, err
     assert err.splitlines() == [
         "stopped by SIGTERM while waiting for the other nodes, before anything started: run "
         "the same command again on every node"

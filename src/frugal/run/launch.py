@@ -74,9 +74,9 @@ def launch(
     nodes = nodes or Nodes()
     with _quiet_torch(), _Forward() as forward:
         if nodes.count > 1:
-            rdzv = _Rendezvous(nodes)
             try:
                 with forward.ending_the_wait():
+                    rdzv = _Rendezvous(nodes)
                     same = rdzv.join(n)
             except _Stopped as e:
                 why = f"stopped by {e.name} while waiting for the other nodes"
@@ -381,6 +381,9 @@ class _Forward:
 
     @contextlib.contextmanager
     def ending_the_wait(self) -> Iterator[None]:
+        """A block a stop signal ends (`_Stopped`), including one that came before it."""
+        if self.pending:
+            raise _Stopped(self.pending[0])
         self.waiting = True
         try:
             yield
