@@ -111,12 +111,55 @@ def test_budgets_with_their_alerts_and_a_plan_with_its_frontier(
     assert client.get("/api/plans/999").status_code == 404
 
 
-def test_the_api_is_described_and_reads_only(client: TestClient) -> None:
+def test_the_api_is_described_and_reads_only_but_to_plan(client: TestClient) -> None:
     paths = client.get("/api/openapi.json").json()["paths"]
     assert {"/api/overview", "/api/runs", "/api/runs/{run_id}", "/api/budgets",
-            "/api/plans/{plan_id}"} <= set(paths)  # fmt: skip
-    methods = {m for p in paths.values() for m in p}
-    assert methods == {"get"}  # nothing changes state
+            "/api/plans/{plan_id}", "/api/plans"} <= set(paths)  # fmt: skip
+    writes = {(p, m) for p, ms in paths.items() for m in ms if m != "get"}
+    assert writes == {("/api/plans", "post")}  # only a new plan changes the books
+
+
+PLAN_ARGS = ("meta-llama/Llama-3.2-1B", "--tokens", "5M", "--methods", "lora,qlora",
+             "--deadline", "2h", "--spot", "--tag", "project=chat")  # fmt: skip
+PLAN_ASKED = {"model": "meta-llama/Llama-3.2-1B", "tokens": 5e6, "methods": ["lora", "qlora"],
+              "deadline": "2h", "spot": True, "tag": ["project=chat"]}  # fmt: skip
+
+
+def test_a_plan_asked_of_the_api_is_the_commands_plan_on_the_books(
+    client: TestClient, books: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli = run_json(capsys, "plan", *PLAN_ARGS, "--json")
+    got = client.post("/api/plans", json=PLAN_ASKED)
+    assert got.status_code == 200, got.text
+    api = got.json()
+    assert api["plan_id"] == cli["plan_id"] + 1  # recorded on the dashboard's books
+    drop = ("plan_id", "prices")  # the prices' age is read at each call
+    assert {k: v for k, v in api.items() if k not in drop} == {
+        k: v for k, v in cli.items() if k not in drop
+    }
+    kept = client.get(f"/api/plans/{api['plan_id']}").json()
+    assert kept["plan"]["recommendation"] == api["recommendation"]
+    assert kept["tags"]["project"] == "chat"
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "said"),
+    [
+        (PLAN_ASKED | {"budget": -1}, {}, 422, "--budget -1.0: give a number above 0"),
+        (PLAN_ASKED | {"budget": 0.001}, {}, 422, "these would give a plan: --budget"),
+        ({"model": "meta-llama/Llama-3.2-1B"}, {}, 422, "give the amount of training"),
+        (PLAN_ASKED | {"methods": "lora,bogus"}, {}, 422, "--method: input should be"),
+        (PLAN_ASKED, {"content-type": "text/plain"}, 415, "application/json"),
+    ],
+    ids=["bad-number", "no-plan", "no-tokens", "bad-method", "not-json"],
+)
+def test_a_plan_the_api_cannot_make_is_one_line_and_not_on_the_books(
+    client: TestClient, body: dict[str, Any], headers: dict[str, str], status: int, said: str
+) -> None:
+    got = client.post("/api/plans", content=json.dumps(body),
+                      headers={"content-type": "application/json"} | headers)  # fmt: skip
+    assert got.status_code == status and said in got.json()["detail"], got.text[:300]
+    assert client.get("/api/plans/2").status_code == 404  # the fixture's plan is the only one
 
 
 def test_the_token_is_asked_of_every_request(books: dict[str, Any]) -> None:
@@ -348,6 +391,31 @@ def test_the_plan_page_draws_the_recorded_frontier(
     assert chosen == pytest.approx(books["plan"]["recommendation"]["est_cost_usd"])
     missing, _ = _open(browser, f"{served}/plans/999")
     assert "no plan 999" in missing.inner_text("#status")
+
+
+def test_the_plan_form_asks_the_api_and_draws_its_answer(
+    browser: Any, served: str, client: TestClient
+) -> None:
+    page, errors = _open(browser, served + "/plan")
+    page.fill("input[name=model]", "meta-llama/Llama-3.2-1B")
+    page.fill("input[name=tokens]", "5000000")
+    page.fill("input[name=methods]", "lora,qlora")
+    page.fill("input[name=deadline]", "2h")
+    page.select_option("select[name=spot]", "only")
+    page.fill("input[name=tag]", "project=chat")
+    page.click("button")
+    page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    assert errors == []
+    kept = client.get("/api/plans/2").json()  # what the form asked was recorded
+    assert kept["tags"]["project"] == "chat"
+    assert page.get_attribute("#recorded", "href") == "/plans/2"
+    drawn = page.evaluate("document.getElementById('frontier').data[0]")
+    assert drawn["y"] == pytest.approx([p["est_cost_usd"] for p in kept["plan"]["frontier"]])
+    assert page.inner_text("#reasons").startswith("fits:")
+    page.fill("input[name=deadline]", "a week")
+    page.click("button")
+    page.wait_for_selector("body[data-ready='error']", timeout=30_000)
+    assert "--deadline 'a week'" in page.inner_text("#status")
 
 
 def test_the_calibration_page_puts_measured_beside_predicted(

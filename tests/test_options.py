@@ -68,6 +68,23 @@ def test_every_option_of_a_schema_field_shows_its_default_and_help() -> None:
     assert {("plan", "effective_batch"), ("plan", "margin"), ("plan", "deadline_h")} <= seen
 
 
+def test_the_plan_command_asks_the_plan_apis_request_with_its_defaults() -> None:
+    """`frugal plan` passes its options to the plan API by name: each field of the
+    request is an option of the command, with the same default, so the dashboard's Plan
+    form and the command plan the same thing from the same words."""
+    from frugal.plan.request import PlanRequest
+
+    cmd = dict(_commands(typer.main.get_command(app)))["plan"]
+    params = {p.name: p for p in cmd.params}
+    for name, f in PlanRequest.model_fields.items():
+        assert name in params, f"the plan API's {name!r} is no option of `frugal plan`"
+        if f.is_required():  # MODEL: the command's argument, optional beside --jobs
+            continue
+        want = f.get_default(call_default_factory=True)
+        want = (",".join(want) or None) if isinstance(want, tuple) else want
+        assert params[name].default == want, (name, params[name].default, want)
+
+
 def test_the_plan_and_the_run_config_share_the_effective_batch_default() -> None:
     from frugal.config import TrainingConfig
 

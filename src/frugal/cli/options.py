@@ -9,13 +9,16 @@ one line naming the option and the accepted values, before any work is done.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from frugal.counts import parse_count
-from frugal.validation import Number, numeric
+from frugal.errors import FrugalError
+from frugal.validation import Number, numeric, problem
+
+R = TypeVar("R", bound=BaseModel)
 
 
 def number(default: Any, help: str, **bounds: Any) -> Any:
@@ -79,3 +82,14 @@ OFFERS_HELP = (
 def token_count(default: Any, help: str) -> Any:
     """A token count option, written as people write it: 20M, 1.5B, 2e7 (frugal.counts)."""
     return typer.Option(default, help=help, parser=parse_count)
+
+
+def request_of(ctx: typer.Context, request: type[R]) -> R:
+    """The typed request a command's options make: each option that is one of the
+    request's fields is named as the field (an option not given, None, is left out)."""
+    given = {k: v for k, v in ctx.params.items() if k in request.model_fields and v is not None}
+    try:
+        return request.model_validate(given)
+    except ValidationError as e:
+        loc, _, msg = problem(e, request)
+        raise FrugalError(f"--{str((loc or ('?',))[0]).replace('_', '-')}: {msg}") from None

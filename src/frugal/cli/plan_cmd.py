@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.table import Table
@@ -14,37 +13,25 @@ from frugal.cli.options import (
     JSON_HELP,
     MODEL_HELP,
     OFFERS_HELP,
-    listed,
     number,
     option,
+    request_of,
     token_count,
 )
 from frugal.config import DataConfig
-from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
-from frugal.files import check_target, write_text_atomic
+from frugal.files import check_target
 from frugal.formats import as_count
-from frugal.hardware.offers import KWH_USD, PriceBasis, price_basis, select_offers
-from frugal.ledger.tags import parse_tags, resolve
-from frugal.models.specs import load_spec
+from frugal.hardware.offers import KWH_USD, select_offers
 from frugal.plan.constraints import Constraints
-from frugal.plan.emit import (
-    hf_script,
-    modal_app,
-    skypilot_task,
-    slurm_script,
-    to_run_config,
-    torchrun_lines,
-)
-from frugal.plan.plans import Infeasible, Plan, Result
-from frugal.plan.plot import check_plot_path, write_plot
-from frugal.plan.relax import Ask, explain
-from frugal.plan.search import search
-from frugal.plan.transfer import measure_gb, parse_location
-from frugal.step.job import TrainJob, make_job
+from frugal.plan.plans import Plan
+from frugal.plan.plot import check_plot_path
+from frugal.plan.request import PlanOutcome, PlanRequest, files, make_plan
+from frugal.step.job import TrainJob
 
 
 def plan(
+    ctx: typer.Context,
     model: str | None = typer.Argument(None, help=MODEL_HELP + " (or --jobs)"),
     tokens: float | None = token_count(None, "Training tokens per epoch, e.g. 20M."),
     dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count."),
@@ -83,7 +70,7 @@ def plan(
     value_of_time: float = option(Constraints, "value_of_time_usd_h"),
     margin: float = option(Constraints, "margin"),
     network_gbps: float | None = option(Constraints, "network_gbps"),
-    prices: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
+    offers: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
     include_suspicious: bool = typer.Option(
         False, help="Plan with offers flagged as suspicious too (frugal offers --suspicious)."
     ),
@@ -134,124 +121,23 @@ def plan(
             raise FrugalError("--jobs plans the jobs of its file: drop MODEL, --tokens, --dataset")
         if emit or emit_file or plot:
             raise FrugalError("--jobs writes a task per VM with --write DIR: drop --emit, --plot")
-        offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers,
+        chosen = select_offers(offers or [], discount or [], local or [], kwh_usd, providers,
                                include_suspicious=include_suspicious)  # fmt: skip
         spot_mode = "auto" if spot is None else ("only" if spot else "never")
-        run_jobs(jobs, offers, price_history, now, write, json_out, spot_mode, force, prices)
+        run_jobs(jobs, chosen, price_history, now, write, json_out, spot_mode, force, offers)
         return
     if price_history or now:
         raise FrugalError("--price-history and --now time the VMs of --jobs: add --jobs FILE")
     if model is None:
         raise FrugalError("give MODEL (a hub id, directory or config.json), or --jobs FILE")
-    if (tokens is None) == (dataset is None):
-        raise FrugalError("give the amount of training: --tokens N or --dataset FILE")
     targets = _targets(write, emit, emit_file, plot, force)  # checked before any work
-    flags = list(tag or [])
-    resolve(flags, required=False)  # a bad --tag fails before the search
-    method_list = listed(methods or method) or ()
-    base = make_job(
-        method=method_list[0],
-        precision=precision,
-        lora_r=lora_r,
-        lora_targets=lora_targets,
-        seq=seq,
-        attention=attention,
-        packing=packing,
-        loss=loss,
-        loss_chunks=loss_chunks,
-        offload_activations=offload_activations,
-        optimizer_in_backward=optimizer_in_backward,
-    )
-    for m in method_list:
-        make_job(method=m)  # names a bad method in --methods
-    for o in listed(optimizers) or ():
-        make_job(optimizer=o)  # names a bad optimizer in --optimizers
-    spec = load_spec(model)
-    notes: list[str] = []
-    if dataset:
-        tc = count_tokens(dataset, model, seq)
-        per_epoch = float(tc.tokens)  # what the run reads: rows cut to --seq
-        notes.append(tc.note(dataset, seq))
-    else:
-        per_epoch = tokens or 0.0
-    if spec.max_positions and seq > spec.max_positions:
-        notes.append(f"--seq {seq} is beyond {spec.id}'s {spec.max_positions} positions")
-    try:
-        parse_location(data)  # a bad --data fails before the search
-    except FrugalError as e:
-        raise FrugalError(f"--data: {e}") from None
-    if data_gb is None:
-        data_gb = measure_gb(dataset) if dataset else 0.0
-    k = Constraints.build(
-        auto_loss_chunks=loss_chunks is None,
-        auto_offload=offload_activations is None,
-        auto_in_backward=optimizer_in_backward is None,
-        data=data,
-        data_gb=data_gb,
-        tokens=per_epoch * epochs,
-        effective_batch=effective_batch,
-        budget_usd=budget,
-        deadline_h=deadline,
-        max_gpus=max_gpus,
-        spot="auto" if spot is None else ("only" if spot else "never"),
-        methods=method_list,
-        optimizers=listed(optimizers),
-        margin=margin,
-        mtbi_h=spot_mtbi_hours,
-        objective=optimize,
-        value_of_time_usd_h=value_of_time,
-        network_gbps=network_gbps,
-    )
-    offers = select_offers(prices or [], discount or [], local or [], kwh_usd, providers,
-                           include_suspicious=include_suspicious)  # fmt: skip
-    basis = price_basis(offers, prices or [])
-    try:
-        result = search(spec, base, offers, k)
-    except Infeasible as e:  # say what came nearest and which changes would give a plan
-        every = (
-            select_offers(prices or [], discount or [], local or [], kwh_usd,
-                          include_suspicious=include_suspicious)
-            if providers
-            else None
-        )  # fmt: skip
-        raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
-    result.notes[:0] = notes
-    rec = result.recommendation
-    tags = resolve(flags, model=spec.id, required=False)
-    from frugal.ledger.spool import attempt  # SQLAlchemy: only once there is a plan to record
-
-    whole = to_json(spec.id, k, result, {}, basis)  # what --json prints: frontier, rejected
-    plan_id, down = attempt(lambda led: led.record_plan(whole, spec.id, k.tokens, tags))
-    if down:
-        result.notes.append(f"the plan is not on the books (ledger unreachable: {down})")
-    run_cfg = to_run_config(spec.id, rec, k, dataset, per_epoch, epochs)
-    run_cfg.tags = parse_tags(flags)  # what was asked for; defaults apply when it runs
-    if run_cfg.plan:
-        run_cfg.plan.ledger_id = plan_id
-    # what each emitted file says, before any file is written: one that cannot be made
-    # (Modal without the plan's GPU) leaves nothing half-done
-    emitters = {
-        "hf": lambda: hf_script(run_cfg, rec.speed.step_time_s),
-        "skypilot": lambda: skypilot_task(rec, targets["run config"]),
-        "modal": lambda: modal_app(rec, targets["run config"]),
-        "slurm": lambda: slurm_script(rec, targets["run config"]),
-        "torchrun": lambda: torchrun_lines(rec, targets["run config"], targets["torchrun"]),
-    }
-    texts = {what: emitters[what]() for what in targets if what in emitters}
-    wrote: dict[str, str] = {}  # what was written: "run config", "hf", "skypilot", "modal", "plot"
-    for what, path in targets.items():
-        if what == "run config":
-            run_cfg.write(path)
-        elif what == "plot":
-            write_plot(result, k, path)
-        else:  # a task launches the run config written just above, in this same call
-            write_text_atomic(path, texts[what])
-        wrote[what] = path
+    out = make_plan(request_of(ctx, PlanRequest))
+    wrote = files(out, targets)
     if json_out:
-        print_json(to_json(spec.id, k, result, wrote, basis) | {"plan_id": plan_id, "tags": tags})
+        print_json(out.to_json(wrote) | {"plan_id": out.plan_id, "tags": out.tags})
     else:
-        render(spec.id, k, result, wrote)
-    show_prices(basis, json_out)
+        render(out, wrote)
+    show_prices(out.basis, json_out)
 
 
 EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml", "modal": "modal_app.py",
@@ -306,34 +192,15 @@ def _targets(
     return out
 
 
-def to_json(
-    model: str, k: Constraints, result: Result, wrote: dict[str, str], basis: PriceBasis
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "model": model,
-        "tokens": k.tokens,
-        "recommendation": result.recommendation.to_json(),
-        "frontier": [p.to_json() for p in result.frontier],
-        "rejected": [r.to_json() for r in result.rejected],
-        "feasible_plans": len(result.plans),
-        "notes": result.notes,
-        "prices": basis.to_json(),
-    }
-    keys = {"run config": "wrote", "hf": "wrote_hf", "skypilot": "wrote_skypilot",
-            "modal": "wrote_modal"}  # fmt: skip
-    out.update({keys.get(what, f"wrote_{what}"): path for what, path in wrote.items()})
-    return out
-
-
-def render(model: str, k: Constraints, result: Result, wrote: dict[str, str]) -> None:
-    con = console()
+def render(out: PlanOutcome, wrote: dict[str, str]) -> None:
+    con, k, result = console(), out.k, out.result
     r, o, j = result.recommendation, result.recommendation.offer, result.recommendation.job
     fallback = r.fallback if r.fallback and r.fallback.spot_share < 1 else None
     spot = ""
     if r.spot:
         spot = f" (spot, on-demand after {fallback.switch_at_h:.1f} h)" if fallback else " (spot)"
     feasible = f"{len(result.plans)} feasible plans"
-    con.print(f"[bold]{model}[/] · {as_count(k.tokens)} tokens · {feasible}")
+    con.print(f"[bold]{out.spec.id}[/] · {as_count(k.tokens)} tokens · {feasible}")
     where = f" in {o.region}" if o.region and o.region not in ("any", "default", "here") else ""
     nodes = f"{r.nodes}x " if r.nodes > 1 else ""  # as the frontier and rejected lines say it
     con.print(

@@ -41,11 +41,13 @@ UNREACHABLE = (OperationalError, InterfaceError)  # connection refused, timed ou
 T = TypeVar("T")
 
 
-def attempt(call: Callable[[Ledger], T], url: str | None = None) -> tuple[T | None, str | None]:
-    """`call(Ledger(url))`, or (None, why) when the ledger cannot be reached: for records
-    that must not hold up the command that makes them (a plan)."""
+def attempt(
+    call: Callable[[Ledger], T], books: Ledger | None = None
+) -> tuple[T | None, str | None]:
+    """`call(books)` (default: frugal's ledger), or (None, why) when the ledger cannot be
+    reached: for records that must not hold up the command that makes them (a plan)."""
     try:
-        return call(Ledger(url)), None
+        return call(books or Ledger()), None
     except (FrugalError, SQLAlchemyError, OSError) as e:
         return None, _why(e)
 

@@ -1,6 +1,7 @@
 """The dashboard's JSON API (`/api/...`): every figure a page shows comes from here, computed
-by the ledger's own functions (frugal.ledger.report, .budgets, .store). Read only: nothing
-here changes the books."""
+by the ledger's own functions (frugal.ledger.report, .budgets, .store) and, for a new plan,
+by the plan API that `frugal plan` calls (frugal.plan.request). Only that changes the
+books: it records its plan, as the command does."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from sqlalchemy import select
 
 from frugal.errors import FrugalError
@@ -19,6 +20,7 @@ from frugal.ledger.periods import parse_period, period_end
 from frugal.ledger.report import OUTCOMES, RUNNING, daily_spend_by, report
 from frugal.ledger.schema import Heartbeat, PlanRecord, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
+from frugal.plan.request import PlanRequest, make_plan
 
 router = APIRouter(prefix="/api")
 METRICS_TAIL = 2000  # the newest metric lines of a run a page is sent
@@ -229,6 +231,25 @@ def plan(request: Request, plan_id: int) -> dict[str, Any]:
             raise HTTPException(status_code=404, detail=f"no plan {plan_id} on the books")
     return {"id": p.id, "created_at": aware(p.created_at).isoformat(), "model": p.model,
             "tokens": p.tokens, "tags": led.tags("plan", str(p.id)), "plan": p.record}  # fmt: skip
+
+
+def json_body(request: Request) -> None:
+    """A body this API reads must say it is JSON: a page of another site can send a plain
+    form or text to a dashboard on loopback without asking first, but not JSON."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise HTTPException(status_code=415, detail="send the request as application/json")
+
+
+@router.post("/plans", dependencies=[Depends(json_body)])
+def new_plan(request: Request, asked: PlanRequest) -> dict[str, Any]:
+    """Plan a fine-tune, as `frugal plan` does (the same request, named as its options are;
+    the same JSON out), and record the plan on these books."""
+    try:
+        out = make_plan(asked, ledger(request))
+    except FrugalError as e:
+        raise _bad(e) from None
+    return out.to_json() | {"plan_id": out.plan_id, "tags": out.tags}
 
 
 CALIBRATION_RUNS = 2000  # the newest runs with measurements a page is sent

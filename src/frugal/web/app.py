@@ -3,7 +3,9 @@
 Security: it binds to loopback by default. On any other address every request must carry
 the token (`FRUGAL_DASHBOARD_TOKEN`, or one generated and printed once at start): as
 `Authorization: Bearer TOKEN`, or `?token=TOKEN` once in a browser, which then keeps it in
-an HTTP-only cookie. Every route is a GET that only reads the books.
+an HTTP-only cookie. Every route is a GET that only reads the books, but one: the Plan
+form's POST /api/plans plans and records its plan, as `frugal plan` does, and takes only a
+JSON body (which a page of another site cannot send it without asking first).
 """
 
 from __future__ import annotations

@@ -51,6 +51,12 @@ def budgets(request: Request) -> HTMLResponse:
     )
 
 
+@router.get("/plan", response_class=HTMLResponse, include_in_schema=False)
+def new_plan(request: Request) -> HTMLResponse:
+    """The Plan form: it asks the API for a plan, as `frugal plan` would."""
+    return templates.TemplateResponse(request, "plan_new.html", {"title": "Plan", "page": "plan"})
+
+
 @router.get("/plans/{plan_id}", response_class=HTMLResponse, include_in_schema=False)
 def plan(request: Request, plan_id: int) -> HTMLResponse:
     return templates.TemplateResponse(

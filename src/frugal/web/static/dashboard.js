@@ -8,7 +8,7 @@ const frugal = {
     for (const [k, v] of Object.entries(params || {})) if (v) url.searchParams.set(k, v);
     const r = await fetch(url, { credentials: "same-origin" });
     const body = await r.json();
-    if (!r.ok) throw new Error(body.detail || r.statusText);
+    if (!r.ok) throw new Error(frugal.detail(body.detail) || r.statusText);
     return body;
   },
   usd(x) {
@@ -161,32 +161,74 @@ const frugal = {
       document.body.dataset.ready = "1";
     } catch (e) { frugal.fail(e); }
   },
+  drawPlan(p) {  // a plan as the books keep it: {id, created_at, model, tags, plan}
+    const rec = p.plan.recommendation || p.plan;
+    const label = x => `${x.provider} ${x.instance}${x.spot ? " spot" : ""} ${x.method}`;
+    frugal.facts([["model", p.model], ["plan", label(rec)], ["GPUs", `${rec.gpus}x ${rec.gpu}`],
+      ["estimate", `${frugal.usd(rec.est_cost_usd)} in ${rec.est_hours} h`],
+      ["tags", frugal.scope(p.tags)]]);
+    frugal.items("reasons", rec.reasons || [], x => x);
+    const f = p.plan.frontier || [];
+    Plotly.newPlot("frontier", [
+      { name: "frontier", mode: "lines+markers", x: f.map(x => x.est_hours), y: f.map(x => x.est_cost_usd), text: f.map(label) },
+      { name: "chosen", mode: "markers", marker: { size: 14 }, x: [rec.est_hours], y: [rec.est_cost_usd], text: [label(rec)] },
+    ], { margin: { t: 10 }, xaxis: { title: "hours", type: "log" }, yaxis: { title: "USD", type: "log" } },
+    { displayModeBar: false });
+    frugal.items("rejected", p.plan.rejected || [], r => `${r.option}: ${r.why}`);
+    frugal.items("notes", p.plan.notes || [], x => x);
+  },
+  items(id, list, text) {  // a list of lines, as text; "none" when empty
+    const ul = document.getElementById(id);
+    if (!ul) return;
+    ul.replaceChildren(...list.map(x => {
+      const li = document.createElement("li");
+      li.textContent = text(x);
+      return li;
+    }));
+    if (!list.length) ul.textContent = "none";
+  },
   async plan(id) {
     try {
       const p = await frugal.get("/api/plans/" + encodeURIComponent(id));
-      const rec = p.plan.recommendation || p.plan;
-      const label = x => `${x.provider} ${x.instance}${x.spot ? " spot" : ""} ${x.method}`;
-      const facts = [["model", p.model], ["plan", label(rec)], ["GPUs", `${rec.gpus}x ${rec.gpu}`],
-        ["estimate", `${frugal.usd(rec.est_cost_usd)} in ${rec.est_hours} h`],
-        ["tags", frugal.scope(p.tags)]];
-      frugal.facts(facts);
-      const f = p.plan.frontier || [];
-      Plotly.newPlot("frontier", [
-        { name: "frontier", mode: "lines+markers", x: f.map(x => x.est_hours), y: f.map(x => x.est_cost_usd), text: f.map(label) },
-        { name: "chosen", mode: "markers", marker: { size: 14 }, x: [rec.est_hours], y: [rec.est_cost_usd], text: [label(rec)] },
-      ], { margin: { t: 10 }, xaxis: { title: "hours", type: "log" }, yaxis: { title: "USD", type: "log" } },
-      { displayModeBar: false });
-      const list = document.getElementById("rejected");
-      const rej = p.plan.rejected || [];
-      list.replaceChildren(...rej.map(r => {
-        const li = document.createElement("li");
-        li.textContent = `${r.option}: ${r.why}`;
-        return li;
-      }));
-      if (!rej.length) list.textContent = "none";
+      frugal.drawPlan(p);
       frugal.text("status", `plan ${p.id}, ${p.created_at.slice(0, 16).replace("T", " ")}`);
       document.body.dataset.ready = "1";
     } catch (e) { frugal.fail(e); }
+  },
+  newPlan() {  // the Plan form: the request `frugal plan` makes, answered by the same API
+    const form = document.getElementById("ask");
+    document.body.dataset.ready = "1";
+    form.addEventListener("submit", async ev => {
+      ev.preventDefault();
+      const asked = {};
+      for (const [k, v] of new FormData(form)) {
+        const value = String(v).trim();
+        if (!value) continue;
+        if (k === "tag") asked.tag = value.split(/[\s,]+/).filter(Boolean);
+        else if (k === "spot") asked.spot = value === "only";
+        else asked[k] = form.elements[k].type === "number" ? Number(value) : value;
+      }
+      document.body.dataset.ready = "planning";
+      frugal.text("status", "planning...");
+      document.getElementById("answer").hidden = true;
+      try {
+        const r = await fetch("/api/plans", { method: "POST", credentials: "same-origin",
+          headers: { "Content-Type": "application/json" }, body: JSON.stringify(asked) });
+        const out = await r.json();
+        if (!r.ok) throw new Error(frugal.detail(out.detail) || r.statusText);
+        document.getElementById("answer").hidden = false;
+        frugal.drawPlan({ model: out.model, tags: out.tags, plan: out });
+        const link = document.getElementById("recorded");
+        link.textContent = out.plan_id === null ? "not on the books" : `plan ${out.plan_id}`;
+        link.href = out.plan_id === null ? "#" : "/plans/" + out.plan_id;
+        frugal.text("status", `${out.feasible_plans} feasible plans`);
+        document.body.dataset.ready = "1";
+      } catch (e) { frugal.fail(e); }
+    });
+  },
+  detail(d) {  // FastAPI's detail: our one line, or the schema's list of problems
+    if (!Array.isArray(d)) return d;
+    return d.map(x => `${(x.loc || []).slice(1).join(".")}: ${x.msg}`).join("; ");
   },
   async calibration() {
     try {

@@ -1,0 +1,276 @@
+"""The plan API: a `PlanRequest` in, a `PlanOutcome` out, through `make_plan`.
+
+It is the one way a fine-tune is planned: `frugal plan`, the dashboard's Plan form and the
+tests call it alike. A request's fields are named as `frugal plan`'s options are (so a
+form, a JSON body and a command line say the same thing), and hold what a person gives,
+unparsed: the step's settings are checked by `TrainJob` and what the plan must meet by
+`Constraints`, each in its one place, with one line naming the option to fix. The outcome
+carries the search's result, its reasons and notes, the prices it used, the id it has on
+the books, and its JSON; the run config that trains it and the files a plan can write
+come from the outcome too (`files`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from frugal.config import DataConfig, RunConfig
+from frugal.data.count import count_tokens
+from frugal.errors import FrugalError
+from frugal.files import write_text_atomic
+from frugal.hardware.offers import KWH_USD, Offer, PriceBasis, price_basis, select_offers
+from frugal.ledger.tags import parse_tags, resolve
+from frugal.models.specs import ModelSpec, load_spec
+from frugal.plan.constraints import Constraints
+from frugal.plan.emit import (
+    hf_script,
+    modal_app,
+    skypilot_task,
+    slurm_script,
+    to_run_config,
+    torchrun_lines,
+)
+from frugal.plan.plans import Infeasible, Result
+from frugal.plan.plot import write_plot
+from frugal.plan.relax import Ask, explain
+from frugal.plan.search import search
+from frugal.plan.transfer import measure_gb, parse_location
+from frugal.step.job import TrainJob, make_job
+
+if TYPE_CHECKING:  # SQLAlchemy is imported once there is a plan to record
+    from frugal.ledger.store import Ledger
+
+
+def _listed(value: Any) -> Any:
+    """A list given as people type it on a command line ("lora,qlora") or as a list."""
+    if isinstance(value, str):
+        return tuple(x.strip() for x in value.split(",") if x.strip())
+    return value
+
+
+Listed = Annotated[tuple[str, ...], BeforeValidator(_listed)]
+
+
+def _about(model: type[BaseModel], name: str) -> Any:
+    """A request field that is `model.name`, with its default and description, checked
+    there (a request holds what was given; the schema says whether it is right)."""
+    f = model.model_fields[name]
+    return Field(f.get_default(call_default_factory=True), description=f.description)
+
+
+def _unset(model: type[BaseModel], name: str) -> Any:
+    """A request field that is `model.name`, not given: the search picks."""
+    return Field(None, description=model.model_fields[name].description)
+
+
+class PlanRequest(BaseModel):
+    """What `frugal plan MODEL` is asked, named as its options are."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1, description="a bundled hub id, a local dir or config.json")
+    tokens: float | None = Field(None, description="training tokens per epoch, e.g. 20M")
+    dataset: str | None = Field(None, description="or: a .jsonl/.csv/.parquet file to count")
+    epochs: float = _about(DataConfig, "epochs")
+    # the step (TrainJob checks them); None: the search tries what fits
+    seq: int = _about(TrainJob, "seq")
+    method: str = _about(TrainJob, "method")
+    methods: Listed | None = Field(None, description="methods to compare [default: --method]")
+    precision: str = _about(TrainJob, "precision")
+    optimizers: Listed = _about(Constraints, "optimizers")
+    lora_r: int | None = _unset(TrainJob, "lora_r")
+    lora_targets: str | None = _unset(TrainJob, "lora_targets")
+    attention: str = _about(TrainJob, "attention")
+    packing: bool = _about(TrainJob, "packing")
+    loss: str = _about(TrainJob, "loss")
+    loss_chunks: int | None = _unset(TrainJob, "loss_chunks")
+    offload_activations: bool | None = _unset(TrainJob, "offload_activations")
+    optimizer_in_backward: bool | None = _unset(TrainJob, "optimizer_in_backward")
+    # what the plan must meet (Constraints checks them)
+    effective_batch: int = _about(Constraints, "effective_batch")
+    budget: float | None = _about(Constraints, "budget_usd")
+    deadline: str | float | None = _about(Constraints, "deadline_h")
+    max_gpus: int = _about(Constraints, "max_gpus")
+    spot: bool | None = Field(None, description="only spot (true), never spot (false), or both")
+    spot_mtbi_hours: str | float | None = _about(Constraints, "mtbi_h")
+    optimize: str = _about(Constraints, "objective")
+    value_of_time: float = _about(Constraints, "value_of_time_usd_h")
+    margin: float = _about(Constraints, "margin")
+    network_gbps: float | None = _about(Constraints, "network_gbps")
+    data: str = _about(Constraints, "data")
+    data_gb: float | None = Field(None, description="the dataset's size, GB [default: measured]")
+    # the offers
+    offers: tuple[str, ...] = Field((), description="offers CSVs that add to the catalog")
+    providers: Listed | None = Field(None, description="providers to consider [default: all]")
+    include_suspicious: bool = Field(False, description="plan with suspicious offers too")
+    discount: tuple[str, ...] = Field((), description="PROVIDER=PERCENT off, e.g. aws=15")
+    local: tuple[str, ...] = Field((), description="your own GPUs, e.g. '2x RTX 4090'")
+    kwh_usd: float = Field(KWH_USD, description="electricity price for local GPUs, $/kWh")
+    tag: tuple[str, ...] = Field((), description="ledger tags, key=value")
+
+    def job(self) -> TrainJob:
+        """The step the plan starts from (the first method), or one line naming the option:
+        every method of --methods and optimizer of --optimizers is checked here too."""
+        methods = self.methods or (self.method,)
+        base = make_job(
+            method=methods[0], precision=self.precision, lora_r=self.lora_r,
+            lora_targets=self.lora_targets, seq=self.seq, attention=self.attention,
+            packing=self.packing, loss=self.loss, loss_chunks=self.loss_chunks,
+            offload_activations=self.offload_activations,
+            optimizer_in_backward=self.optimizer_in_backward,
+        )  # fmt: skip
+        for m in methods:
+            make_job(method=m)  # names a bad method in --methods
+        for o in self.optimizers:
+            make_job(optimizer=o)  # names a bad optimizer in --optimizers
+        return base
+
+    def constraints(self, tokens: float, data_gb: float) -> Constraints:
+        """What the plan must meet, for `tokens` in all and a dataset of `data_gb`."""
+        return Constraints.build(
+            auto_loss_chunks=self.loss_chunks is None,
+            auto_offload=self.offload_activations is None,
+            auto_in_backward=self.optimizer_in_backward is None,
+            data=self.data, data_gb=data_gb, tokens=tokens,
+            effective_batch=self.effective_batch, budget_usd=self.budget,
+            deadline_h=self.deadline, max_gpus=self.max_gpus,
+            spot="auto" if self.spot is None else ("only" if self.spot else "never"),
+            methods=self.methods or (self.method,), optimizers=self.optimizers,
+            margin=self.margin, mtbi_h=self.spot_mtbi_hours, objective=self.optimize,
+            value_of_time_usd_h=self.value_of_time, network_gbps=self.network_gbps,
+        )  # fmt: skip
+
+    def select(self, every_provider: bool = False) -> list[Offer]:
+        """The offers this request plans with (all providers': what a change would give)."""
+        return select_offers(
+            self.offers, self.discount, self.local, self.kwh_usd,
+            None if every_provider or not self.providers else ",".join(self.providers),
+            include_suspicious=self.include_suspicious,
+        )  # fmt: skip
+
+
+@dataclass
+class PlanOutcome:
+    """A plan and what came with it: the search's result (recommendation, frontier,
+    rejected, reasons, notes), the constraints it met, the prices' basis and its id on the
+    books (None when the ledger was unreachable: a note says so)."""
+
+    request: PlanRequest
+    spec: ModelSpec
+    k: Constraints
+    result: Result
+    basis: PriceBasis
+    tokens_per_epoch: float
+    tags: dict[str, str]
+    plan_id: int | None = None
+
+    def to_json(self, wrote: dict[str, str] | None = None) -> dict[str, Any]:
+        """What `frugal plan --json` prints (and the books keep, less the files written)."""
+        r = self.result
+        out: dict[str, Any] = {
+            "model": self.spec.id,
+            "tokens": self.k.tokens,
+            "recommendation": r.recommendation.to_json(),
+            "frontier": [p.to_json() for p in r.frontier],
+            "rejected": [x.to_json() for x in r.rejected],
+            "feasible_plans": len(r.plans),
+            "notes": r.notes,
+            "prices": self.basis.to_json(),
+        }
+        keys = {"run config": "wrote", "hf": "wrote_hf", "skypilot": "wrote_skypilot",
+                "modal": "wrote_modal"}  # fmt: skip
+        out.update({keys.get(what, f"wrote_{what}"): p for what, p in (wrote or {}).items()})
+        return out
+
+    def run_config(self) -> RunConfig:
+        """The run config that trains the recommendation (`frugal train` reads it)."""
+        q = self.request
+        cfg = to_run_config(self.spec.id, self.result.recommendation, self.k, q.dataset,
+                            self.tokens_per_epoch, q.epochs)  # fmt: skip
+        cfg.tags = parse_tags(q.tag)  # what was asked for; defaults apply when it runs
+        if cfg.plan:
+            cfg.plan.ledger_id = self.plan_id
+        return cfg
+
+
+def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
+    """The cheapest (or fastest) plan for `request` that fits and meets its deadline,
+    recorded on `books` (default: frugal's ledger; a ledger that cannot be reached leaves a
+    note, not an error). Bad input, or no plan at all, is one line (FrugalError): for no
+    plan, what came nearest and which changes would give one."""
+    q = request
+    if (q.tokens is None) == (q.dataset is None):
+        raise FrugalError("give the amount of training: --tokens N or --dataset FILE")
+    resolve(q.tag, required=False)  # a bad --tag fails before the search
+    base = q.job()
+    spec = load_spec(q.model)
+    notes: list[str] = []
+    if q.dataset:
+        tc = count_tokens(q.dataset, q.model, q.seq)
+        per_epoch = float(tc.tokens)  # what the run reads: rows cut to --seq
+        notes.append(tc.note(q.dataset, q.seq))
+    else:
+        per_epoch = q.tokens or 0.0
+    if spec.max_positions and q.seq > spec.max_positions:
+        notes.append(f"--seq {q.seq} is beyond {spec.id}'s {spec.max_positions} positions")
+    try:
+        parse_location(q.data)  # a bad --data fails before the search
+    except FrugalError as e:
+        raise FrugalError(f"--data: {e}") from None
+    data_gb = q.data_gb if q.data_gb is not None else (measure_gb(q.dataset) if q.dataset else 0)
+    k = q.constraints(per_epoch * q.epochs, data_gb)
+    offers = q.select()
+    try:
+        result = search(spec, base, offers, k)
+    except Infeasible as e:  # say what came nearest and which changes would give a plan
+        every = q.select(every_provider=True) if q.providers else None
+        raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
+    result.notes[:0] = notes
+    tags = resolve(q.tag, model=spec.id, required=False)
+    out = PlanOutcome(q, spec, k, result, price_basis(offers, q.offers), per_epoch, tags)
+    _record(out, books)
+    return out
+
+
+def _record(out: PlanOutcome, books: Ledger | None) -> None:
+    from frugal.ledger.spool import attempt  # SQLAlchemy: only once there is a plan to record
+
+    whole = out.to_json()  # the frontier and the rejected too
+    out.plan_id, down = attempt(
+        lambda led: led.record_plan(whole, out.spec.id, out.k.tokens, out.tags), books
+    )
+    if down:
+        out.result.notes.append(f"the plan is not on the books (ledger unreachable: {down})")
+
+
+# the files a plan writes, by kind: what makes each one's text
+EMITTERS: dict[str, Callable[[PlanOutcome, RunConfig, dict[str, str]], str]] = {
+    "hf": lambda o, cfg, to: hf_script(cfg, o.result.recommendation.speed.step_time_s),
+    "skypilot": lambda o, cfg, to: skypilot_task(o.result.recommendation, to["run config"]),
+    "modal": lambda o, cfg, to: modal_app(o.result.recommendation, to["run config"]),
+    "slurm": lambda o, cfg, to: slurm_script(o.result.recommendation, to["run config"]),
+    "torchrun": lambda o, cfg, to: torchrun_lines(
+        o.result.recommendation, to["run config"], to["torchrun"]
+    ),
+}
+
+
+def files(out: PlanOutcome, targets: dict[str, str]) -> dict[str, str]:
+    """Write what `targets` asks ("run config", an emitter's kind, "plot": path), in order;
+    each task launches the run config written in this same call. Every text is made before
+    any file is written: one that cannot be made (Modal without the plan's GPU) leaves
+    nothing half-done."""
+    cfg = out.run_config()
+    texts = {what: EMITTERS[what](out, cfg, targets) for what in targets if what in EMITTERS}
+    for what, path in targets.items():
+        if what == "run config":
+            cfg.write(path)
+        elif what == "plot":
+            write_plot(out.result, out.k, path)
+        else:
+            write_text_atomic(path, texts[what])
+    return dict(targets)
