@@ -678,10 +678,11 @@ def test_resume_carries_on_the_mlflow_and_wandb_runs(
 @pytest.mark.parametrize(
     ("steps", "slow_save", "budget", "stops_at"),
     [
-        # after six steps the slowest is 2 s, the fastest 1 s: the guard plans 3 s and two
-        # 0.5 s saves and stops; planning the slowest step alone, or the last save's 0.1 s, it
-        # would take the 3 s seventh step and end at $12.50
-        ([1, 1, 2, 1, 2, 1, 3, 3, 3], 0.5, 12.4, 6),
+        # after five steps the slowest is 2 s, the fastest 1 s: the guard plans a 3 s step
+        # and two 0.5 s saves slowed by the steps' spread (x2), $5 on $7.90, and stops;
+        # planning the slowest step alone and the saves as measured, it would go on to the
+        # 3 s seventh step and end over the budget
+        ([1, 1, 2, 1, 2, 1, 3, 3, 3], 0.5, 12.4, 5),
         # even steps: it plans two 1.5 s saves and stops after five; planning the last
         # save's 0.1 s it would go on to seven and end at $10.50
         ([1] * 9, 1.5, 10.0, 5),
@@ -693,8 +694,9 @@ def test_budget_guard_plans_for_uneven_steps_and_saves(
     budget: float, stops_at: int,
 ) -> None:  # fmt: skip
     """On a busy host the times vary: the guard plans for the slowest step of the last ten
-    plus their spread, and for the slowest checkpoint of the session, so a step or a save
-    slower than any before it (by up to that spread) still does not cross the budget."""
+    plus their spread, and for the slowest checkpoint of the session slowed by the steps'
+    spread, so a step or a save slower than any before it still does not cross the
+    budget."""
     now, finishing = [0.0], [False]
     real_step, real_save, real_finish = recipe.train_step, ckpt.Checkpoints.save, recipe.Loop.finish
 

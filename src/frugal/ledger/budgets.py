@@ -11,15 +11,16 @@ the other costs (`frugal costs add`, imports) dated in it. Periods are calendar 
   (budget, period, threshold) row sends it; the others find it there.
 - **Guardrail**: a run is refused before it starts when its estimate would cross the
   remainder of any budget in its scope (`--force` turns that into a warning).
-- **Stop budgets** (`action="stop"`): at each heartbeat a run asks what it may still
-  spend, `allowance()`: the amount less the scope's spend on the books, less what each
-  other running run of the scope may spend before it is next seen: its hourly price for the
-  time since its last heartbeat (a run is on the books before it loads its model) plus one
-  heartbeat interval, three for a run that started earlier (`YIELD`), plus the asking run's
-  next piece of work (it asks again only after that). The run's own guard
-  then stops it before a step, checkpoint and export would cross that. A later run so
-  reserves more for an earlier one than the other way round: of two runs sharing a budget,
-  the later one stops first, and the earlier one goes on with what is left.
+- **Stop budgets** (`action="stop"`): at each heartbeat a run reserves what it will spend
+  until the next one, `reserve()`: a heartbeat interval and the piece of work under way
+  then, at its hourly price, or what is left when that is less. What is left is the
+  amount, less the scope's spend on the books, less what the other running runs of the
+  scope hold reserved. Reservations are made one at a time and recorded on the runs
+  (`reserved_usd`), so the runs together can never be allowed more than the amount, however
+  late their heartbeats come. A run whose steps use up its reservation before its next
+  heartbeat is due asks again at once; its guard stops it before a step, checkpoint and
+  export would cross what the budget has left for it. Of runs sharing the last dollars,
+  the first to ask takes them.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from frugal.ledger.store import Ledger, aware, now
 ACTIONS = ("warn", "stop")
 DEFAULT_THRESHOLDS = (50.0, 75.0, 90.0, 100.0)
 STALE_HEARTBEATS, STALE_MIN_S = 10, 600.0  # a running run silent this long has died
-YIELD = 3  # heartbeat intervals a later run reserves for an earlier one (itself gets one)
 
 
 def _tagged(kind: str, ref: Any, scope: dict[str, str]) -> list[ColumnElement[bool]]:
@@ -281,41 +281,59 @@ def guardrail(led: Ledger, tags: dict[str, str], estimate_usd: float | None) -> 
 
 @dataclass(frozen=True)
 class Allowance:
-    usd: float  # what the run may still spend before its next check
+    """What a stop budget lets a run spend from now until it asks again."""
+
+    usd: float  # reserved for the run: no other run of the scope can be given it
+    left_usd: float  # what the budget had for the run: the most it could have reserved
     budget: str
 
 
-def allowance(led: Ledger, run_id: str, tags: dict[str, str], interval_s: float,
-              at: datetime | None = None, lag_s: float = 0.0) -> Allowance | None:  # fmt: skip
-    """The least any stop budget in the run's scope leaves it (None: no stop budget).
-    `lag_s`: how late after the next interval the asking run may ask again (its next piece of
-    work); the others' spending is reserved for that long too."""
+def reserve(led: Ledger, run_id: str, tags: dict[str, str], spent_usd: float, want_usd: float,
+            interval_s: float, at: datetime | None = None) -> Allowance | None:  # fmt: skip
+    """Reserve for the run up to `want_usd` more of every stop budget in its scope (None:
+    there is none), and record the dollars it may reach, `spent_usd` and that, on its
+    record. A budget's remainder is its amount, less the scope's spend on the books, less
+    what each other running run of the scope has reserved beyond its recorded dollars (a
+    run that has reserved nothing yet: its hourly price for the time since its last
+    heartbeat and an `interval_s`; a run silent for long has died and holds nothing).
+    One process reserves at a time (the ledger's exclusive session), so however late the
+    runs' heartbeats come, what they may spend together never exceeds the amount."""
     at = at or now()
-    best: Allowance | None = None
-    with led.session() as s:
+    least: Allowance | None = None
+    with led.exclusive() as s:
         me = s.get(RunRecord, run_id)
         if me is None:
             return None
-        mine = (aware(me.started_at), me.id)
         for b in s.scalars(select(Budget).where(Budget.action == "stop")):
             if not in_scope(b.scope, tags):
                 continue
             start = period_start(b.period, me.started_at)  # where the run's dollars count
-            left = b.amount_usd - spend(s, b.scope, start)
-            running = s.scalars(
-                select(RunRecord).where(
-                    RunRecord.ended_at.is_(None),
-                    RunRecord.started_at >= start,
-                    RunRecord.id != run_id,
-                    *_tagged("run", RunRecord.id, b.scope),
-                )
-            )
-            for r in running:
-                since = max(0.0, (at - aware(r.heartbeat_at)).total_seconds())
-                if since > max(STALE_HEARTBEATS * interval_s, STALE_MIN_S):
-                    continue  # no heartbeat for long: a run that died without an end
-                window = interval_s * (YIELD if (aware(r.started_at), r.id) < mine else 1) + lag_s
-                left -= (r.price_per_hour_usd or 0.0) / 3600 * (since + window)
-            if best is None or left < best.usd:
-                best = Allowance(left, b.name)
-    return best
+            left = b.amount_usd - spend(s, b.scope, start) - max(0.0, spent_usd - me.cost_usd)
+            left -= _held(s, b, start, run_id, interval_s, at)
+            if least is None or left < least.left_usd:
+                least = Allowance(max(0.0, min(want_usd, left)), left, b.name)
+        me.reserved_usd = None if least is None else spent_usd + least.usd
+    return least
+
+
+def _held(s: Session, b: Budget, start: datetime, asker: str, interval_s: float,
+          at: datetime) -> float:  # fmt: skip
+    """What the other running runs of `b`'s scope hold beyond their recorded dollars."""
+    running = s.scalars(
+        select(RunRecord).where(
+            RunRecord.ended_at.is_(None),
+            RunRecord.started_at >= start,
+            RunRecord.id != asker,
+            *_tagged("run", RunRecord.id, b.scope),
+        )
+    )
+    held = 0.0
+    for r in running:
+        since = max(0.0, (at - aware(r.heartbeat_at)).total_seconds())
+        if since > max(STALE_HEARTBEATS * interval_s, STALE_MIN_S):
+            continue  # no heartbeat for long: a run that died without an end
+        if r.reserved_usd is not None:
+            held += max(0.0, r.reserved_usd - r.cost_usd)
+        else:  # on the books, not yet reserved: what it may have spent since it was seen
+            held += (r.price_per_hour_usd or 0.0) / 3600 * (since + interval_s)
+    return held

@@ -24,8 +24,8 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from frugal.errors import FrugalError
 from frugal.paths import user_path
 
-HEAD = "0003"  # the newest revision in migrations/versions (a test checks)
-REVISIONS = ("0001", "0002", HEAD)  # every revision frugal's migrations have written
+HEAD = "0004"  # the newest revision in migrations/versions (a test checks)
+REVISIONS = ("0001", "0002", "0003", HEAD)  # every revision frugal's migrations have written
 LEDGER_TABLES = ("plans", "runs", "costs", "tags", "alembic_version")  # since 0001
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another's transaction to end
 SQLITE_HEADER = b"SQLite format 3\x00"

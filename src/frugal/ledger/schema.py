@@ -82,6 +82,8 @@ class RunRecord(JobOnOffer, Base):
     est_cost_usd: Mapped[float | None] = mapped_column(Float)
     # revision 0003
     total_steps: Mapped[int | None]  # sent with the heartbeats: a live page's ETA
+    # revision 0004: the dollars a running run may reach before it asks again (stop budgets)
+    reserved_usd: Mapped[float | None] = mapped_column(Float)
 
     @property
     def gpu_hours(self) -> float:

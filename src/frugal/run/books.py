@@ -10,7 +10,8 @@ the budgets in its scope; and the idle watchdog.
   tokens/s, best evaluation, beside the prediction). Records go through a `Recorder`: when
   the ledger is down they wait in a spool file in the run's directory and follow later.
   At each heartbeat the budgets' thresholds are checked (alerts to the console, a webhook,
-  e-mail) and a stop budget sets the most the run may spend until the next one.
+  e-mail) and the run reserves of each stop budget what it will spend until the next one
+  (`frugal.ledger.budgets.reserve`).
 - `Watchdog`: no step, evaluation or checkpoint for `training.idle_stop_min` asks the loop
   to stop (it checkpoints and reports); a loop that does not come back within as long again
   is hung: the run is ended as idle-stopped on the books and the process exits resumable
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +37,7 @@ from frugal.config import RunConfig
 from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.files import write_text_atomic
 from frugal.hardware.gpus import lookup_gpu
-from frugal.ledger.budgets import allowance, check_alerts, guardrail
+from frugal.ledger.budgets import check_alerts, guardrail, reserve
 from frugal.ledger.notify import announce
 from frugal.ledger.schema import RunRecord
 from frugal.ledger.spool import SPOOL_NAME, Recorder, attempt
@@ -89,7 +91,8 @@ def preflight(
 class Cap:
     """What a stop budget lets the run spend, counted on the run's own meter."""
 
-    usd: float  # the run's dollars at which it must have stopped
+    usd: float  # the run's dollars its reservation reaches: there it asks again
+    limit_usd: float  # the run's dollars at which it must have stopped (the budget's rest)
     budget: str
 
 
@@ -104,6 +107,7 @@ class RunBooks:
         self.run_id = ""
         self.last_beat = -float("inf")
         self.cap: Cap | None = None
+        self.beat_s: deque[float] = deque([0.0], maxlen=5)  # how long the last heartbeats took
         self.warned_down = False
         self.started_at = now()  # where its dollars count (a resumed run's first start)
 
@@ -144,15 +148,36 @@ class RunBooks:
 
     # -- heartbeats ----------------------------------------------------------------------------
 
-    def due(self, now: float) -> bool:
-        return now - self.last_beat >= self.interval_s
+    @property
+    def ask_s(self) -> float:
+        """How long asking the books takes (the slowest of the last heartbeats): the run
+        spends while it asks, so it asks before its reservation runs out by that much."""
+        return max(self.beat_s)
+
+    def due(self, now: float, reach_usd: float = 0.0) -> bool:
+        """A heartbeat is due every interval, and sooner when the run's work until its next
+        check and asking the books again, to `reach_usd` on its meter, would go past what
+        it has reserved of a stop budget (its steps are slower than its heartbeats
+        planned): while the ledger is down it cannot reserve more, and spends up to what
+        the budget had left."""
+        if now - self.last_beat >= self.interval_s:
+            return True
+        return self.cap is not None and reach_usd > self.cap.usd and self.recorder.down is None
 
     def beat(self, now: float, step: int, tokens: float, spent_usd: float,
-             total_steps: int | None = None, lag_s: float = 0.0) -> None:  # fmt: skip
-        """Record progress; check the budgets' alerts and what a stop budget still allows
-        until the next heartbeat, due in an interval or after the `lag_s` of work under way
-        then."""
-        self.last_beat = now
+             total_steps: int | None = None, lag_s: float = 0.0,
+             usd_per_s: float = 0.0) -> None:  # fmt: skip
+        """Record progress; check the budgets' alerts, and reserve of each stop budget what
+        the run spends, at `usd_per_s`, until the next heartbeat, due in an interval or
+        after the `lag_s` of work under way then, and while it asks again."""
+        self.last_beat, t0 = now, time.monotonic()
+        try:
+            self._beat(step, tokens, spent_usd, total_steps, lag_s, usd_per_s)
+        finally:
+            self.beat_s.append(time.monotonic() - t0)
+
+    def _beat(self, step: int, tokens: float, spent_usd: float, total_steps: int | None,
+              lag_s: float, usd_per_s: float) -> None:  # fmt: skip
         on_books = self.recorder.send(
             "heartbeat", run_id=self.run_id, step=step, tokens=tokens, cost_usd=spent_usd,
             total_steps=total_steps,
@@ -161,11 +186,17 @@ class RunBooks:
             self._note_down()
             return  # the budgets cannot be read: the run's own budget guard still holds
         self._alerts()
-        allowed, down = attempt(
-            lambda led: allowance(led, self.run_id, self.tags, self.interval_s, lag_s=lag_s)
+        # what the run will have spent once this heartbeat is done (what it reserved last
+        # time covers that), and what it spends until it has asked again
+        spent_usd += usd_per_s * self.ask_s
+        want = usd_per_s * (self.interval_s + lag_s + self.ask_s)
+        got, down = attempt(
+            lambda led: reserve(led, self.run_id, self.tags, spent_usd, want, self.interval_s)
         )
         if down is None:  # a failed read keeps the last cap: it never lifts a stop budget
-            self.cap = None if allowed is None else Cap(spent_usd + allowed.usd, allowed.budget)
+            self.cap = None
+            if got is not None:
+                self.cap = Cap(spent_usd + got.usd, spent_usd + got.left_usd, got.budget)
 
     def _alerts(self) -> None:
         fired, _ = attempt(lambda led: check_alerts(led, self.tags, self.started_at))

@@ -705,17 +705,20 @@ class Loop:
                 self.run.val_batches) / max(1, t.effective_batch) / 2  # fmt: skip
         else:
             nxt = slow if step < self.total else 0.0
+        # a clean stop: a checkpoint and the weights, as slow as the slowest save, and slower
+        # by as much as the steps now vary (a host that slows the steps slows the saves too)
+        stop_s = 2 * self.save_s * (max(recent) / min(recent) if recent else 1.0)
         limit = t.max_time_min
         now = self.clock()
-        then = nxt + 2 * self.save_s  # the next piece of work, a checkpoint, the weights
+        then = nxt + stop_s  # the next piece of work, then a clean stop
         cap = self._books(now, then)
         meter = self.meter
         orphan = orphaned()
         sig, over_budget, over_scope, over_hours, idle, over_time, save_due = _global_sum(
             self.run,
             float(self.stop.signal is not None or orphan),
-            float(meter.would_exceed(nxt, 2 * self.save_s)),
-            float(cap is not None and meter.spent_usd() + then * meter.rate > cap.usd),
+            float(meter.would_exceed(nxt, stop_s)),
+            float(cap is not None and meter.spent_usd() + then * meter.rate > cap.limit_usd),
             float(t.max_hours is not None and meter.elapsed_s() + then > 3600 * t.max_hours),
             float(self.dog is not None and self.dog.idle),
             float(limit is not None and now - self.session_t0 + nxt > 60 * limit),
@@ -762,13 +765,15 @@ class Loop:
         return Action.STEP
 
     def _books(self, now: float, then: float) -> Cap | None:
-        """A heartbeat when one is due; what a stop budget lets the run spend (the next
-        check may come `then` seconds after an interval)."""
+        """A heartbeat when one is due, or when the work until the next check (`then`
+        seconds) would go past what the run has reserved of a stop budget; what a stop
+        budget lets the run spend."""
         if self.books is None:
             return None
-        if self.books.due(now):
+        m = self.meter
+        if self.books.due(now, m.spent_usd() + (then + self.books.ask_s) * m.rate):
             st = self.state
-            self.books.beat(now, st.step, st.tokens, self.meter.spent_usd(), self.total, then)
+            self.books.beat(now, st.step, st.tokens, m.spent_usd(), self.total, then, m.rate)
         return self.books.cap
 
     def hung(self) -> None:
