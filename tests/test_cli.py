@@ -181,13 +181,31 @@ def test_fp16_on_t4_is_accepted(capsys: pytest.CaptureFixture[str], tiny_llama_d
     assert d["gpu"] == "T4" and d["fits"] is True
 
 
+@pytest.mark.slow
+def test_estimate_passes_every_step_option_to_the_job(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path
+) -> None:
+    """`frugal estimate` names its options as TrainJob's fields and hands them over by
+    name: each one given reaches the estimated job."""
+    given = {"method": "qlora", "optimizer": "sgd", "lora_r": 4, "lora_alpha": 8,
+             "lora_dropout": 0.1, "batch": 3, "seq": 64, "grad_accum": 2,
+             "grad_checkpointing": True, "packing": False, "loss_chunks": 2,
+             "offload_activations": True}  # fmt: skip
+    argv = []
+    for k, v in given.items():
+        flag = "--" + k.replace("_", "-")
+        argv += [flag] if v is True else [f"--no-{flag[2:]}"] if v is False else [flag, str(v)]
+    d = run_json(capsys, "estimate", str(tiny_llama_dir), *argv, "--json")
+    assert {k: d["job"][k] for k in given} == given
+
+
 def test_internal_error_is_one_line_exit_1(
     capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(*a: object, **k: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(estimate_cmd, "run_estimate", broken)
+    monkeypatch.setattr(estimate_cmd, "make_estimate", broken)
     rc = main(["estimate", str(tiny_llama_dir), "--seq", "128", "--json"])
     out, err = capsys.readouterr()
     assert rc == 1

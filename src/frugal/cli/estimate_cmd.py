@@ -9,16 +9,14 @@ from rich.console import Console
 from rich.table import Table
 
 from frugal.cli import print_json
-from frugal.cli.options import JSON_HELP, MODEL_HELP, number, option
-from frugal.errors import FrugalError
-from frugal.estimate.core import estimate as run_estimate
+from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, option
+from frugal.estimate.request import EstimateRequest, make_estimate
 from frugal.formats import si
-from frugal.hardware.gpus import find_gpu
-from frugal.models.specs import load_spec
 from frugal.step.job import TrainJob, make_job
 
 
 def estimate(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help=MODEL_HELP),
     method: str = option(TrainJob, "method"),
     precision: str = option(TrainJob, "precision"),
@@ -40,39 +38,13 @@ def estimate(
     gpus: int = option(TrainJob, "gpus"),
     sharding: str = option(TrainJob, "sharding"),
     bitsandbytes: str | None = option(TrainJob, "bitsandbytes"),
-    gpu: str | None = typer.Option(None, help="GPU to check the fit on (see gpus.csv names)."),
-    gpu_memory: float | None = number(None, "Or: usable GPU memory in GiB.", gt=0, le=4096),
+    gpu: str | None = option(EstimateRequest, "gpu"),
+    gpu_memory: float | None = option(EstimateRequest, "gpu_memory"),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Exact per-GPU training memory and FLOPs of one step, without a GPU or weights."""
-
-    job = make_job(
-        method=method,
-        precision=precision,
-        optimizer=optimizer,
-        optimizer_in_backward=optimizer_in_backward,
-        lora_r=lora_r,
-        lora_alpha=lora_alpha,
-        lora_targets=lora_targets,
-        lora_dropout=lora_dropout,
-        batch=batch,
-        seq=seq,
-        grad_accum=grad_accum,
-        grad_checkpointing=grad_checkpointing,
-        attention=attention,
-        packing=packing,
-        loss=loss,
-        loss_chunks=loss_chunks,
-        offload_activations=offload_activations,
-        gpus=gpus,
-        sharding=sharding,
-        bitsandbytes=bitsandbytes,
-    )
-    if gpu is not None and gpu_memory is not None:
-        raise FrugalError("give --gpu or --gpu-memory, not both")
-    spec = load_spec(model)
-    card = find_gpu(gpu, "--gpu-memory GIB") if gpu else None
-    est = run_estimate(spec, job, gpu=card, gpu_memory_gib=gpu_memory)
+    job = make_job(**fields_of(ctx, TrainJob))  # each option named as the job's field
+    est = make_estimate(EstimateRequest(model=model, job=job, gpu=gpu, gpu_memory=gpu_memory))
     if json_out:
         print_json(est.to_json())
     else:

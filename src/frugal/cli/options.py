@@ -84,10 +84,15 @@ def token_count(default: Any, help: str) -> Any:
     return typer.Option(default, help=help, parser=parse_count)
 
 
+def fields_of(ctx: typer.Context, model: type[BaseModel]) -> dict[str, Any]:
+    """The command's options that are fields of `model`, named as the fields are."""
+    return {k: v for k, v in ctx.params.items() if k in model.model_fields}
+
+
 def request_of(ctx: typer.Context, request: type[R]) -> R:
     """The typed request a command's options make: each option that is one of the
     request's fields is named as the field (an option not given, None, is left out)."""
-    given = {k: v for k, v in ctx.params.items() if k in request.model_fields and v is not None}
+    given = {k: v for k, v in fields_of(ctx, request).items() if v is not None}
     try:
         return request.model_validate(given)
     except ValidationError as e:
