@@ -68,21 +68,29 @@ def test_every_option_of_a_schema_field_shows_its_default_and_help() -> None:
     assert {("plan", "effective_batch"), ("plan", "margin"), ("plan", "deadline_h")} <= seen
 
 
-def test_the_plan_command_asks_the_plan_apis_request_with_its_defaults() -> None:
-    """`frugal plan` passes its options to the plan API by name: each field of the
-    request is an option of the command, with the same default, so the dashboard's Plan
-    form and the command plan the same thing from the same words."""
-    from frugal.plan.request import PlanRequest
+@pytest.mark.parametrize(
+    ("command", "request_type"),
+    [("plan", "frugal.plan.request:PlanRequest"),
+     ("serve plan", "frugal.serve.request:ServeRequest")],
+)  # fmt: skip
+def test_a_command_asks_its_apis_request_with_its_defaults(command: str, request_type: str) -> None:
+    """`frugal plan` and `frugal serve plan` pass their options to their API by name: each
+    field of the request is an option of the command, with the same default, so the
+    dashboard's Plan form, a test and the command ask the same thing in the same words."""
+    import importlib
 
-    cmd = dict(_commands(typer.main.get_command(app)))["plan"]
+    module, name = request_type.split(":")
+    request = getattr(importlib.import_module(module), name)
+    cmd = dict(_commands(typer.main.get_command(app)))[command]
     params = {p.name: p for p in cmd.params}
-    for name, f in PlanRequest.model_fields.items():
-        assert name in params, f"the plan API's {name!r} is no option of `frugal plan`"
-        if f.is_required():  # MODEL: the command's argument, optional beside --jobs
+    for field_name, f in request.model_fields.items():
+        assert field_name in params, f"{name}'s {field_name!r} is no option of `{command}`"
+        if f.is_required():  # MODEL: the command's argument (optional beside --jobs)
             continue
         want = f.get_default(call_default_factory=True)
-        want = (",".join(want) or None) if isinstance(want, tuple) else want
-        assert params[name].default == want, (name, params[name].default, want)
+        if isinstance(want, tuple):
+            want = ",".join(str(x) for x in want) or None
+        assert params[field_name].default == want, (field_name, params[field_name].default, want)
 
 
 def test_the_plan_and_the_run_config_share_the_effective_batch_default() -> None:

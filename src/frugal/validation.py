@@ -11,10 +11,11 @@ words a schema's own refusal the same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 from pydantic.fields import FieldInfo
 
 # pydantic's error types that mean "this number is out of its range or not a number"
@@ -144,3 +145,29 @@ def problem(e: ValidationError, model: type[BaseModel]) -> tuple[tuple[Any, ...]
     elif kind != "value_error":  # pydantic's own sentence, as part of ours
         msg = msg[:1].lower() + msg[1:]
     return loc, kind, msg
+
+
+def refusal(e: ValidationError, model: type[BaseModel], flag: Callable[[str], str] | None = None
+            ) -> str:  # fmt: skip
+    """A refused request as one line naming its option: `flag(field)` (default: the field
+    as an option, `--field-name`) and the value first where it was the value that was
+    wrong ("--budget 0: give a number above 0"), else the problem ("--optimize: input
+    should be 'cost' or 'time'")."""
+    loc, kind, msg = problem(e, model)
+    name = str((loc or ("",))[0])
+    said = flag(name) if flag else "--" + name.replace("_", "-")
+    if kind == "value_error" or kind in RANGE_ERRORS:  # names the value first
+        return f"{said} {msg}"
+    return f"{said}: {msg}"
+
+
+def listed(value: Any) -> Any:
+    """A list as people type it on a command line, "lora,qlora", as a tuple; a list or
+    None as it is."""
+    if isinstance(value, str):
+        return tuple(x.strip() for x in value.split(",") if x.strip())
+    return value
+
+
+# a request's list field: a JSON list, or one comma-separated string as an option gives it
+Listed = Annotated[tuple[str, ...], BeforeValidator(listed)]

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from frugal.counts import parse_count
 from frugal.errors import FrugalError
-from frugal.validation import Number, numeric, problem
+from frugal.validation import Number, numeric, refusal
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -45,30 +45,27 @@ def default(model: type[BaseModel], name: str) -> Any:
 
 
 def option(
-    model: type[BaseModel], name: str, *, unset: bool | str = False, listed: bool = False
-) -> Any:
-    """A typer option for `model.name`, with the field's default, description and range.
+    model: type[BaseModel], name: str, *, unset: bool | str = False, listed: bool = False,
+    help: str | None = None,
+) -> Any:  # fmt: skip
+    """A typer option for `model.name`, with the field's default, description and range
+    (a required field: a required option).
     unset: the option defaults to None (not given: the library picks the default, and may
     refuse the option where it does not apply); the help still shows the field's default,
     or the text given (e.g. "the run config's").
-    listed: a tuple field given as a comma-separated string."""
+    listed: a tuple field given as a comma-separated string.
+    help: other words for the same field (the range stays the field's)."""
     field = model.model_fields[name]
-    value = default(model, name)
+    value: Any = ... if field.is_required() else default(model, name)
     parser = Number.of(field) if numeric(field) else None
+    text = help or describe(model, name)
     if listed:
-        value = ",".join(value)
+        value = ",".join(str(v) for v in value)
     if unset:
         shown = unset if isinstance(unset, str) else "none" if value is None else value
         # typer prints help through rich: a bare [default: ...] would be read as markup
-        return typer.Option(
-            None, help=f"{describe(model, name)} \\[default: {shown}]", parser=parser
-        )
-    return typer.Option(value, help=describe(model, name), parser=parser)
-
-
-def listed(text: str | None) -> tuple[str, ...] | None:
-    """A comma-separated option value as a tuple (None stays None)."""
-    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+        return typer.Option(None, help=f"{text} \\[default: {shown}]", parser=parser)
+    return typer.Option(value, help=text, parser=parser)
 
 
 MODEL_HELP = "Bundled hub id, local dir or config.json, or hub id."
@@ -96,5 +93,4 @@ def request_of(ctx: typer.Context, request: type[R]) -> R:
     try:
         return request.model_validate(given)
     except ValidationError as e:
-        loc, _, msg = problem(e, request)
-        raise FrugalError(f"--{str((loc or ('?',))[0]).replace('_', '-')}: {msg}") from None
+        raise FrugalError(refusal(e, request)) from None

@@ -9,25 +9,24 @@ import typer
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
-from frugal.cli.options import JSON_HELP, MODEL_HELP, OFFERS_HELP, listed, number
+from frugal.cli.options import JSON_HELP, MODEL_HELP, OFFERS_HELP, number, option, request_of
 from frugal.errors import FrugalError
 from frugal.files import check_target, write_text_atomic
 from frugal.hardware.gpus import find_gpu
 from frugal.hardware.offers import price_basis, select_offers
 from frugal.models.specs import load_spec
-from frugal.serve import compare, emit
+from frugal.serve import emit
 from frugal.serve.engines import find_engine
 from frugal.serve.estimate import (
     Deployment,
     ServeEstimate,
     catalog_price,
-    check_request,
     estimate,
 )
-from frugal.serve.plan import ServeAsk, ServePlan, plan
+from frugal.serve.plan import ServePlan
+from frugal.serve.request import ServeRequest, make_serve_plan
 from frugal.serve.speed import Load
 from frugal.serve.weights import find_format
-from frugal.validation import Number
 
 app = typer.Typer(
     help="Serving: memory, throughput, latency and dollars per token; the cheapest way to "
@@ -35,18 +34,8 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-INPUT_HELP = "Prompt tokens per request."
-OUTPUT_HELP = "Output tokens per request."
 QUANT_HELP = "Weight format: bf16, fp16, fp8, awq, gptq, nf4, gguf-q4_k_m, gguf-q8_0."
 ENGINE_HELP = "Serving engine: vllm, sglang or trtllm."
-KV_HELP = "KV cache dtype: auto (the model's 16 bit) or fp8."
-PREFIX_HELP = "Share of prompt tokens found in the prefix cache (0-1): less prefill work."
-# the ranges of the load's numbers, shared by serve estimate, serve plan and tco
-RATE = {"gt": 0, "le": 1e6}  # requests per second
-RATE_PER_DAY = {"gt": 0, "le": 1e11}
-LENGTH = {"ge": 1, "le": 16_777_216, "whole": True}  # tokens of a request
-MS = {"gt": 0, "le": 3.6e6}  # a latency target: up to an hour
-SHARE = {"ge": 0, "lt": 1}  # of tokens or requests
 
 
 def load_from(concurrency: int | None, rate: float | None, offline: bool, requests: int) -> Load:
@@ -65,18 +54,20 @@ def estimate_cmd(
     gpus: int = number(1, "GPUs per server (tensor parallel).", ge=1, le=64, whole=True),
     engine: str = typer.Option("vllm", help=ENGINE_HELP),
     quant: str = typer.Option("bf16", help=QUANT_HELP),
-    kv_dtype: str = typer.Option("auto", help=KV_HELP),
-    input_len: int = number(..., INPUT_HELP, **LENGTH),
-    output_len: int = number(..., OUTPUT_HELP, **LENGTH),
+    kv_dtype: str = option(ServeRequest, "kv_dtype"),
+    input_len: int = option(ServeRequest, "input_len"),
+    output_len: int = option(ServeRequest, "output_len"),
     concurrency: int | None = number(
         None, "Requests in flight (closed loop).", ge=1, le=10_000_000, whole=True
     ),
-    rate: float | None = number(None, "Requests arriving per second (Poisson).", **RATE),
+    rate: float | None = option(
+        ServeRequest, "rate", help="Requests arriving per second (Poisson)."
+    ),
     offline: bool = typer.Option(False, help="All requests at once: maximum throughput."),
     requests: int = number(
         1000, "With --offline: how many requests at once.", ge=1, le=10_000_000, whole=True
     ),
-    prefix_hit: float = number(0.0, PREFIX_HELP, **SHARE),
+    prefix_hit: float = option(ServeRequest, "prefix_hit"),
     price: float | None = number(
         None,
         "$/hour of the whole server [default: the catalog's cheapest on-demand].",
@@ -145,87 +136,25 @@ def render(e: ServeEstimate) -> None:
         con.print(f"  • {note}")
 
 
-def serve_ask(
-    model: str,
-    rate: float | None,
-    requests_per_day: float | None,
-    peak_factor: float,
-    input_len: int,
-    output_len: int,
-    ttft_ms: float | None,
-    itl_ms: float | None,
-    quant: str,
-    engine: str,
-    kv_dtype: str,
-    prefix_hit: float,
-    response_cache_hit: float,
-    offline: bool,
-    commitments: tuple[int, ...],
-) -> ServeAsk:
-    """The load and its targets, checked once before any deployment is tried (shared by
-    `serve plan` and `tco`)."""  # fmt: skip
-    if (rate is None) == (requests_per_day is None):
-        raise FrugalError("give the load: --rate R or --requests-per-day N")
-    if offline and (ttft_ms or itl_ms):
-        raise FrugalError("--offline has no latency targets: drop --ttft-ms / --itl-ms")
-    spec = load_spec(model)
-    check_request(spec, input_len, output_len, prefix_hit, kv_dtype.lower())
-    quants, engines = listed(quant) or (), listed(engine) or ()
-    if not quants or not engines:
-        raise FrugalError("--quant and --engine need at least one value, e.g. --quant bf16,fp8")
-    for q in quants:
-        find_format(q)
-    for name in engines:
-        find_engine(name)
-    mean = rate if rate is not None else (requests_per_day or 0) / 86400
-    peak = mean if rate is not None else mean * peak_factor
-    kept = 1 - response_cache_hit
-    return ServeAsk(
-        spec=spec,
-        rate=peak * kept,
-        input_len=input_len,
-        output_len=output_len,
-        ttft_s=ttft_ms / 1e3 if ttft_ms else None,
-        itl_s=itl_ms / 1e3 if itl_ms else None,
-        quants=quants,
-        engines=engines,
-        kv_dtype=kv_dtype.lower(),
-        prefix_hit=prefix_hit,
-        offline=offline,
-        commitments=commitments,
-        mean_rate=mean * kept,
-    )
-
-
 def plan_cmd(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help=MODEL_HELP),
-    rate: float | None = number(None, "Requests per second to carry (at peak).", **RATE),
-    requests_per_day: float | None = number(None, "Or: requests per day.", **RATE_PER_DAY),
-    peak_factor: float = number(
-        1.0,
-        "With --requests-per-day: peak rate / mean rate; servers carry the peak.",
-        ge=1,
-        le=1e4,
-    ),
-    input_len: int = number(..., INPUT_HELP, **LENGTH),
-    output_len: int = number(..., OUTPUT_HELP, **LENGTH),
-    ttft_ms: float | None = number(None, "Mean time-to-first-token target, ms.", **MS),
-    itl_ms: float | None = number(None, "Mean inter-token latency target, ms.", **MS),
-    quant: str = typer.Option("bf16,fp8,awq", help="Weight formats to consider, comma-separated."),
-    engine: str = typer.Option("vllm", help="Engines to consider, comma-separated."),
-    kv_dtype: str = typer.Option("auto", help=KV_HELP),
-    prefix_hit: float = number(0.0, PREFIX_HELP, **SHARE),
-    response_cache_hit: float = number(
-        0.0, "Share of requests answered by a response cache (0-1): they never arrive.", **SHARE
-    ),
-    offline: bool = typer.Option(
-        False, help="Batch work: priced at maximum throughput, spot allowed, no latency targets."
-    ),
-    commitment_months: str = typer.Option(
-        "12", help="Commitment terms to price, months, comma-separated ('' for none)."
-    ),
+    rate: float | None = option(ServeRequest, "rate"),
+    requests_per_day: float | None = option(ServeRequest, "requests_per_day"),
+    peak_factor: float = option(ServeRequest, "peak_factor"),
+    input_len: int = option(ServeRequest, "input_len"),
+    output_len: int = option(ServeRequest, "output_len"),
+    ttft_ms: float | None = option(ServeRequest, "ttft_ms"),
+    itl_ms: float | None = option(ServeRequest, "itl_ms"),
+    quant: str = option(ServeRequest, "quant", listed=True),
+    engine: str = option(ServeRequest, "engine", listed=True),
+    kv_dtype: str = option(ServeRequest, "kv_dtype"),
+    prefix_hit: float = option(ServeRequest, "prefix_hit"),
+    response_cache_hit: float = option(ServeRequest, "response_cache_hit"),
+    offline: bool = option(ServeRequest, "offline"),
+    commitment_months: str = option(ServeRequest, "commitment_months", listed=True),
     providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
-    prices: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
+    offers: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
     discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
     emit: str | None = typer.Option(
         None, help="vllm (the `vllm serve` command) or skypilot (a SkyPilot serve task)."
@@ -253,26 +182,9 @@ def plan_cmd(
     path = emit_file or ("serve.yaml" if emit == "skypilot" else None)
     if path:
         check_target(path, "--emit-file", force=force)
-    term = Number(ge=1, le=120, whole=True)  # the longest commitment sold: 10 years
-    try:
-        months = tuple(int(term(m)) for m in listed(commitment_months) or ())
-    except ValueError as e:
-        raise FrugalError(f"--commitment-months {e}, e.g. 12,36") from None
-    ask = serve_ask(
-        model, rate, requests_per_day, peak_factor, input_len, output_len, ttft_ms, itl_ms,
-        quant, engine, kv_dtype, prefix_hit, response_cache_hit, offline, months,
-    )  # fmt: skip
-    arriving = ask.rate / (1 - response_cache_hit)
-    offers = select_offers(prices or [], discount or [], (), providers_csv=providers)
-    p = plan(ask, offers)
-    basis = price_basis(offers, prices or [])
-    out = plan_json(p) | {"prices": basis.to_json()}
-    if response_cache_hit:
-        out["notes"].append(
-            f"a response cache answers {response_cache_hit:.0%} of {arriving:g} requests/s: "
-            f"the servers carry {ask.rate:g}"
-        )
-    text = emitted(p, emit, adapter, weights) if emit else ""
+    done = make_serve_plan(request_of(ctx, ServeRequest))
+    out = done.to_json()
+    text = emitted(done.plan, emit, adapter, weights) if emit else ""
     if emit and path:
         write_text_atomic(path, text)
         out[f"wrote_{emit}"] = path
@@ -280,37 +192,14 @@ def plan_cmd(
         out["vllm_command"] = text.strip()
     if json_out:
         print_json(out)
-        show_prices(basis, json_out)
+        show_prices(done.basis, json_out)
         return
-    render_plan(p, out)
+    render_plan(done.plan, out)
     if emit and path:
         console().print(f"wrote {path}")
     elif emit:
         print(text, end="")
-    show_prices(basis)
-
-
-def plan_json(p: ServePlan) -> dict[str, Any]:
-    ask, api_rows = p.ask, compare.apis(p)
-    return {
-        "model": ask.spec.id,
-        "rate_requests_per_s": ask.rate,
-        "mean_rate_requests_per_s": ask.billed_rate,
-        "input_len": ask.input_len,
-        "output_len": ask.output_len,
-        "ttft_ms": ask.ttft_s * 1e3 if ask.ttft_s else None,
-        "itl_ms": ask.itl_s * 1e3 if ask.itl_s else None,
-        "offline": ask.offline,
-        "recommendation": p.best.to_json() | {"reasons": p.reasons},
-        "options": [o.to_json() for o in p.options[:10]],
-        "feasible_options": len(p.options),
-        "refused": [r.to_json() for r in p.refused],
-        "formats": compare.formats(p),
-        "apis": api_rows,
-        "break_even": compare.break_even(p, api_rows[0] if api_rows else None),
-        "platforms": compare.platforms(p),
-        "notes": [] if api_rows else [f"no bundled API serves {ask.spec.id}"],
-    }
+    show_prices(done.basis)
 
 
 PREQUANTIZED = ("awq", "gptq", "gguf-q4_k_m", "gguf-q8_0")  # served from their own checkpoint

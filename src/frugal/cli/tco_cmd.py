@@ -8,16 +8,7 @@ import typer
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
-from frugal.cli.options import JSON_HELP, MODEL_HELP, number, token_count
-from frugal.cli.serve_cmd import (
-    INPUT_HELP,
-    LENGTH,
-    MS,
-    OUTPUT_HELP,
-    RATE,
-    RATE_PER_DAY,
-    serve_ask,
-)
+from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, number, option, token_count
 from frugal.errors import FrugalError
 from frugal.hardware.offers import HOST_WATTS, KWH_USD, price_basis, select_offers
 from frugal.plan.constraints import Constraints
@@ -26,6 +17,7 @@ from frugal.plan.search import search
 from frugal.serve import compare
 from frugal.serve.plan import Option, plan
 from frugal.serve.prices import api_prices, conservative_commitment, purchase_price
+from frugal.serve.request import ServeRequest
 from frugal.serve.tco import HOURS_PER_MONTH, Api, Hourly, Owned, Training, Workload, tco
 from frugal.step.job import make_job
 
@@ -34,14 +26,15 @@ SPOT_OVERHEAD = 0.1  # serving on spot: a share of hours lost to interruptions a
 
 
 def tco_cmd(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help=MODEL_HELP),
-    rate: float | None = number(None, "Requests per second to serve.", **RATE),
-    requests_per_day: float | None = number(None, "Or: requests per day.", **RATE_PER_DAY),
-    input_len: int = number(..., INPUT_HELP, **LENGTH),
-    output_len: int = number(..., OUTPUT_HELP, **LENGTH),
-    ttft_ms: float | None = number(None, "Mean time-to-first-token target, ms.", **MS),
-    itl_ms: float | None = number(None, "Mean inter-token latency target, ms.", **MS),
-    quant: str = typer.Option("bf16,fp8,awq", help="Weight formats to consider."),
+    rate: float | None = option(ServeRequest, "rate", help="Requests per second to serve."),
+    requests_per_day: float | None = option(ServeRequest, "requests_per_day"),
+    input_len: int = option(ServeRequest, "input_len"),
+    output_len: int = option(ServeRequest, "output_len"),
+    ttft_ms: float | None = option(ServeRequest, "ttft_ms"),
+    itl_ms: float | None = option(ServeRequest, "itl_ms"),
+    quant: str = option(ServeRequest, "quant", listed=True),
     months: int = number(12, "Months to compare.", ge=1, le=MONTHS, whole=True),
     train_tokens: float | None = token_count(
         None, "Fine-tune on this many tokens first, e.g. 20M (planned as `frugal plan`)."
@@ -71,10 +64,8 @@ def tco_cmd(
 ) -> None:
     """Self-hosted on-demand, committed, managed, hosted API and your own GPUs over N months:
     the cheapest option each month and where the totals cross."""
-    ask = serve_ask(
-        model, rate, requests_per_day, 1.0, input_len, output_len, ttft_ms, itl_ms, quant,
-        "vllm", "auto", 0.0, 0.0, False, (),
-    )  # fmt: skip
+    serving = fields_of(ctx, ServeRequest) | {"commitment_months": ()}
+    ask = ServeRequest.model_validate(serving).ask()  # what `frugal serve plan` is asked
     spec, arriving = ask.spec, ask.rate
     offers = select_offers(providers_csv=providers)
     p = plan(ask, offers)

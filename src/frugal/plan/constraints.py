@@ -15,7 +15,7 @@ from frugal.errors import FrugalError
 from frugal.hardware.gpus import MARGIN
 from frugal.hardware.offers import Offer
 from frugal.step.job import Method, Optimizer
-from frugal.validation import RANGE_ERRORS, problem
+from frugal.validation import refusal
 
 SpotMode = Literal["auto", "only", "never"]
 
@@ -110,14 +110,14 @@ class Constraints(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as e:
-            loc, kind, msg = problem(e, cls)
-            name = str((loc or ("",))[0])
-            field = cls.model_fields.get(name)
-            extra = field.json_schema_extra if field else None
-            flag = extra["flag"] if isinstance(extra, dict) else "--" + name.replace("_", "-")
-            if kind == "value_error" or kind in RANGE_ERRORS:  # names the value first
-                raise FrugalError(f"{flag} {msg}") from None
-            raise FrugalError(f"{flag}: {msg}") from None
+            raise FrugalError(refusal(e, cls, _flag)) from None
+
+
+def _flag(name: str) -> str:
+    """The `frugal plan` option of a Constraints field."""
+    field = Constraints.model_fields.get(name)
+    extra = field.json_schema_extra if field else None
+    return str(extra["flag"]) if isinstance(extra, dict) else "--" + name.replace("_", "-")
 
 
 def node_network(offer: Offer, k: Constraints) -> tuple[float, str]:

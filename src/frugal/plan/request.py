@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from frugal.config import DataConfig, RunConfig
 from frugal.data.count import count_tokens
@@ -40,19 +40,10 @@ from frugal.plan.relax import Ask, explain
 from frugal.plan.search import search
 from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import TrainJob, make_job
+from frugal.validation import Listed
 
 if TYPE_CHECKING:  # SQLAlchemy is imported once there is a plan to record
     from frugal.ledger.store import Ledger
-
-
-def _listed(value: Any) -> Any:
-    """A list given as people type it on a command line ("lora,qlora") or as a list."""
-    if isinstance(value, str):
-        return tuple(x.strip() for x in value.split(",") if x.strip())
-    return value
-
-
-Listed = Annotated[tuple[str, ...], BeforeValidator(_listed)]
 
 
 def _about(model: type[BaseModel], name: str) -> Any:
