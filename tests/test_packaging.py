@@ -84,7 +84,8 @@ def test_every_package_the_code_imports_is_declared(wheel: zipfile.ZipFile) -> N
 
 def test_the_wheel_ships_every_data_file_the_code_reads(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    data = (".json", ".csv", ".mako", ".html", ".js", ".css")  # catalogs, migrations, pages
+    data = (".json", ".csv", ".mako", ".html", ".js", ".css", ".j2")  # catalogs, migrations,
+    # pages, emitted scripts
     shipped = [p for p in SRC.rglob("*") if p.suffix in data and p.is_file()]
     shipped += list((SRC / "frugal" / "ledger" / "migrations").rglob("*.py"))
     assert len(shipped) > 40  # bundled model configs, GPU specs, offers, providers

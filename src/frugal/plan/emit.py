@@ -9,9 +9,11 @@ with the same hyperparameters and schedule as `frugal train` would, and the task
 from __future__ import annotations
 
 import math
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import yaml
 
 from frugal.config import PlanConfig, RunConfig
@@ -97,100 +99,32 @@ def hf_script(cfg: RunConfig, step_time_s: float) -> str:
             "--no-optimizer-in-backward"
         )
     base_dtype, _ = weight_dtypes(j)
-    dtype = str(base_dtype).removeprefix("torch.")
-    compute = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[j.compute_dtype]
-    attention = attention_kernel(load_spec(cfg.model).config, j)
-    every = save_steps(cfg, step_time_s)
-    minutes = (cfg.plan.checkpoint_interval_min if cfg.plan else None) or DEFAULT_CHECKPOINT_MIN
-    lines = [
-        "# transformers + peft + bitsandbytes equivalent of this frugal plan: python THIS_FILE",
-        f"# launch on {j.gpus} GPUs with: accelerate launch --num_processes {j.gpus} THIS_FILE"
-        if j.gpus > 1
-        else "# one GPU",
-        "import torch",
-        "from datasets import load_dataset",
-        "from transformers import (AutoModelForCausalLM, AutoTokenizer, "
-        "DataCollatorForLanguageModeling,",
-        "                          Trainer, TrainingArguments)",
-        "",
-        f"MODEL = {cfg.model!r}",
-        f"DATA = {cfg.data.path or 'train.jsonl'!r}  # JSONL rows: text, prompt/completion "
-        "or messages",
-        f"SEQ = {j.seq}",
-    ]
-    if j.method == "qlora":
-        lines += [
-            "from transformers import BitsAndBytesConfig",
-            "",
-            "quantization_config = BitsAndBytesConfig(",
-            "    load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True,",
-            f"    bnb_4bit_compute_dtype=torch.{compute}, llm_int8_skip_modules=['lm_head'])",
-        ]
-    else:
-        lines.append("quantization_config = None")
-    if j.method != "full":
-        lines += [
-            "from peft import LoraConfig, get_peft_model",
-            "",
-            f"lora_config = LoraConfig(r={j.lora_r}, lora_alpha={j.alpha}, "
-            f"lora_dropout={j.lora_dropout}, target_modules={j.target_modules!r}, "
-            "task_type='CAUSAL_LM')",
-        ]
-    fsdp = "\n    fsdp='full_shard auto_wrap'," if j.gpus > 1 and j.sharding == "fsdp" else ""
-    lines += [
-        "args = TrainingArguments(",
-        "    output_dir='runs/hf',",
-        f"    per_device_train_batch_size={j.batch},",
-        f"    gradient_accumulation_steps={j.grad_accum},",
-        f"    num_train_epochs={cfg.data.epochs},",
-        f"    learning_rate={t.learning_rate}, lr_scheduler_type={HF_SCHEDULE[t.schedule]!r}, "
-        f"warmup_steps={t.warmup_ratio},  # below 1: a share of the steps",
-        f"    weight_decay={t.weight_decay}, max_grad_norm={t.max_grad_norm}, "
-        f"optim={HF_OPTIM[j.optimizer]!r}, seed={t.seed},",
-        f"    bf16={j.precision.startswith('bf16')}, fp16={j.precision == 'fp16-mixed'},",
-        f"    gradient_checkpointing={j.grad_checkpointing},",
-        "    gradient_checkpointing_kwargs={'use_reentrant': False},",
-        f"    save_steps={every},  # every {minutes:.0f} min at the plan's {step_time_s:.2f} s "
-        "per step",
-        f"    save_total_limit={t.keep_checkpoints}, logging_steps={t.log_every}, "
-        f"report_to='none',{fsdp}",
-        "    use_cpu=not torch.cuda.is_available(),",
-        ")",
-        "",
-        "",
-        "def text_of(row, tok):",
-        "    if row.get('messages'):",
-        "        return tok.apply_chat_template(row['messages'], tokenize=False)",
-        "    if row.get('prompt') is not None or row.get('completion') is not None:",
-        "        return (row.get('prompt') or '') + (row.get('completion') or '') + tok.eos_token",
-        "    return row['text'] + tok.eos_token",
-        "",
-        "",
-        "def main():",
-        "    tok = AutoTokenizer.from_pretrained(MODEL)",
-        "    if tok.pad_token is None:",
-        "        tok.pad_token = tok.eos_token",
-        "    model = AutoModelForCausalLM.from_pretrained(",
-        f"        MODEL, dtype=torch.{dtype}, attn_implementation={attention!r},",
-        "        quantization_config=quantization_config)",
-        "    model.config.use_cache = False",
-    ]
-    if j.method != "full":
-        lines.append("    model = get_peft_model(model, lora_config)")
-        if j.grad_checkpointing:
-            lines.append("    model.enable_input_require_grads()")
-    lines += [
-        "    data = load_dataset('json', data_files=DATA)['train']",
-        "    data = data.map(lambda row: tok(text_of(row, tok), truncation=True, max_length=SEQ),",
-        "                    remove_columns=data.column_names)",
-        "    collator = DataCollatorForLanguageModeling(tok, mlm=False)",
-        "    Trainer(model=model, args=args, train_dataset=data, data_collator=collator).train()",
-        "",
-        "",
-        "if __name__ == '__main__':",
-        "    main()",
-    ]
-    return "\n".join(lines) + "\n"
+    return render(
+        "train_hf.py.j2", cfg=cfg, j=j, t=t, step_time_s=step_time_s,
+        dtype=str(base_dtype).removeprefix("torch."),
+        compute={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[j.compute_dtype],
+        attention=attention_kernel(load_spec(cfg.model).config, j),
+        every=save_steps(cfg, step_time_s), schedule=HF_SCHEDULE[t.schedule],
+        optim=HF_OPTIM[j.optimizer],
+        minutes=(cfg.plan.checkpoint_interval_min if cfg.plan else None) or DEFAULT_CHECKPOINT_MIN,
+    )  # fmt: skip
+
+
+def render(template: str, **values: Any) -> str:
+    """An emitted file from its template in plan/templates (Jinja2; `py` writes a value as
+    Python source)."""
+    return _templates().get_template(template).render(**values)
+
+
+@cache
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("frugal.plan", "templates"),
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined, autoescape=False,  # Python and shell, not HTML
+    )  # fmt: skip
+    env.filters["py"] = repr
+    return env
 
 
 def _resources(offer: Offer, spot: bool) -> dict[str, Any]:
@@ -340,57 +274,10 @@ def modal_app(plan: Plan, run_config: str) -> str:
             f"--emit modal: one Modal container takes at most {most}x {plan.offer.gpu.name}; "
             f"the plan needs {plan.gpus} on {plan.nodes} machine(s): plan with --providers modal"
         )
-    extras = "[train]" if needs_bitsandbytes(plan.job) else ""
-    attempts = math.ceil(plan.hours * 3600 / MODAL_TIMEOUT_S) + 2  # a cut each day, 2 spare
-    config = Path(run_config).name
-    lines = [
-        f'"""Modal app written by frugal plan: `frugal train {config}` on {plan.gpus}x '
-        f"{plan.offer.gpu.name} ({plan.hours:.2f} h planned).",
-        "",
-        f"Run it from the frugal checkout that holds {config}: modal run {{this file}}",
-        "The run directory lives on the Modal Volume 'frugal-runs'; a preempted or timed-out",
-        'attempt is retried and resumes from its last checkpoint (--resume auto)."""',
-        "",
-        "import subprocess",
-        "",
-        "import modal",
-        "",
-        f"GPU = {f'{name}:{plan.gpus}'!r}",
-        f"CONFIG = {run_config!r}  # the run config frugal plan --write wrote",
-        "RUNS = '/runs'",
-        "",
-        "app = modal.App('frugal-train')",
-        "runs = modal.Volume.from_name('frugal-runs', create_if_missing=True)",
-        "image = (",
-        "    modal.Image.debian_slim(python_version='3.11')",
-        "    .add_local_dir('.', '/frugal', copy=True, ignore=['.venv', '.git', 'runs'])",
-        f"    .run_commands(\"pip install '/frugal{extras}'\")",
-        f"    .add_local_file(CONFIG, '/config/{config}')",
-        ")",
-        "",
-        "",
-        "@app.function(",
-        "    gpu=GPU,",
-        "    image=image,",
-        "    volumes={RUNS: runs},",
-        f"    cpu={MODAL_CORES_PER_GPU * plan.gpus:g},  # physical cores, as frugal priced them",
-        f"    memory={int(MODAL_GIB_PER_GPU * plan.gpus * 1024)},  # MiB",
-        f"    timeout={MODAL_TIMEOUT_S},",
-        f"    retries=modal.Retries(max_retries={attempts}, initial_delay=10.0),",
-        ")",
-        "def train() -> None:",
-        "    try:",
-        "        subprocess.run(",
-        f"            ['frugal', 'train', '/config/{config}', 'output_dir=' + RUNS + '/frugal',",
-        "             '--resume', 'auto'],",
-        "            check=True,",
-        "        )",
-        "    finally:",
-        "        runs.commit()  # what was written, kept for the next attempt and for you",
-        "",
-        "",
-        "@app.local_entrypoint()",
-        "def main() -> None:",
-        "    train.remote()",
-    ]
-    return "\n".join(lines) + "\n"
+    return render(
+        "modal_app.py.j2", plan=plan, run_config=run_config, config=Path(run_config).name,
+        gpu=f"{name}:{plan.gpus}", extras="[train]" if needs_bitsandbytes(plan.job) else "",
+        cores=MODAL_CORES_PER_GPU * plan.gpus,
+        memory_mib=int(MODAL_GIB_PER_GPU * plan.gpus * 1024), timeout_s=MODAL_TIMEOUT_S,
+        attempts=math.ceil(plan.hours * 3600 / MODAL_TIMEOUT_S) + 2,  # a cut each day, 2 spare
+    )  # fmt: skip

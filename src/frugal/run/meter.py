@@ -27,6 +27,12 @@ from frugal.formats import usd
 
 
 class CostMeter:
+    """The run's dollars and hours, and the one authority on its limits: its budget
+    (`budget_usd`), what its stop budgets have left for it (the books say it, and it is
+    shared with the other runs of their scope), and `max_hours`."""
+
+    LIMITS = ("budget", "stop budget", "max hours")  # the order `crossed` says them in
+
     def __init__(
         self,
         usd_per_hour: float | None,
@@ -34,9 +40,11 @@ class CostMeter:
         spent_before_usd: float = 0.0,
         elapsed_before_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        max_hours: float | None = None,
     ) -> None:
         self.rate = (usd_per_hour or 0.0) / 3600.0
         self.budget = budget_usd
+        self.max_hours = max_hours
         self.before_usd, self.before_s = spent_before_usd, elapsed_before_s
         self.clock = clock
         self.t0 = clock()
@@ -50,10 +58,29 @@ class CostMeter:
     def left_usd(self) -> float | None:
         return None if self.budget is None else self.budget - self.spent_usd()
 
-    def would_exceed(self, next_step_s: float, save_s: float) -> bool:
-        """Would one more step and a final checkpoint cross the budget?"""
-        left = self.left_usd()
-        return left is not None and (next_step_s + save_s) * self.rate > left
+    def crossed(self, then_s: float, shared_usd: float | None = None) -> list[bool]:
+        """Which limits `then_s` more seconds (the next piece of work and a clean stop)
+        would cross, in LIMITS' order; `shared_usd`: the meter's dollars at which the
+        run's stop budgets say it must have stopped."""
+        reach = self.spent_usd() + then_s * self.rate
+        return [
+            self.budget is not None and reach > self.budget,
+            shared_usd is not None and reach > shared_usd,
+            self.max_hours is not None and self.elapsed_s() + then_s > 3600 * self.max_hours,
+        ]
+
+    def why(self, limit: int, shared: str | None = None) -> str:
+        """Why a run stops at limit `limit` (crossed here or on another process); `shared`:
+        the stop budget's name, where this process keeps the books."""
+        if limit == 0:
+            return f"the next step would cross the ${self.budget or 0:,.2f} budget"
+        if limit == 1:
+            name = shared or "a budget on another process"
+            return (
+                f"the next step would cross stop budget {name}, shared by its scope's runs "
+                "(frugal budget list)"
+            )
+        return f"the next step would cross max_hours={self.max_hours or 0:.4g} h"
 
     def projected_usd(self, steps_left: int, step_s: float) -> float:
         return self.spent_usd() + steps_left * step_s * self.rate

@@ -409,7 +409,8 @@ def _session(
     preflight's tags and warnings, on the main process)."""
     if dry_run and pre is not None:
         shutil.rmtree(out, ignore_errors=True)  # measurements only: the run's files stay
-    meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=clock)  # bills setup too
+    meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=clock,
+                      max_hours=cfg.training.max_hours)  # bills setup too  # fmt: skip
     books = None
     if pre is not None:  # on the books before setup, so a budget's other runs see it
         books = RunBooks(cfg, pre.tags, out, bool(dry_run), Progress(0, False).alert)
@@ -690,79 +691,79 @@ class Loop:
         return self.finish()
 
     def decide(self) -> Action:
-        """What comes next; on STOP, `outcome` and `reason` say why."""
+        """What comes next; on STOP, `outcome` and `reason` say why. The stop rules, in the
+        order they win: a stop signal, no progress, a money or hours limit (the meter's),
+        the session's time; every process sees what any of them saw."""
         if self.stopped:
             return Action.STOP
-        st, t, step = self.state, self.run.cfg.training, self.state.step
-        times = st.step_times
-        # the guards plan for a slow step: the slowest of the last ten (the first step of a
-        # session, with its warm-up, only while it is the only one), or the expected before any,
-        # plus their spread: on a busy host the next one may be slower than any seen yet
-        recent = times[1:] if len(times) > 1 else times
-        slow = 2 * max(recent) - min(recent) if recent else self.expected_s
-        if self.eval_due:
-            nxt = self.eval_s if self.eval_s is not None else slow * len(
-                self.run.val_batches) / max(1, t.effective_batch) / 2  # fmt: skip
-        else:
-            nxt = slow if step < self.total else 0.0
-        # a clean stop: a checkpoint and the weights, as slow as the slowest save, and slower
-        # by as much as the steps now vary (a host that slows the steps slows the saves too)
-        stop_s = 2 * self.save_s * (max(recent) / min(recent) if recent else 1.0)
-        limit = t.max_time_min
+        st, t = self.state, self.run.cfg.training
+        nxt, stop_s = self._forecast()
         now = self.clock()
         then = nxt + stop_s  # the next piece of work, then a clean stop
         cap = self._books(now, then)
-        meter = self.meter
         orphan = orphaned()
-        sig, over_budget, over_scope, over_hours, idle, over_time, save_due = _global_sum(
+        limits = self.meter.crossed(then, cap.limit_usd if cap else None)
+        late = t.max_time_min is not None and now - self.session_t0 + nxt > 60 * t.max_time_min
+        sig, idle, *over, over_time, save_due = _global_sum(
             self.run,
             float(self.stop.signal is not None or orphan),
-            float(meter.would_exceed(nxt, stop_s)),
-            float(cap is not None and meter.spent_usd() + then * meter.rate > cap.limit_usd),
-            float(t.max_hours is not None and meter.elapsed_s() + then > 3600 * t.max_hours),
             float(self.dog is not None and self.dog.idle),
-            float(limit is not None and now - self.session_t0 + nxt > 60 * limit),
-            float(
-                not self.dry_run
-                and step < self.total
-                and step != self.saved_step  # nothing new to save yet
-                and now - self.last_save >= self.save_every_s
-            ),
+            *map(float, limits),
+            float(late),
+            float(self._save_due(now)),
         )
         if sig:
-            before = " before the first step: nothing to save" if step == 0 else ""
-            got = self.stop.signal or "on another process"
-            why = "this node's launcher is gone" if orphan and not self.stop.signal else ""
-            return self._stop("preempted", f"{why or f'signal {got}'}{before}")
+            return self._stop("preempted", self._signalled(orphan))
         if idle:
             return self._stop(
                 "idle-stopped", f"nothing progressed for {t.idle_stop_min:g} min (idle_stop_min)"
             )
-        work_left = self.eval_due or step < self.total
-        if over_budget and work_left:
-            budget = self.run.cfg.budget_usd or 0.0
-            return self._stop(
-                "budget-stopped", f"the next step would cross the ${budget:,.2f} budget"
-            )
-        if over_scope and work_left:
-            name = cap.budget if cap else "a budget on another process"
-            return self._stop(
-                "budget-stopped", f"the next step would cross stop budget {name}, shared by "
-                "its scope's runs (frugal budget list)",
-            )  # fmt: skip
-        if over_hours and work_left:
-            return self._stop(
-                "budget-stopped", f"the next step would cross max_hours={t.max_hours:.4g} h"
-            )
-        if over_time and step < self.total:
-            return self._stop("completed", f"max_time_min={limit} reached in this session")
+        work_left = self.eval_due or st.step < self.total
+        for limit, hit in enumerate(over):
+            if hit and work_left:
+                return self._stop(
+                    "budget-stopped", self.meter.why(limit, cap.budget if cap else None)
+                )
+        if over_time and st.step < self.total:
+            return self._stop("completed", f"max_time_min={t.max_time_min} reached in this session")
         if self.eval_due:
             return Action.EVALUATE
         if save_due:
             return Action.CHECKPOINT
-        if step >= self.total:
-            return Action.STOP
-        return Action.STEP
+        return Action.STOP if st.step >= self.total else Action.STEP
+
+    def _forecast(self) -> tuple[float, float]:
+        """How long the next piece of work and a clean stop after it may take. The guards
+        plan for a slow step: the slowest of the last ten (the first step of a session,
+        with its warm-up, only while it is the only one), or the expected before any, plus
+        their spread: on a busy host the next one may be slower than any seen yet. A clean
+        stop, a checkpoint and the weights, is as slow as the slowest save, and slower by
+        as much as the steps now vary (a host that slows the steps slows the saves too)."""
+        times = self.state.step_times
+        recent = times[1:] if len(times) > 1 else times
+        slow = 2 * max(recent) - min(recent) if recent else self.expected_s
+        if self.eval_due:
+            per = max(1, self.run.cfg.training.effective_batch)
+            nxt = self.eval_s if self.eval_s is not None else (
+                slow * len(self.run.val_batches) / per / 2)  # fmt: skip
+        else:
+            nxt = slow if self.state.step < self.total else 0.0
+        return nxt, 2 * self.save_s * (max(recent) / min(recent) if recent else 1.0)
+
+    def _save_due(self, now: float) -> bool:
+        step = self.state.step
+        return (
+            not self.dry_run
+            and step < self.total
+            and step != self.saved_step  # nothing new to save yet
+            and now - self.last_save >= self.save_every_s
+        )
+
+    def _signalled(self, orphan: bool) -> str:
+        before = " before the first step: nothing to save" if self.state.step == 0 else ""
+        got = self.stop.signal or "on another process"
+        why = "this node's launcher is gone" if orphan and not self.stop.signal else ""
+        return f"{why or f'signal {got}'}{before}"
 
     def _books(self, now: float, then: float) -> Cap | None:
         """A heartbeat when one is due, or when the work until the next check (`then`
