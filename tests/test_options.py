@@ -93,6 +93,34 @@ def test_a_command_asks_its_apis_request_with_its_defaults(command: str, request
         assert params[field_name].default == want, (field_name, params[field_name].default, want)
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["plan", "", "--tokens", "5M"], "MODEL: give a value, not an empty string"),
+        (["estimate", ""], "MODEL: give a value, not an empty string"),
+        (["serve", "plan", "", "--rate", "1", "--input-len", "9", "--output-len", "9"],
+         "MODEL: give a value, not an empty string"),
+        (["plan", "meta-llama/Llama-3.2-1B", "--tokens", "5M", "--methods", ",,"],
+         "--methods: give at least one, comma-separated"),
+        (["plan", "meta-llama/Llama-3.2-1B", "--tokens", "5M", "--providers", ","],
+         "--providers: give at least one, comma-separated"),
+        (["serve", "plan", "meta-llama/Llama-3.1-8B", "--rate", "1", "--input-len", "9",
+          "--output-len", "9", "--commitment-months", "200"],
+         "--commitment-months 200: give a whole number from 1 to 120, e.g. 12,36"),
+    ],
+    ids=["plan-model", "estimate-model", "serve-model", "methods", "providers", "months"],
+)  # fmt: skip
+def test_a_request_the_options_make_badly_is_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """An empty MODEL or list, or a bad item of a list, is refused by the request the
+    options make: one line naming the option (an empty --methods was an internal error
+    before, and an empty MODEL was read as the current directory)."""
+    from conftest import run_error
+
+    assert run_error(capsys, *argv) == f"error: {said}"
+
+
 def test_the_plan_and_the_run_config_share_the_effective_batch_default() -> None:
     from frugal.config import TrainingConfig
 

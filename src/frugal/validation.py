@@ -142,6 +142,10 @@ def problem(e: ValidationError, model: type[BaseModel]) -> tuple[tuple[Any, ...]
         given = err.get("input")
         number = isinstance(given, int | float) and not isinstance(given, bool)
         msg = f"{given if number else repr(given)}: give {Number.of(field).accepts()}"
+    elif kind == "too_short":  # a list, typed or written "a,b"
+        msg = "give at least one, comma-separated"
+    elif kind == "string_too_short" and err.get("input") == "":
+        msg = "give a value, not an empty string"
     elif kind != "value_error":  # pydantic's own sentence, as part of ours
         msg = msg[:1].lower() + msg[1:]
     return loc, kind, msg

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from frugal.cli import print_json
-from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, option
+from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, option, request_of
 from frugal.estimate.request import EstimateRequest, make_estimate
 from frugal.formats import si
 from frugal.step.job import TrainJob, make_job
@@ -44,7 +44,7 @@ def estimate(
 ) -> None:
     """Exact per-GPU training memory and FLOPs of one step, without a GPU or weights."""
     job = make_job(**fields_of(ctx, TrainJob))  # each option named as the job's field
-    est = make_estimate(EstimateRequest(model=model, job=job, gpu=gpu, gpu_memory=gpu_memory))
+    est = make_estimate(request_of(ctx, EstimateRequest, job=job))
     if json_out:
         print_json(est.to_json())
     else:

@@ -86,11 +86,17 @@ def fields_of(ctx: typer.Context, model: type[BaseModel]) -> dict[str, Any]:
     return {k: v for k, v in ctx.params.items() if k in model.model_fields}
 
 
-def request_of(ctx: typer.Context, request: type[R]) -> R:
+def request_of(ctx: typer.Context, request: type[R], **made: Any) -> R:
     """The typed request a command's options make: each option that is one of the
-    request's fields is named as the field (an option not given, None, is left out)."""
-    given = {k: v for k, v in fields_of(ctx, request).items() if v is not None}
+    request's fields is named as the field (an option not given, None, is left out);
+    `made`: fields the command built itself (the step of `estimate`)."""
+    given = {k: v for k, v in fields_of(ctx, request).items() if v is not None} | made
     try:
         return request.model_validate(given)
     except ValidationError as e:
-        raise FrugalError(refusal(e, request)) from None
+        raise FrugalError(refusal(e, request, _flag)) from None
+
+
+def _flag(field: str) -> str:
+    """A request field as the command line names it: MODEL is the argument."""
+    return "MODEL" if field == "model" else "--" + field.replace("_", "-")

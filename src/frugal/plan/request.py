@@ -70,7 +70,9 @@ class PlanRequest(BaseModel):
     # the step (TrainJob checks them); None: the search tries what fits
     seq: int = _about(TrainJob, "seq")
     method: str = _about(TrainJob, "method")
-    methods: Listed | None = Field(None, description="methods to compare [default: --method]")
+    methods: Listed | None = Field(
+        None, min_length=1, description="methods to compare [default: --method]"
+    )
     precision: str = _about(TrainJob, "precision")
     optimizers: Listed = _about(Constraints, "optimizers")
     lora_r: int | None = _unset(TrainJob, "lora_r")
@@ -96,7 +98,9 @@ class PlanRequest(BaseModel):
     data_gb: float | None = Field(None, description="the dataset's size, GB [default: measured]")
     # the offers
     offers: tuple[str, ...] = Field((), description="offers CSVs that add to the catalog")
-    providers: Listed | None = Field(None, description="providers to consider [default: all]")
+    providers: Listed | None = Field(
+        None, min_length=1, description="providers to consider [default: all]"
+    )
     include_suspicious: bool = Field(False, description="plan with suspicious offers too")
     discount: tuple[str, ...] = Field((), description="PROVIDER=PERCENT off, e.g. aws=15")
     local: tuple[str, ...] = Field((), description="your own GPUs, e.g. '2x RTX 4090'")

@@ -89,7 +89,9 @@ class ServeRequest(BaseModel):
     commitment_months: Months = Field(
         (12,), description="commitment terms to price, months, comma-separated ('' for none)"
     )
-    providers: Listed | None = Field(None, description="providers to consider [default: all]")
+    providers: Listed | None = Field(
+        None, min_length=1, description="providers to consider [default: all]"
+    )
     offers: tuple[str, ...] = Field((), description="offers CSVs that add to the catalog")
     discount: tuple[str, ...] = Field((), description="PROVIDER=PERCENT off, e.g. aws=15")
 
