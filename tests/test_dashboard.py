@@ -145,16 +145,28 @@ def test_a_plan_asked_of_the_api_is_the_commands_plan_on_the_books(
 @pytest.mark.parametrize(
     ("body", "headers", "status", "said"),
     [
-        (PLAN_ASKED | {"budget": -1}, {}, 422, "--budget -1.0: give a number above 0"),
+        (PLAN_ASKED | {"budget": -1}, {}, 422, "--budget -1: give a number above 0"),
+        (PLAN_ASKED | {"epochs": 0}, {}, 422, "--epochs 0: give a number above 0"),
+        (PLAN_ASKED | {"bogus": 1}, {}, 422, "--bogus: extra inputs are not permitted"),
+        ([PLAN_ASKED], {}, 422, "the request: input should be a valid dictionary"),
         (PLAN_ASKED | {"budget": 0.001}, {}, 422, "these would give a plan: --budget"),
         ({"model": "meta-llama/Llama-3.2-1B"}, {}, 422, "give the amount of training"),
         (PLAN_ASKED | {"methods": "lora,bogus"}, {}, 422, "--method: input should be"),
         (PLAN_ASKED, {"content-type": "text/plain"}, 415, "application/json"),
     ],
-    ids=["bad-number", "no-plan", "no-tokens", "bad-method", "not-json"],
+    ids=[
+        "bad-number",
+        "bad-epochs",
+        "unknown-field",
+        "not-an-object",
+        "no-plan",
+        "no-tokens",
+        "bad-method",
+        "not-json",
+    ],
 )
 def test_a_plan_the_api_cannot_make_is_one_line_and_not_on_the_books(
-    client: TestClient, body: dict[str, Any], headers: dict[str, str], status: int, said: str
+    client: TestClient, body: Any, headers: dict[str, str], status: int, said: str
 ) -> None:
     got = client.post("/api/plans", content=json.dumps(body),
                       headers={"content-type": "application/json"} | headers)  # fmt: skip

@@ -159,6 +159,8 @@ def refusal(e: ValidationError, model: type[BaseModel], flag: Callable[[str], st
     should be 'cost' or 'time'")."""
     loc, kind, msg = problem(e, model)
     name = str((loc or ("",))[0])
+    if not name:  # the whole of it: not an object of fields
+        return f"the request: {msg}"
     said = flag(name) if flag else "--" + name.replace("_", "-")
     if kind == "value_error" or kind in RANGE_ERRORS:  # names the value first
         return f"{said} {msg}"

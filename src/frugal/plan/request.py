@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from frugal import counts
 from frugal.config import DataConfig, RunConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
@@ -47,10 +48,12 @@ if TYPE_CHECKING:  # SQLAlchemy is imported once there is a plan to record
 
 
 def _about(model: type[BaseModel], name: str) -> Any:
-    """A request field that is `model.name`, with its default and description, checked
-    there (a request holds what was given; the schema says whether it is right)."""
+    """A request field that is `model.name`, with its default, description and range (a
+    request holds what was given; the schema checks the rest: a name, a duration)."""
     f = model.model_fields[name]
-    return Field(f.get_default(call_default_factory=True), description=f.description)
+    bounds = {k: getattr(m, k) for m in f.metadata for k in ("ge", "gt", "le", "lt")
+              if getattr(m, k, None) is not None}  # fmt: skip
+    return Field(f.get_default(call_default_factory=True), description=f.description, **bounds)
 
 
 def _unset(model: type[BaseModel], name: str) -> Any:
@@ -64,7 +67,9 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(min_length=1, description="a bundled hub id, a local dir or config.json")
-    tokens: float | None = Field(None, description="training tokens per epoch, e.g. 20M")
+    tokens: float | None = Field(
+        None, ge=1, le=counts.MOST, description="training tokens per epoch, e.g. 20M"
+    )
     dataset: str | None = Field(None, description="or: a .jsonl/.csv/.parquet file to count")
     epochs: float = _about(DataConfig, "epochs")
     # the step (TrainJob checks them); None: the search tries what fits

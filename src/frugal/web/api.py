@@ -11,7 +11,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from frugal.errors import FrugalError
@@ -21,6 +22,7 @@ from frugal.ledger.report import OUTCOMES, RUNNING, daily_spend_by, report
 from frugal.ledger.schema import Heartbeat, PlanRecord, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
 from frugal.plan.request import PlanRequest, make_plan
+from frugal.validation import refusal
 
 router = APIRouter(prefix="/api")
 METRICS_TAIL = 2000  # the newest metric lines of a run a page is sent
@@ -241,12 +243,20 @@ def json_body(request: Request) -> None:
         raise HTTPException(status_code=415, detail="send the request as application/json")
 
 
-@router.post("/plans", dependencies=[Depends(json_body)])
-def new_plan(request: Request, asked: PlanRequest) -> dict[str, Any]:
+PLAN_SCHEMA = PlanRequest.model_json_schema()  # the body, described as the model it is
+PLAN_BODY = {"required": True, "content": {"application/json": {"schema": PLAN_SCHEMA}}}
+
+
+@router.post("/plans", dependencies=[Depends(json_body)],
+             openapi_extra={"requestBody": PLAN_BODY})  # fmt: skip
+def new_plan(request: Request, asked: Annotated[Any, Body()]) -> dict[str, Any]:
     """Plan a fine-tune, as `frugal plan` does (the same request, named as its options are;
-    the same JSON out), and record the plan on these books."""
+    the same JSON out), and record the plan on these books. A bad request is one line, as
+    the command says it."""
     try:
-        out = make_plan(asked, ledger(request))
+        out = make_plan(PlanRequest.model_validate(asked), ledger(request))
+    except ValidationError as e:
+        raise HTTPException(status_code=422, detail=refusal(e, PlanRequest)) from None
     except FrugalError as e:
         raise _bad(e) from None
     return out.to_json() | {"plan_id": out.plan_id, "tags": out.tags}
