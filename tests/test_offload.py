@@ -151,7 +151,7 @@ def test_plan_offloads_where_nothing_else_fits(capsys: pytest.CaptureFixture[str
 
 def test_the_plans_techniques_come_one_at_a_time_cheapest_in_time_first() -> None:
     from frugal.plan.constraints import Constraints
-    from frugal.plan.search import TECHNIQUES, _next_technique
+    from frugal.plan.fit import TECHNIQUES, _next_technique
 
     spec = load_spec("meta-llama/Llama-3.1-8B")
     k = Constraints(tokens=1e6)

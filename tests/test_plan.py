@@ -404,7 +404,7 @@ def test_without_checkpointing_is_not_simulated_where_checkpointing_does_not_fit
 ) -> None:
     """Turning checkpointing off never needs less memory (checked on the tiny model for each
     method), so a set-up that does not fit with it is not simulated without it."""
-    import frugal.plan.search as s
+    import frugal.plan.fit as s
     from frugal.estimate.core import estimate
 
     for method in ("full", "lora", "qlora"):
