@@ -35,9 +35,9 @@ from frugal.estimate.overheads import load_overheads
 from frugal.estimate.throughput import step_time
 from frugal.hardware.gpus import GIB, GPU, lookup_gpu, memory_budget
 from frugal.hardware.offers import Offer, bundled_offers
-from frugal.ledger.calibrate import Profiles, run_job
 from frugal.ledger.periods import parse_period
 from frugal.ledger.report import LOST
+from frugal.ledger.samples import Profiles, run_job
 from frugal.ledger.schema import PlanRecord, RunRecord
 from frugal.ledger.store import Ledger, aware
 
