@@ -307,7 +307,7 @@ def test_plan_turns_the_chunked_loss_on_where_the_plain_loss_does_not_fit(
     # asked for the plain loss: no plan on a 24 GB card at this length (the search alone:
     # the command's error would also try every relaxation)
     from frugal.errors import FrugalError
-    from frugal.hardware.offers import select_offers
+    from frugal.hardware.catalog import select_offers
     from frugal.models.specs import load_spec
     from frugal.plan.constraints import Constraints
     from frugal.plan.search import search

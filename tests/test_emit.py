@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import free_port, run_json, skypilot_validator
 
-from frugal.hardware.offers import catalog
+from frugal.hardware.catalog import catalog
 from frugal.models.specs import ModelSpec
 from frugal.plan.constraints import Constraints
 from frugal.plan.emit import hf_script, save_steps, skypilot_task, to_run_config

@@ -11,7 +11,8 @@ import yaml
 from conftest import ROOT, run_error, run_json, skypilot_validator
 
 from frugal.config import validate_run_config
-from frugal.hardware.offers import bundled_offers, catalog
+from frugal.hardware.catalog import catalog
+from frugal.hardware.offers import bundled_offers
 from frugal.models.specs import ModelSpec
 from frugal.plan.constraints import Constraints
 from frugal.plan.search import search

@@ -209,7 +209,7 @@ def test_spot_that_never_finishes_is_not_planned() -> None:
 
 
 def test_a_spot_only_plan_that_never_finishes_says_so(tiny_llama: Any) -> None:
-    from frugal.hardware.offers import select_offers
+    from frugal.hardware.catalog import select_offers
     from frugal.plan.constraints import Constraints
     from frugal.plan.plans import Infeasible
     from frugal.plan.search import search

@@ -7,15 +7,9 @@ from pathlib import Path
 import pytest
 
 from frugal.errors import FrugalError
+from frugal.hardware.catalog import catalog, local_offer, select_offers
 from frugal.hardware.gpus import find_gpu, gpus, lookup_gpu
-from frugal.hardware.offers import (
-    bundled_offers,
-    catalog,
-    local_offer,
-    providers,
-    read_price_file,
-    select_offers,
-)
+from frugal.hardware.offers import bundled_offers, providers, read_price_file
 
 HEADER = "provider,instance,gpu,gpus,ondemand_usd_h,spot_usd_h,region\n"
 

@@ -12,7 +12,7 @@ from conftest import run_error, run_json
 from frugal.cli.main import main
 from frugal.config import load_run_config
 from frugal.errors import FrugalError
-from frugal.hardware.offers import catalog
+from frugal.hardware.catalog import catalog
 from frugal.models.specs import ModelSpec, load_spec
 from frugal.plan.constraints import Constraints
 from frugal.plan.plans import pareto
@@ -366,7 +366,7 @@ def _apply(argv: list[str], flags: dict[str, str | None]) -> list[str]:
 def test_every_suggested_change_gives_a_plan(
     capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
-    from frugal.hardware.offers import select_offers
+    from frugal.hardware.catalog import select_offers
     from frugal.plan.plans import Infeasible
     from frugal.plan.relax import Ask, suggest
 

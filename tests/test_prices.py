@@ -19,8 +19,9 @@ from conftest import run_error, run_json
 
 from frugal.cli.main import main
 from frugal.hardware import offers as offers_mod
+from frugal.hardware.catalog import select_offers
 from frugal.hardware.gpus import lookup_gpu
-from frugal.hardware.offers import Offer, base, bundled, parse_skypilot, select_offers
+from frugal.hardware.offers import Offer, base, bundled, parse_skypilot
 from frugal.hardware.refresh import SKYPILOT_FILES
 from frugal.hardware.sanity import suspicious
 from frugal.hardware.snapshot import header, offers_dir

@@ -12,8 +12,8 @@ import yaml
 from conftest import load_benchmark, run_error, run_json
 
 from frugal.errors import FrugalError
+from frugal.hardware.catalog import select_offers
 from frugal.hardware.gpus import GIB, find_gpu
-from frugal.hardware.offers import select_offers
 from frugal.models.specs import ModelSpec, load_spec
 from frugal.serve.engines import engines, find_engine
 from frugal.serve.estimate import Deployment, estimate

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from frugal.errors import FrugalError
-from frugal.hardware.offers import KWH_USD, Offer, bundled_offers, local_offer, providers
+from frugal.hardware.catalog import local_offer
+from frugal.hardware.offers import KWH_USD, Offer, bundled_offers, providers
 from frugal.plan.transfer import (
     DOWNLOAD_GBPS,
     UPLOAD_GBPS,

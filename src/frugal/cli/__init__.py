@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from frugal.hardware.offers import PriceBasis
+    from frugal.hardware.catalog import PriceBasis
 
 ARGV: list[str] = []  # the running command's arguments (`frugal train` relaunches them)
 

@@ -10,8 +10,9 @@ from rich.table import Table
 from frugal.cli import console, print_json, show_prices
 from frugal.cli.options import JSON_HELP, OFFERS_HELP, number
 from frugal.errors import FrugalError
+from frugal.hardware.catalog import price_basis, select_offers
 from frugal.hardware.gpus import gpus as all_gpus
-from frugal.hardware.offers import KWH_USD, base, price_basis, select_offers
+from frugal.hardware.offers import KWH_USD, base
 from frugal.hardware.refresh import SKYPILOT_FILES
 from frugal.hardware.refresh import update as refresh
 

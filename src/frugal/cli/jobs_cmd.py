@@ -13,7 +13,8 @@ from frugal.cli import console, print_json, show_prices
 from frugal.config import apply_overrides, validate_run_config
 from frugal.errors import FrugalError
 from frugal.files import check_dir, check_target, write_text_atomic
-from frugal.hardware.offers import Offer, price_basis
+from frugal.hardware.catalog import price_basis
+from frugal.hardware.offers import Offer
 from frugal.plan.constraints import Constraints
 from frugal.plan.emit import skypilot_jobs_task, to_run_config
 from frugal.plan.jobs import Packing

@@ -22,7 +22,8 @@ from frugal.config import DataConfig
 from frugal.errors import FrugalError
 from frugal.files import check_target
 from frugal.formats import as_count
-from frugal.hardware.offers import KWH_USD, select_offers
+from frugal.hardware.catalog import select_offers
+from frugal.hardware.offers import KWH_USD
 from frugal.plan.constraints import Constraints
 from frugal.plan.plans import Plan
 from frugal.plan.plot import check_plot_path

@@ -12,8 +12,8 @@ from frugal.cli import console, print_json, show_prices
 from frugal.cli.options import JSON_HELP, MODEL_HELP, OFFERS_HELP, number, option, request_of
 from frugal.errors import FrugalError
 from frugal.files import check_target, write_text_atomic
+from frugal.hardware.catalog import price_basis, select_offers
 from frugal.hardware.gpus import find_gpu
-from frugal.hardware.offers import price_basis, select_offers
 from frugal.models.specs import load_spec
 from frugal.serve import emit
 from frugal.serve.engines import find_engine

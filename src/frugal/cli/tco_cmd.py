@@ -10,7 +10,8 @@ from rich.table import Table
 from frugal.cli import console, print_json, show_prices
 from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, number, option, token_count
 from frugal.errors import FrugalError
-from frugal.hardware.offers import HOST_WATTS, KWH_USD, price_basis, select_offers
+from frugal.hardware.catalog import price_basis, select_offers
+from frugal.hardware.offers import HOST_WATTS, KWH_USD
 from frugal.plan.constraints import Constraints
 from frugal.plan.plans import Infeasible
 from frugal.plan.search import search

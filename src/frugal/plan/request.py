@@ -23,7 +23,8 @@ from frugal.config import DataConfig, RunConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
-from frugal.hardware.offers import KWH_USD, Offer, PriceBasis, price_basis, select_offers
+from frugal.hardware.catalog import PriceBasis, price_basis, select_offers
+from frugal.hardware.offers import KWH_USD, Offer
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import ModelSpec, load_spec
 from frugal.plan.constraints import Constraints

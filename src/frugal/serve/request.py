@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from frugal.errors import FrugalError
-from frugal.hardware.offers import PriceBasis, price_basis, select_offers
+from frugal.hardware.catalog import PriceBasis, price_basis, select_offers
 from frugal.models.specs import load_spec
 from frugal.serve import compare
 from frugal.serve.engines import find_engine
