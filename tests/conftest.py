@@ -182,16 +182,16 @@ def losses(out: Path) -> dict[int, float]:
 def one_second_steps(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     """A clock on which every training step takes exactly one second (and nothing else
     takes any time); pass it to `recipe.train`."""
-    from frugal.run import recipe
+    from frugal.run import training_loop
 
     now = [0.0]
-    real_step = recipe.train_step
+    real_step = training_loop.train_step
 
     def one_second_step(run: Any, step: int) -> dict[str, float]:
         now[0] += 1.0
         return real_step(run, step)
 
-    monkeypatch.setattr(recipe, "train_step", one_second_step)
+    monkeypatch.setattr(training_loop, "train_step", one_second_step)
     return lambda: now[0]
 
 

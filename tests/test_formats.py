@@ -51,7 +51,7 @@ HOMES = {
     "_iso": "ledger/periods.py",
     # names that said nothing of which one they were
     "Run": None,
-    "TrainingRun": "run/recipe.py",  # everything `frugal train` sets up
+    "TrainingRun": "run/steps.py",  # everything `frugal train` sets up
     "JobQuote": "plan/jobs.py",  # one job of a --jobs plan, priced on one offer
     "JobOnOffer": "ledger/schema.py",  # the columns a plan and a run share
     "Report": None,

@@ -16,7 +16,7 @@ from conftest import UNTIED_LLAMA, assert_same_weights, losses, make_cfg, run_er
 from frugal.errors import FrugalError
 from frugal.estimate.categories import CATEGORIES
 from frugal.estimate.tracker import StepTracker, tracking
-from frugal.run import recipe
+from frugal.run import recipe, training_loop
 from frugal.step.job import make_job
 from frugal.step.loop import Loss, PlainEngine, optimizer_step
 from frugal.step.model import build_model
@@ -202,6 +202,6 @@ def test_what_cannot_split_or_export_the_step_says_so() -> None:
     p = torch.nn.Parameter(torch.ones(2))
     run = SimpleNamespace(world=1, cfg=cfg, micro=8, optimizer=torch.optim.SGD([p]))
     with pytest.raises(FrugalError, match=r"cannot split: lower training\.effective_batch"):
-        recipe._back_off(run, None)
+        training_loop._back_off(run, None)
     with pytest.raises(FrugalError, match="--no-optimizer-in-backward"):
         hf_script(cfg, 1.0)

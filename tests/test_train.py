@@ -36,7 +36,7 @@ from conftest import (
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
-from frugal.run import predict, recipe
+from frugal.run import predict, recipe, steps, training_loop
 from frugal.run.summary import RunSummary
 from frugal.step import loop
 
@@ -168,7 +168,7 @@ def test_oom_backs_off_and_keeps_the_effective_batch(
         return real(model, batch)
 
     monkeypatch.setattr(loop, "forward", small_gpu)  # the training step's
-    monkeypatch.setattr(recipe, "forward", small_gpu)  # evaluation's
+    monkeypatch.setattr(steps, "forward", small_gpu)  # evaluation's
     out = tmp_path / "oom"
     s = recipe.train(make_cfg(out, "job.batch=4", *over), quiet=True)
     assert s.micro_batch == 2 and s.grad_accum == 4  # 4 x 2 became 2 x 4 on 1 process
@@ -195,14 +195,14 @@ def test_an_oom_attempt_is_released_before_its_memory_is_freed(
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, batch)
 
-    real_free, alive = recipe._free_memory, []
+    real_free, alive = steps._free_memory, []
 
     def free(run: recipe.TrainingRun) -> None:
         real_free(run)
         alive.append(any(r() is not None for r in held))
 
     monkeypatch.setattr(loop, "forward", runs_out)
-    monkeypatch.setattr(recipe, "_free_memory", free)
+    monkeypatch.setattr(training_loop, "_free_memory", free)
     s = recipe.train(make_cfg(tmp_path / "r", "job.batch=4", "training.max_steps=1"), quiet=True)
     assert s.micro_batch == 2 and alive == [False]
 
@@ -698,7 +698,8 @@ def test_budget_guard_plans_for_uneven_steps_and_saves(
     spread, so a step or a save slower than any before it still does not cross the
     budget."""
     now, finishing = [0.0], [False]
-    real_step, real_save, real_finish = recipe.train_step, ckpt.Checkpoints.save, recipe.Loop.finish
+    real_step, real_save = training_loop.train_step, ckpt.Checkpoints.save
+    real_finish = recipe.Loop.finish
 
     def uneven_step(run: Any, step: int) -> dict[str, float]:
         now[0] += steps[step]
@@ -713,7 +714,7 @@ def test_budget_guard_plans_for_uneven_steps_and_saves(
         finishing[0] = True
         return real_finish(self)
 
-    monkeypatch.setattr(recipe, "train_step", uneven_step)
+    monkeypatch.setattr(training_loop, "train_step", uneven_step)
     monkeypatch.setattr(ckpt.Checkpoints, "save", uneven_save)
     monkeypatch.setattr(recipe.Loop, "finish", finish)
     # $1 a second, a checkpoint after every step
@@ -729,7 +730,8 @@ def test_budget_guard_covers_the_first_step_from_the_estimate(
 ) -> None:
     # no plan: on a GPU the estimator predicts the step; here it says 8 x 96 tokens take 2 s,
     # and on the clock every step takes 1 s, at $1 a second
-    monkeypatch.setattr(recipe, "predict", lambda *a: predict.Prediction(tokens_per_s=384))
+    for where in (recipe, training_loop):
+        monkeypatch.setattr(where, "predict", lambda *a: predict.Prediction(tokens_per_s=384))
     over = ("data.epochs=5", "price_per_hour_usd=3600")
     s = recipe.train(
         make_cfg(tmp_path / "a", *over, "budget_usd=1.5"), quiet=True, clock=one_second_steps

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import make_cfg
 
-from frugal.run import recipe
+from frugal.run import recipe, training_loop
 
 pytestmark = pytest.mark.gpu
 
@@ -65,7 +65,7 @@ def test_the_peak_a_run_reports_leaves_out_an_attempt_that_ran_out_of_memory(
 ) -> None:
     import torch
 
-    real, calls = recipe.train_step, []
+    real, calls = training_loop.train_step, []
 
     def first_runs_out(run: recipe.TrainingRun, step: int) -> dict[str, float]:
         calls.append(step)
@@ -75,7 +75,7 @@ def test_the_peak_a_run_reports_leaves_out_an_attempt_that_ran_out_of_memory(
             raise torch.OutOfMemoryError("CUDA out of memory (a stand-in attempt)")
         return real(run, step)
 
-    monkeypatch.setattr(recipe, "train_step", first_runs_out)
+    monkeypatch.setattr(training_loop, "train_step", first_runs_out)
     s = recipe.train(
         make_cfg(tmp_path / "r", "job.precision=bf16-mixed", "data.epochs=3"), dry_run=3,
         quiet=True,
