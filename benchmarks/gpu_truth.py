@@ -252,7 +252,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
     from frugal.estimate.core import estimate
     from frugal.hardware.gpus import lookup_gpu
     from frugal.models.specs import load_spec
-    from frugal.run import recipe
+    from frugal.run import recipe, training_loop
     from frugal.run.predict import Prediction
     from frugal.step.job import make_job
 
@@ -322,7 +322,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
 
         return call
 
-    recipe.predict = guarded(real_predict, lambda *a: Prediction())
+    recipe.predict = training_loop.predict = guarded(real_predict, lambda *a: Prediction())
     recipe.auto_micro_batch = guarded(real_micro, lambda c, n: (1, "estimator failed"))
     if cuda and cfg.history:
         torch.cuda.memory._record_memory_history(max_entries=200_000)

@@ -1,7 +1,7 @@
 """The estimate against the step `frugal train` runs: both measured by one tracker.
 
 Each case runs real training steps with the trainer's own code (`recipe.setup`,
-`recipe.step_input`, `recipe.device_step`) on CPU tensors while `StepTracker` records every
+`steps.step_input`, `steps.device_step`) on CPU tensors while `StepTracker` records every
 live storage, and simulates the same job with the estimator (`get_profile`, which runs
 `frugal.step` on fake tensors at shallower depths and extrapolates). At the peak of each
 segment of the step (forward; backward through the head, the layers, the embeddings; the
@@ -35,7 +35,7 @@ from frugal.estimate.categories import CATEGORIES, DEVICE, SEGMENTS, peak_row
 from frugal.estimate.core import get_profile
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
-from frugal.run import recipe
+from frugal.run import recipe, steps
 from frugal.step.model import cuda_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,8 +237,8 @@ def _measure(cfg: RunConfig) -> Measured:
         run = recipe.setup(cfg)
     if run.micro != MICRO or run.accum != cfg.training.effective_batch // MICRO:
         raise AssertionError(f"the trainer chose micro-batch {run.micro} x {run.accum}")
-    recipe.train_step(run, 0)
-    inp = recipe.step_input(run, 1)
+    steps.train_step(run, 0)
+    inp = steps.step_input(run, 1)
     widths = {b["input_ids"].shape[1] for b in inp.batches}
     if widths != {SEQ}:  # the data is laid out so that every row is SEQ wide
         raise AssertionError(f"rows of {widths} tokens, not {SEQ}")
@@ -246,7 +246,7 @@ def _measure(cfg: RunConfig) -> Measured:
     hooks = tracker.watch(run.model, run.optimizer)
     try:
         with cuda_kernels(), tracking(tracker):
-            recipe.device_step(run, inp)
+            steps.device_step(run, inp)
     finally:
         for h in hooks:
             h.remove()

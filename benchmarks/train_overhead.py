@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 
 from frugal.config import RunConfig, apply_overrides, validate_run_config
 from frugal.data.examples import PackedRows, Schedule, collate, load_examples, pack
-from frugal.run import recipe
+from frugal.run import recipe, steps
 from frugal.run.diagnose import Diagnostics
 from frugal.run.meter import CostMeter, Sinks
 from frugal.step.loss import IGNORE
@@ -151,12 +151,12 @@ def pieces(cfg: RunConfig, out: Path) -> list[tuple[str, float]]:
             _ = int((b["labels"][:, 1:] != IGNORE).sum()) + int((b["segment_ids"] > 0).sum())
 
     cases = [
-        ("cost meter + budget guard (would_exceed, spent_usd)",
-         lambda: (meter.would_exceed(0.2, 0.1), meter.spent_usd())),
+        ("cost meter + its limits (crossed, spent_usd)",
+         lambda: (meter.crossed(0.3), meter.spent_usd())),
         ("diagnostics (Diagnostics.on_step)", lambda: diag.on_step(next(step), 3.0, 1.0)),
         ("metrics (Sinks.log: jsonl + TensorBoard, 9 scalars)", lambda: sinks.log(next(step), m)),
         ("flag/count reductions (3 x _global_sum, 1 process)",
-         lambda: [recipe._global_sum(one, 0.0, 1.0, 0.0) for _ in range(3)]),
+         lambda: [steps._global_sum(one, 0.0, 1.0, 0.0) for _ in range(3)]),
         ("(not added: collate 2 micro-batches + token counts, Trainer collates too)", data),
     ]  # fmt: skip
     res = [(name, min(timeit.repeat(fn, number=300, repeat=3)) / 300 * 1e6) for name, fn in cases]
