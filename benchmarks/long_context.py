@@ -26,8 +26,8 @@ from typing import Any
 
 from frugal.errors import FrugalError
 from frugal.estimate.core import estimate
+from frugal.hardware.catalog import select_offers
 from frugal.hardware.gpus import find_gpu
-from frugal.hardware.offers import select_offers
 from frugal.models.specs import load_spec
 from frugal.plan.constraints import Constraints
 from frugal.plan.search import search

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from frugal.hardware.catalog import select_offers
 from frugal.hardware.gpus import find_gpu
-from frugal.hardware.offers import select_offers
 from frugal.models.specs import load_spec
 from frugal.serve.engines import find_engine
 from frugal.serve.estimate import Deployment, estimate
