@@ -3,8 +3,9 @@
 It is the one way a fine-tune is planned: `frugal plan`, the dashboard's Plan form and the
 tests call it alike. A request's fields are named as `frugal plan`'s options are (so a
 form, a JSON body and a command line say the same thing), and hold what a person gives,
-unparsed: the step's settings are checked by `TrainJob` and what the plan must meet by
-`Constraints`, each in its one place, with one line naming the option to fix. The outcome
+with the ranges of the fields they stand for: the step's settings are then checked by
+`TrainJob` and what the plan must meet by `Constraints`, each in its one place, with one
+line naming the option to fix. The outcome
 carries the search's result, its reasons and notes, the prices it used, the id it has on
 the books, and its JSON; the run config that trains it and the files a plan can write
 come from the outcome too (`files`).
