@@ -9,7 +9,7 @@ carries its reasons; rejected ones say why.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from frugal.errors import FrugalError
 from frugal.estimate.throughput import SpeedConstants
@@ -21,7 +21,7 @@ from frugal.plan.constraints import Constraints, node_network
 from frugal.plan.fit import Config, Fitter, SetUp
 from frugal.plan.plans import NO_MOVE, Infeasible, Plan, Rejected, Result, pareto
 from frugal.plan.reasons import closest_miss, give_reasons
-from frugal.plan.transfer import DOWNLOAD_GBPS, move_in, move_out, parse_location
+from frugal.plan.transfer import DOWNLOAD_GBPS, Move, move_in, move_out, parse_location
 from frugal.step.job import TrainJob
 
 NODE_COUNTS = (1, 2, 4)  # multi-node runs: up to 4 machines of a multi-GPU instance
@@ -134,79 +134,97 @@ def _distinct(rejected: list[Rejected]) -> list[Rejected]:
     return out
 
 
-def _priced(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
-    """The on-demand and spot plans of one configuration on one offer."""
-    job, mem, speed, prof = cfg.job, cfg.memory, cfg.speed, cfg.profile
-    terms = offer.terms
-    solve_h = k.tokens / speed.tokens_per_s / 3600
+@dataclass
+class _Bill:
+    """One configuration on one offer: its hours of work and what they cost besides the
+    GPUs (set-up, storage, data in and out)."""
+
+    offer: Offer
+    nodes: int
+    cfg: Config
+    k: Constraints
+    solve_h: float  # the training itself
+    setup_h: float  # boot, weights and dataset in
+    delta_h: float  # one resumable checkpoint
+    disk_gb: float
+    output_gb: float
+    egress_usd: float
+    data_in: Move
+    data_out: Move
+
+    def plan(self, spot: bool, hours: float, compute_usd: float) -> Plan:
+        o, c, mem = self.offer, self.cfg, self.cfg.memory
+        storage = self.disk_gb * o.terms.storage_usd_gb_month * hours / HOURS_PER_MONTH
+        return Plan(
+            o, self.nodes, c.job, c.speed, mem.peak_reserved / GIB, mem.device_total / GIB,
+            spot, hours, compute_usd, self.setup_h, storage, self.egress_usd,
+            value_of_time_usd_h=self.k.value_of_time_usd_h, output_gb=self.output_gb,
+            data_in=self.data_in, data_out=self.data_out, host_offload_gib=mem.host / GIB,
+            why_on=c.why_on,
+        )  # fmt: skip
+
+
+def _bill(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> _Bill:
+    job, prof = cfg.job, cfg.profile
     weights = prof.start_bytes("frozen_weights") + prof.start_bytes("trainable_weights")
     setup_h = (
         0.0
         if offer.provider == "local"
-        else (terms.boot_min / 60 + weights / (DOWNLOAD_GBPS * 1e9) / 3600)
+        else (offer.terms.boot_min / 60 + weights / (DOWNLOAD_GBPS * 1e9) / 3600)
     )
     # a resumable checkpoint: trainable weights and optimizer state (full: the whole model)
     ckpt = prof.start_bytes("trainable_weights") + prof.start_bytes("optimizer_state")
-    delta_h = (ckpt / (DISK_GBPS * 1e9) + 10) / 3600
     output_gb = ckpt / 1e9 if job.method == "full" else prof.trainable_params * 2 / 1e9
-    disk_gb = (weights + 2 * ckpt) / 1e9 + 1 + k.data_gb  # weights, two checkpoints, data
     # the dataset onto the VM and the result back to where the data lives (transfer.py)
     where = parse_location(k.data)
     data_in, data_out = move_in(where, k.data_gb, offer), move_out(output_gb, offer, where)
-    setup_h += data_in.hours
-    egress = data_in.usd + data_out.usd
-    if not k.data_gb:  # no dataset size: its way in is not priced, nor said
-        data_in = NO_MOVE
+    return _Bill(
+        offer, nodes, cfg, k,
+        solve_h=k.tokens / cfg.speed.tokens_per_s / 3600,
+        setup_h=setup_h + data_in.hours,
+        delta_h=(ckpt / (DISK_GBPS * 1e9) + 10) / 3600,
+        disk_gb=(weights + 2 * ckpt) / 1e9 + 1 + k.data_gb,  # weights, two checkpoints, data
+        output_gb=output_gb,
+        egress_usd=data_in.usd + data_out.usd,
+        data_in=data_in if k.data_gb else NO_MOVE,  # no dataset size: not priced, nor said
+        data_out=data_out,
+    )  # fmt: skip
 
-    def plan(spot: bool, hours: float, compute: float) -> Plan:
-        storage = disk_gb * terms.storage_usd_gb_month * hours / HOURS_PER_MONTH
-        return Plan(
-            offer,
-            nodes,
-            job,
-            speed,
-            mem.peak_reserved / GIB,
-            mem.device_total / GIB,
-            spot,
-            hours,
-            compute,
-            setup_h,
-            storage,
-            egress,
-            value_of_time_usd_h=k.value_of_time_usd_h,
-            output_gb=output_gb,
-            data_in=data_in,
-            data_out=data_out,
-            host_offload_gib=mem.host / GIB,
-            why_on=cfg.why_on,
-        )
 
+def _priced(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
+    """The on-demand and spot plans of one configuration on one offer."""
+    b = _bill(offer, nodes, cfg, k)
     out = []
-    od_h = setup_h + solve_h
+    od_h = b.setup_h + b.solve_h
     if k.spot != "only" or offer.provider == "local":
-        out.append(plan(False, od_h, od_h * offer.ondemand_usd_h * nodes))
+        out.append(b.plan(False, od_h, od_h * offer.ondemand_usd_h * nodes))
     if k.spot != "never" and offer.spot_usd_h is not None:
-        mtbi, why = (k.mtbi_h, "--spot-mtbi-hours") if k.mtbi_h else spot_math.offer_mtbi(offer)
-        mtbi /= nodes  # any machine lost stops the run
-        run = spot_math.spot_run(solve_h, delta_h, setup_h, mtbi)
-        hours = setup_h + run.hours
-        if not run.hours < SPOT_MOST * solve_h:  # interrupted faster than it can restart
-            return out
-        fb = None
-        if k.deadline_h is not None and hours > k.deadline_h:
-            fb = spot_math.fallback(hours, od_h, k.deadline_h)
-        if fb is not None and fb.spot_share < 1:
-            on_spot, on_demand = fb.switch_at_h, fb.hours - fb.switch_at_h
-            p = plan(
-                True,
-                fb.hours,
-                (on_spot * offer.spot_usd_h + on_demand * offer.ondemand_usd_h) * nodes,
-            )
-            p.fallback = fb
-        else:
-            p = plan(True, hours, hours * offer.spot_usd_h * nodes)
-        p.checkpoint_interval_min = run.interval_h * 60
-        p.interruptions = run.interruptions
-        p.mtbi_h, p.mtbi_from = mtbi, why
-        out.append(p)
+        on_spot = _on_spot(b, offer.spot_usd_h, od_h)
+        out += [on_spot] if on_spot else []
     return out
+
+
+def _on_spot(b: _Bill, spot_usd_h: float, od_h: float) -> Plan | None:
+    """The plan on spot, with its interruptions priced in and, where the deadline needs it,
+    a switch to on-demand; None where it is interrupted faster than it can restart."""
+    offer, nodes, k = b.offer, b.nodes, b.k
+    mtbi, why = (k.mtbi_h, "--spot-mtbi-hours") if k.mtbi_h else spot_math.offer_mtbi(offer)
+    mtbi /= nodes  # any machine lost stops the run
+    run = spot_math.spot_run(b.solve_h, b.delta_h, b.setup_h, mtbi)
+    hours = b.setup_h + run.hours
+    if not run.hours < SPOT_MOST * b.solve_h:
+        return None
+    fb = None
+    if k.deadline_h is not None and hours > k.deadline_h:
+        fb = spot_math.fallback(hours, od_h, k.deadline_h)
+    if fb is not None and fb.spot_share < 1:
+        on_spot, on_demand = fb.switch_at_h, fb.hours - fb.switch_at_h
+        usd = (on_spot * spot_usd_h + on_demand * offer.ondemand_usd_h) * nodes
+        p = b.plan(True, fb.hours, usd)
+        p.fallback = fb
+    else:
+        p = b.plan(True, hours, hours * spot_usd_h * nodes)
+    p.checkpoint_interval_min = run.interval_h * 60
+    p.interruptions = run.interruptions
+    p.mtbi_h, p.mtbi_from = mtbi, why
+    return p
