@@ -24,7 +24,7 @@ from frugal.files import check_target
 from frugal.formats import as_count
 from frugal.hardware.catalog import select_offers
 from frugal.hardware.offers import KWH_USD
-from frugal.plan.constraints import Constraints
+from frugal.plan.constraints import Constraints, spot_mode
 from frugal.plan.plans import Plan
 from frugal.plan.plot import check_plot_path
 from frugal.plan.request import PlanOutcome, PlanRequest, files, make_plan
@@ -124,8 +124,7 @@ def plan(
             raise FrugalError("--jobs writes a task per VM with --write DIR: drop --emit, --plot")
         chosen = select_offers(offers or [], discount or [], local or [], kwh_usd, providers,
                                include_suspicious=include_suspicious)  # fmt: skip
-        spot_mode = "auto" if spot is None else ("only" if spot else "never")
-        run_jobs(jobs, chosen, price_history, now, write, json_out, spot_mode, force, offers)
+        run_jobs(jobs, chosen, price_history, now, write, json_out, spot_mode(spot), force, offers)
         return
     if price_history or now:
         raise FrugalError("--price-history and --now time the VMs of --jobs: add --jobs FILE")

@@ -20,6 +20,11 @@ from frugal.validation import refusal
 SpotMode = Literal["auto", "only", "never"]
 
 
+def spot_mode(spot: bool | None) -> SpotMode:
+    """`--spot` (only), `--no-spot` (never) or neither (auto: both)."""
+    return "auto" if spot is None else ("only" if spot else "never")
+
+
 def _cli(flag: str) -> JsonDict:
     return {"flag": flag}  # the `frugal plan` option of a field named otherwise
 

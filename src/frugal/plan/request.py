@@ -28,7 +28,7 @@ from frugal.hardware.catalog import PriceBasis, price_basis, select_offers
 from frugal.hardware.offers import KWH_USD, Offer
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import ModelSpec, load_spec
-from frugal.plan.constraints import Constraints
+from frugal.plan.constraints import Constraints, spot_mode
 from frugal.plan.emit import (
     hf_script,
     modal_app,
@@ -140,7 +140,7 @@ class PlanRequest(BaseModel):
             data=self.data, data_gb=data_gb, tokens=tokens,
             effective_batch=self.effective_batch, budget_usd=self.budget,
             deadline_h=self.deadline, max_gpus=self.max_gpus,
-            spot="auto" if self.spot is None else ("only" if self.spot else "never"),
+            spot=spot_mode(self.spot),
             methods=self.methods or (self.method,), optimizers=self.optimizers,
             margin=self.margin, mtbi_h=self.spot_mtbi_hours, objective=self.optimize,
             value_of_time_usd_h=self.value_of_time, network_gbps=self.network_gbps,
