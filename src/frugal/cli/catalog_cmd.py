@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
-from frugal.cli.options import JSON_HELP, OFFERS_HELP, number
+from frugal.cli.options import JSON_HELP, OFFERS_HELP, number, takes
 from frugal.errors import FrugalError
 from frugal.hardware.catalog import price_basis, select_offers
 from frugal.hardware.gpus import gpus as all_gpus
@@ -50,44 +52,49 @@ offers_app = typer.Typer(
 
 
 @offers_app.callback()
-def offers(
-    ctx: typer.Context,
-    gpu: str | None = typer.Option(None, help="Only offers of this GPU (forgiving match)."),
-    providers: str | None = typer.Option(None, help="Comma-separated providers to keep."),
-    prices: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
+@dataclass
+class OffersOptions:
+    """The options of `frugal offers`, in the order `--help` shows them."""
+
+    gpu: str | None = typer.Option(None, help="Only offers of this GPU (forgiving match).")
+    providers: str | None = typer.Option(None, help="Comma-separated providers to keep.")
+    prices: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP)
     discount: list[str] | None = typer.Option(
         None, help="PROVIDER=PERCENT off its prices, e.g. aws=15."
-    ),
-    local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
-    kwh_usd: float = number(KWH_USD, "Electricity price for --local, $/kWh.", ge=0, le=10),
+    )
+    local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'.")
+    kwh_usd: float = number(KWH_USD, "Electricity price for --local, $/kWh.", ge=0, le=10)
     suspicious_only: bool = typer.Option(
         False, "--suspicious", help="Only the offers left out of plans as suspicious, and why."
-    ),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
+    )
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
+
+
+@takes(OffersOptions)
+def offers(ctx: typer.Context, o: OffersOptions) -> None:
     """GPU offers: provider, instance, GPUs, on-demand and spot $/hour, terms."""
 
     if ctx.invoked_subcommand is not None:
         return
     chosen = select_offers(
-        prices or [], discount or [], local or [], kwh_usd, providers, gpu,
-        include_suspicious=suspicious_only,
+        o.prices or [], o.discount or [], o.local or [], o.kwh_usd, o.providers, o.gpu,
+        include_suspicious=o.suspicious_only,
     )  # fmt: skip
     why = base().suspicious
-    if suspicious_only:
+    if o.suspicious_only:
         chosen = [o for o in chosen if o.key in why]
-    basis = price_basis(chosen, prices or [])
+    basis = price_basis(chosen, o.prices or [])
     rows = [o.to_json() | ({"suspicious": why[o.key]} if o.key in why else {}) for o in chosen]
-    if json_out:
+    if o.json_out:
         print_json({"offers": rows, "prices": basis.to_json()})
-        show_prices(basis, json_out)
+        show_prices(basis, o.json_out)
         return
 
     con = console()
-    what = "suspicious offers, left out of plans" if suspicious_only else "offers"
+    what = "suspicious offers, left out of plans" if o.suspicious_only else "offers"
     t = Table(title=f"{len(rows)} {what} ($/hour for the whole instance)")
     cols = ("provider", "instance", "GPUs", "on-demand", "spot", "interrupt", "region", "why")
-    for col in cols if suspicious_only else cols[:-1]:
+    for col in cols if o.suspicious_only else cols[:-1]:
         t.add_column(col, justify="right" if col in ("on-demand", "spot") else "left")
     for r in sorted(rows, key=lambda r: (str(r["gpu"]), float(r["ondemand_usd_h"]))):  # type: ignore[arg-type]
         spot = r["spot_usd_h"]
@@ -99,7 +106,7 @@ def offers(
             f"${spot:.3f}" if spot is not None else "-",
             str(r["interruption"] or "-"),
             str(r["region"]),
-            *((str(r["suspicious"]),) if suspicious_only else ()),
+            *((str(r["suspicious"]),) if o.suspicious_only else ()),
         )
     con.print(t)
     show_prices(basis)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from rich.table import Table
 
 from frugal import DISTRIBUTION
 from frugal.cli import console, print_json
-from frugal.cli.options import JSON_HELP, argument, number
+from frugal.cli.options import JSON_HELP, argument, number, takes
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing, write_text_atomic
 from frugal.formats import usd
@@ -39,37 +40,43 @@ def _alerts(led: Any, tags: dict[str, str] | None = None) -> None:
     announce(check_alerts(led, tags), lambda text: err.print(text, highlight=False))
 
 
-@app.command("add")
-def add(
-    amount: float = argument("USD spent, e.g. 12.50.", gt=0),
-    kind: str = typer.Option("other", help="What it was: storage, notebook, inference, ..."),
-    description: str = typer.Option("", help="A few words on it."),
-    resource_id: str = typer.Option("", help="The machine or resource it paid for."),
-    provider: str = typer.Option("", help="Who billed it, e.g. aws or runpod."),
-    at: str | None = typer.Option(None, help="When: ISO date or time, UTC \\[default: now]."),
-    gpu_hours: float = number(0.0, "GPU-hours it bought, if any.", ge=0),
+@dataclass
+class AddOptions:
+    """The options of `frugal costs add`, in the order `--help` shows them."""
+
+    amount: float = argument("USD spent, e.g. 12.50.", gt=0)
+    kind: str = typer.Option("other", help="What it was: storage, notebook, inference, ...")
+    description: str = typer.Option("", help="A few words on it.")
+    resource_id: str = typer.Option("", help="The machine or resource it paid for.")
+    provider: str = typer.Option("", help="Who billed it, e.g. aws or runpod.")
+    at: str | None = typer.Option(None, help="When: ISO date or time, UTC \\[default: now].")
+    gpu_hours: float = number(0.0, "GPU-hours it bought, if any.", ge=0)
     tag: list[str] | None = typer.Option(
         None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
-    ),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
+    )
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
+
+
+@app.command("add")
+@takes(AddOptions)
+def add(ctx: typer.Context, o: AddOptions) -> None:
     """Put a cost that is not a `frugal train` run on the books."""
     from frugal.ledger.periods import parse_instant
     from frugal.ledger.store import Ledger
 
-    if not kind.strip() or len(kind) > 50:
-        raise FrugalError(f"--kind {kind!r}: name it in 1 to 50 characters, e.g. storage")
-    when = parse_instant(at, "--at") if at else None
-    tags = resolve(list(tag or []))
+    if not o.kind.strip() or len(o.kind) > 50:
+        raise FrugalError(f"--kind {o.kind!r}: name it in 1 to 50 characters, e.g. storage")
+    when = parse_instant(o.at, "--at") if o.at else None
+    tags = resolve(list(o.tag or []))
     led = Ledger()
-    cid = led.add_cost(amount, kind.strip(), description[:500], resource_id[:300], at=when,
-                       tags=tags, provider=provider[:50], gpu_hours=gpu_hours)  # fmt: skip
+    cid = led.add_cost(o.amount, o.kind.strip(), o.description[:500], o.resource_id[:300], at=when,
+                       tags=tags, provider=o.provider[:50], gpu_hours=o.gpu_hours)  # fmt: skip
     _alerts(led, tags)
-    if json_out:
-        print_json({"cost_id": cid, "amount_usd": amount, "kind": kind, "tags": tags})
+    if o.json_out:
+        print_json({"cost_id": cid, "amount_usd": o.amount, "kind": o.kind, "tags": tags})
         return
     scope = ", ".join(f"{k}={v}" for k, v in tags.items())
-    console().print(escape(f"cost {cid}: ${amount:,.2f} {kind} on the books · {scope}"))
+    console().print(escape(f"cost {cid}: ${o.amount:,.2f} {o.kind} on the books · {scope}"))
 
 
 @app.command("import")

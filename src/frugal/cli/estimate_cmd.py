@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import typer
@@ -9,43 +10,48 @@ from rich.console import Console
 from rich.table import Table
 
 from frugal.cli import print_json
-from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, option, request_of
+from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, option, request_of, takes
 from frugal.estimate.request import EstimateRequest, make_estimate
 from frugal.formats import si
 from frugal.step.job import TrainJob, make_job
 
 
-def estimate(
-    ctx: typer.Context,
-    model: str = typer.Argument(..., help=MODEL_HELP),
-    method: str = option(TrainJob, "method"),
-    precision: str = option(TrainJob, "precision"),
-    optimizer: str = option(TrainJob, "optimizer"),
-    optimizer_in_backward: bool = option(TrainJob, "optimizer_in_backward"),
-    lora_r: int | None = option(TrainJob, "lora_r", unset=True),
-    lora_alpha: int | None = option(TrainJob, "lora_alpha"),
-    lora_targets: str | None = option(TrainJob, "lora_targets", unset=True),
-    lora_dropout: float | None = option(TrainJob, "lora_dropout", unset=True),
-    batch: int = option(TrainJob, "batch"),
-    seq: int = option(TrainJob, "seq"),
-    grad_accum: int = option(TrainJob, "grad_accum"),
-    grad_checkpointing: bool = option(TrainJob, "grad_checkpointing"),
-    attention: str = option(TrainJob, "attention"),
-    packing: bool = option(TrainJob, "packing"),
-    loss: str = option(TrainJob, "loss"),
-    loss_chunks: int = option(TrainJob, "loss_chunks"),
-    offload_activations: bool = option(TrainJob, "offload_activations"),
-    gpus: int = option(TrainJob, "gpus"),
-    sharding: str = option(TrainJob, "sharding"),
-    bitsandbytes: str | None = option(TrainJob, "bitsandbytes"),
-    gpu: str | None = option(EstimateRequest, "gpu"),
-    gpu_memory: float | None = option(EstimateRequest, "gpu_memory"),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
+@dataclass
+class EstimateOptions:
+    """The options of `frugal estimate`, in the order `--help` shows them."""
+
+    model: str = typer.Argument(..., help=MODEL_HELP)
+    method: str = option(TrainJob, "method")
+    precision: str = option(TrainJob, "precision")
+    optimizer: str = option(TrainJob, "optimizer")
+    optimizer_in_backward: bool = option(TrainJob, "optimizer_in_backward")
+    lora_r: int | None = option(TrainJob, "lora_r", unset=True)
+    lora_alpha: int | None = option(TrainJob, "lora_alpha")
+    lora_targets: str | None = option(TrainJob, "lora_targets", unset=True)
+    lora_dropout: float | None = option(TrainJob, "lora_dropout", unset=True)
+    batch: int = option(TrainJob, "batch")
+    seq: int = option(TrainJob, "seq")
+    grad_accum: int = option(TrainJob, "grad_accum")
+    grad_checkpointing: bool = option(TrainJob, "grad_checkpointing")
+    attention: str = option(TrainJob, "attention")
+    packing: bool = option(TrainJob, "packing")
+    loss: str = option(TrainJob, "loss")
+    loss_chunks: int = option(TrainJob, "loss_chunks")
+    offload_activations: bool = option(TrainJob, "offload_activations")
+    gpus: int = option(TrainJob, "gpus")
+    sharding: str = option(TrainJob, "sharding")
+    bitsandbytes: str | None = option(TrainJob, "bitsandbytes")
+    gpu: str | None = option(EstimateRequest, "gpu")
+    gpu_memory: float | None = option(EstimateRequest, "gpu_memory")
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
+
+
+@takes(EstimateOptions)
+def estimate(ctx: typer.Context, o: EstimateOptions) -> None:
     """Exact per-GPU training memory and FLOPs of one step, without a GPU or weights."""
     job = make_job(**fields_of(ctx, TrainJob))  # each option named as the job's field
     est = make_estimate(request_of(ctx, EstimateRequest, job=job))
-    if json_out:
+    if o.json_out:
         print_json(est.to_json())
     else:
         render(est.to_json())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -13,14 +13,16 @@ from frugal.cli import console, print_json, show_prices
 from frugal.config import apply_overrides, validate_run_config
 from frugal.errors import FrugalError
 from frugal.files import check_dir, check_target, write_text_atomic
-from frugal.hardware.catalog import price_basis
-from frugal.hardware.offers import Offer
-from frugal.plan.constraints import Constraints
+from frugal.hardware.catalog import price_basis, select_offers
+from frugal.plan.constraints import Constraints, spot_mode
 from frugal.plan.emit import skypilot_jobs_task, to_run_config
 from frugal.plan.jobs import Packing
 from frugal.plan.sweep import Planned, plan_jobs, read_jobs
 from frugal.plan.timing import read_price_history
 from frugal.times import parse_time
+
+if TYPE_CHECKING:
+    from frugal.cli.plan_cmd import PlanOptions
 
 
 def parse_now(text: str | None) -> datetime:
@@ -33,36 +35,34 @@ def parse_now(text: str | None) -> datetime:
         raise FrugalError(f"--now {e}") from None
 
 
-def run_jobs(
-    path: str,
-    offers: list[Offer],
-    history_file: str | None,
-    now: str | None,
-    write: str | None,
-    json_out: bool,
-    spot: str = "auto",
-    force: bool = False,
-    price_files: list[str] | None = None,
-) -> None:
+def run_jobs(o: PlanOptions, path: str) -> None:
+    """`frugal plan --jobs PATH`: the options that do not plan its jobs are refused."""
+    if o.model is not None or o.tokens is not None or o.dataset is not None:
+        raise FrugalError("--jobs plans the jobs of its file: drop MODEL, --tokens, --dataset")
+    if o.emit or o.emit_file or o.plot:
+        raise FrugalError("--jobs writes a task per VM with --write DIR: drop --emit, --plot")
+    offers = select_offers(o.offers or [], o.discount or [], o.local or [], o.kwh_usd,
+                           o.providers, include_suspicious=o.include_suspicious)  # fmt: skip
+    write, force = o.write, o.force
     jobs = read_jobs(path)
     if write:  # the directory and each job's run config, before any planning
         check_dir(write, "--write")
         for job in jobs if Path(write).is_dir() else ():  # a new directory holds nothing
             check_target(Path(write) / f"{job.name}.yaml", "--write", force=force)
-    history = read_price_history(history_file) if history_file else None
-    packing, planned, notes = plan_jobs(jobs, offers, history, parse_now(now), spot)
+    history = read_price_history(o.price_history) if o.price_history else None
+    packing, planned, notes = plan_jobs(jobs, offers, history, parse_now(o.now), spot_mode(o.spot))
     out = to_json(packing, planned, notes)
-    basis = price_basis(offers, price_files or [])
+    basis = price_basis(offers, o.offers or [])
     out["prices"] = basis.to_json()
     if write:
         for i in range(1, len(packing.vms) + 1) if Path(write).is_dir() else ():
             check_target(Path(write) / f"vm{i}.sky.yaml", "--write", force=force)
         out["wrote"] = write_all(packing, planned, Path(write))
-    if json_out:
+    if o.json_out:
         print_json(out)
     else:
         render(packing, out)
-    show_prices(basis, json_out)
+    show_prices(basis, o.json_out)
 
 
 def to_json(packing: Packing, planned: list[Planned], notes: list[str]) -> dict[str, Any]:

@@ -9,7 +9,11 @@ one line naming the option and the accepted values, before any work is done.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar, get_type_hints
 
 import typer
 from pydantic import BaseModel, ValidationError
@@ -19,6 +23,7 @@ from frugal.errors import FrugalError
 from frugal.validation import Number, numeric, refusal
 
 R = TypeVar("R", bound=BaseModel)
+Opts = TypeVar("Opts")
 
 
 def number(default: Any, help: str, **bounds: Any) -> Any:
@@ -100,3 +105,29 @@ def request_of(ctx: typer.Context, request: type[R], **made: Any) -> R:
 def _flag(field: str) -> str:
     """A request field as the command line names it: MODEL is the argument."""
     return "MODEL" if field == "model" else "--" + field.replace("_", "-")
+
+
+Body = Callable[[typer.Context, Opts], None]
+
+
+def takes(options: type[Opts]) -> Callable[[Body[Opts]], Callable[..., None]]:
+    """A command whose options are declared as a dataclass, one field per option (its
+    annotation and its `typer.Option` default, as typer reads them from a signature): the
+    command is `body(ctx, opts)`, and typer sees the fields as the command's parameters."""
+    fields = dataclasses.fields(options)  # type: ignore[arg-type]
+    hints = get_type_hints(options)
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("ctx", keyword, annotation=typer.Context)]
+    params += [inspect.Parameter(f.name, keyword, default=f.default, annotation=hints[f.name])
+               for f in fields]  # fmt: skip
+
+    def wrap(body: Body[Opts]) -> Callable[..., None]:
+        @functools.wraps(body)
+        def command(ctx: typer.Context, **given: Any) -> None:
+            body(ctx, options(**given))
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return wrap

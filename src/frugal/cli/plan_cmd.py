@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -16,128 +17,127 @@ from frugal.cli.options import (
     number,
     option,
     request_of,
+    takes,
     token_count,
 )
 from frugal.config import DataConfig
 from frugal.errors import FrugalError
 from frugal.files import check_target
 from frugal.formats import as_count
-from frugal.hardware.catalog import select_offers
 from frugal.hardware.offers import KWH_USD
-from frugal.plan.constraints import Constraints, spot_mode
+from frugal.plan.constraints import Constraints
 from frugal.plan.plans import Plan
 from frugal.plan.plot import check_plot_path
 from frugal.plan.request import PlanOutcome, PlanRequest, files, make_plan
 from frugal.step.job import TrainJob
 
 
-def plan(
-    ctx: typer.Context,
-    model: str | None = typer.Argument(None, help=MODEL_HELP + " (or --jobs)"),
-    tokens: float | None = token_count(None, "Training tokens per epoch, e.g. 20M."),
-    dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count."),
-    epochs: float = option(DataConfig, "epochs"),
-    seq: int = option(TrainJob, "seq"),
-    effective_batch: int = option(Constraints, "effective_batch"),
-    method: str = option(TrainJob, "method"),
-    methods: str | None = option(Constraints, "methods", listed=True, unset="--method"),
-    precision: str = option(TrainJob, "precision"),
-    optimizers: str = option(Constraints, "optimizers", listed=True),
-    lora_r: int | None = option(TrainJob, "lora_r", unset=True),
-    lora_targets: str | None = option(TrainJob, "lora_targets", unset=True),
-    attention: str = option(TrainJob, "attention"),
-    packing: bool = option(TrainJob, "packing"),
-    loss: str = option(TrainJob, "loss"),
+@dataclass
+class PlanOptions:
+    """The options of `frugal plan`, in the order `--help` shows them."""
+
+    model: str | None = typer.Argument(None, help=MODEL_HELP + " (or --jobs)")
+    tokens: float | None = token_count(None, "Training tokens per epoch, e.g. 20M.")
+    dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count.")
+    epochs: float = option(DataConfig, "epochs")
+    seq: int = option(TrainJob, "seq")
+    effective_batch: int = option(Constraints, "effective_batch")
+    method: str = option(TrainJob, "method")
+    methods: str | None = option(Constraints, "methods", listed=True, unset="--method")
+    precision: str = option(TrainJob, "precision")
+    optimizers: str = option(Constraints, "optimizers", listed=True)
+    lora_r: int | None = option(TrainJob, "lora_r", unset=True)
+    lora_targets: str | None = option(TrainJob, "lora_targets", unset=True)
+    attention: str = option(TrainJob, "attention")
+    packing: bool = option(TrainJob, "packing")
+    loss: str = option(TrainJob, "loss")
     loss_chunks: int | None = option(
         TrainJob, "loss_chunks", unset="0, or 16 where the plain loss does not fit"
-    ),
+    )
     offload_activations: bool | None = option(
         TrainJob, "offload_activations", unset="off, or on where nothing else fits"
-    ),
+    )
     optimizer_in_backward: bool | None = option(
         TrainJob,
         "optimizer_in_backward",
         unset="off, or on for full fine-tuning on one GPU where nothing else fits",
-    ),
-    budget: float | None = option(Constraints, "budget_usd"),
-    deadline: str | None = option(Constraints, "deadline_h"),
-    max_gpus: int = option(Constraints, "max_gpus"),
-    providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
+    )
+    budget: float | None = option(Constraints, "budget_usd")
+    deadline: str | None = option(Constraints, "deadline_h")
+    max_gpus: int = option(Constraints, "max_gpus")
+    providers: str | None = typer.Option(None, help="Comma-separated providers to consider.")
     spot: bool | None = typer.Option(
         None, "--spot/--no-spot", help="Only spot, or never spot [default: both]."
-    ),
-    spot_mtbi_hours: str | None = option(Constraints, "mtbi_h"),
-    optimize: str = option(Constraints, "objective"),
-    value_of_time: float = option(Constraints, "value_of_time_usd_h"),
-    margin: float = option(Constraints, "margin"),
-    network_gbps: float | None = option(Constraints, "network_gbps"),
-    offers: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
+    )
+    spot_mtbi_hours: str | None = option(Constraints, "mtbi_h")
+    optimize: str = option(Constraints, "objective")
+    value_of_time: float = option(Constraints, "value_of_time_usd_h")
+    margin: float = option(Constraints, "margin")
+    network_gbps: float | None = option(Constraints, "network_gbps")
+    offers: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP)
     include_suspicious: bool = typer.Option(
         False, help="Plan with offers flagged as suspicious too (frugal offers --suspicious)."
-    ),
-    discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
-    local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'."),
-    kwh_usd: float = number(KWH_USD, "Electricity price for --local, $/kWh.", ge=0, le=10),
+    )
+    discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15.")
+    local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'.")
+    kwh_usd: float = number(KWH_USD, "Electricity price for --local, $/kWh.", ge=0, le=10)
     write: str | None = typer.Option(
         None, help="Write the run config for `frugal train` (with --jobs: a directory)."
-    ),
+    )
     emit: str | None = typer.Option(
         None,
         help="hf (a transformers Trainer script), skypilot (a task YAML), modal (a Modal app), "
         "slurm (an sbatch script) or torchrun (each node's command, for machines of yours).",
-    ),
+    )
     emit_file: str | None = typer.Option(
         None,
         help="Where --emit writes [default: train_hf.py, sky.yaml, modal_app.py, train.sbatch "
         "or nodes.sh].",
-    ),
+    )
     plot: str | None = typer.Option(
         None, help="Chart cost vs time: FILE.png/.svg/.pdf (matplotlib) or FILE.html."
-    ),
+    )
     tag: list[str] | None = typer.Option(
         None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
-    ),
-    data: str = option(Constraints, "data"),
-    data_gb: float | None = option(Constraints, "data_gb", unset="measured from --dataset"),
+    )
+    data: str = option(Constraints, "data")
+    data_gb: float | None = option(Constraints, "data_gb", unset="measured from --dataset")
     jobs: str | None = typer.Option(
         None, help="A jobs file (YAML): plan many fine-tunes as one bill on shared VMs."
-    ),
+    )
     price_history: str | None = typer.Option(
         None,
         help="With --jobs: spot price history (AWS describe-spot-price-history JSON or "
         "CSV time,provider,instance,region,spot_usd_h) to time spot VMs.",
-    ),
+    )
     now: str | None = typer.Option(
         None, help="With --jobs: plan as if it were this UTC time (ISO 8601) [default: now]."
-    ),
+    )
     force: bool = typer.Option(
         False, "--force", help="Replace files that exist (--write, --emit-file, --plot)."
-    ),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
+    )
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
+
+
+@takes(PlanOptions)
+def plan(ctx: typer.Context, o: PlanOptions) -> None:
     """The cheapest (or fastest) plan that fits and meets the deadline, with its reasons."""
 
-    if jobs is not None:
-        if model is not None or tokens is not None or dataset is not None:
-            raise FrugalError("--jobs plans the jobs of its file: drop MODEL, --tokens, --dataset")
-        if emit or emit_file or plot:
-            raise FrugalError("--jobs writes a task per VM with --write DIR: drop --emit, --plot")
-        chosen = select_offers(offers or [], discount or [], local or [], kwh_usd, providers,
-                               include_suspicious=include_suspicious)  # fmt: skip
-        run_jobs(jobs, chosen, price_history, now, write, json_out, spot_mode(spot), force, offers)
+    if o.jobs is not None:
+        run_jobs(o, o.jobs)
         return
-    if price_history or now:
+    if o.price_history or o.now:
         raise FrugalError("--price-history and --now time the VMs of --jobs: add --jobs FILE")
-    if model is None:
+    if o.model is None:
         raise FrugalError("give MODEL (a hub id, directory or config.json), or --jobs FILE")
-    targets = _targets(write, emit, emit_file, plot, force)  # checked before any work
+    targets = _targets(o.write, o.emit, o.emit_file, o.plot, o.force)  # checked before any work
     out = make_plan(request_of(ctx, PlanRequest))
     wrote = files(out, targets)
-    if json_out:
+    if o.json_out:
         print_json(out.to_json(wrote) | {"plan_id": out.plan_id, "tags": out.tags})
     else:
         render(out, wrote)
-    show_prices(out.basis, json_out)
+    show_prices(out.basis, o.json_out)
 
 
 EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml", "modal": "modal_app.py",

@@ -3,13 +3,14 @@ cheapest way to serve it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import typer
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
-from frugal.cli.options import JSON_HELP, MODEL_HELP, OFFERS_HELP, number, option, request_of
+from frugal.cli.options import JSON_HELP, MODEL_HELP, OFFERS_HELP, number, option, request_of, takes
 from frugal.errors import FrugalError
 from frugal.files import check_target, write_text_atomic
 from frugal.hardware.catalog import price_basis, select_offers
@@ -48,57 +49,63 @@ def load_from(concurrency: int | None, rate: float | None, offline: bool, reques
     return Load(concurrency=concurrency, rate=rate)
 
 
-def estimate_cmd(
-    model: str = typer.Argument(..., help=MODEL_HELP),
-    gpu: str = typer.Option(..., help="GPU type, e.g. H100, L40S, 'RTX 4090'."),
-    gpus: int = number(1, "GPUs per server (tensor parallel).", ge=1, le=64, whole=True),
-    engine: str = typer.Option("vllm", help=ENGINE_HELP),
-    quant: str = typer.Option("bf16", help=QUANT_HELP),
-    kv_dtype: str = option(ServeRequest, "kv_dtype"),
-    input_len: int = option(ServeRequest, "input_len"),
-    output_len: int = option(ServeRequest, "output_len"),
+@dataclass
+class ServeEstimateOptions:
+    """The options of `frugal serve estimate`, in the order `--help` shows them."""
+
+    model: str = typer.Argument(..., help=MODEL_HELP)
+    gpu: str = typer.Option(..., help="GPU type, e.g. H100, L40S, 'RTX 4090'.")
+    gpus: int = number(1, "GPUs per server (tensor parallel).", ge=1, le=64, whole=True)
+    engine: str = typer.Option("vllm", help=ENGINE_HELP)
+    quant: str = typer.Option("bf16", help=QUANT_HELP)
+    kv_dtype: str = option(ServeRequest, "kv_dtype")
+    input_len: int = option(ServeRequest, "input_len")
+    output_len: int = option(ServeRequest, "output_len")
     concurrency: int | None = number(
         None, "Requests in flight (closed loop).", ge=1, le=10_000_000, whole=True
-    ),
+    )
     rate: float | None = option(
         ServeRequest, "rate", help="Requests arriving per second (Poisson)."
-    ),
-    offline: bool = typer.Option(False, help="All requests at once: maximum throughput."),
+    )
+    offline: bool = typer.Option(False, help="All requests at once: maximum throughput.")
     requests: int = number(
         1000, "With --offline: how many requests at once.", ge=1, le=10_000_000, whole=True
-    ),
-    prefix_hit: float = option(ServeRequest, "prefix_hit"),
+    )
+    prefix_hit: float = option(ServeRequest, "prefix_hit")
     price: float | None = number(
         None,
         "$/hour of the whole server [default: the catalog's cheapest on-demand].",
         ge=0,
         le=1e5,
-    ),
+    )
     memory_fraction: float | None = number(
         None, "The engine's memory fraction (vLLM --gpu-memory-utilization).", gt=0, le=1
-    ),
+    )
     max_num_seqs: int | None = number(
         None, "The engine's sequence limit.", ge=1, le=10_000_000, whole=True
-    ),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
+    )
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
+
+
+@takes(ServeEstimateOptions)
+def estimate_cmd(ctx: typer.Context, o: ServeEstimateOptions) -> None:
     """Memory, KV capacity, throughput, latency and $ per token of one deployment."""
-    load = load_from(concurrency, rate, offline, requests)
-    g = find_gpu(gpu)
+    load = load_from(o.concurrency, o.rate, o.offline, o.requests)
+    g = find_gpu(o.gpu)
     d = Deployment(
-        load_spec(model), g, gpus, find_engine(engine), find_format(quant), kv_dtype.lower(),
-        memory_fraction, max_num_seqs,
+        load_spec(o.model), g, o.gpus, find_engine(o.engine), find_format(o.quant),
+        o.kv_dtype.lower(), o.memory_fraction, o.max_num_seqs,
     )  # fmt: skip
     offers = select_offers()
-    priced = (price, "--price") if price is not None else catalog_price(g, gpus, offers)
-    e = estimate(d, input_len, output_len, load, prefix_hit, priced)
-    basis = price_basis(offers) if price is None else None
-    if json_out:
+    priced = (o.price, "--price") if o.price is not None else catalog_price(g, o.gpus, offers)
+    e = estimate(d, o.input_len, o.output_len, load, o.prefix_hit, priced)
+    basis = price_basis(offers) if o.price is None else None
+    if o.json_out:
         print_json(e.to_json() | ({"prices": basis.to_json()} if basis else {}))
     else:
         render(e)
     if basis:
-        show_prices(basis, json_out)
+        show_prices(basis, o.json_out)
 
 
 def render(e: ServeEstimate) -> None:
@@ -136,68 +143,73 @@ def render(e: ServeEstimate) -> None:
         con.print(f"  • {note}")
 
 
-def plan_cmd(
-    ctx: typer.Context,
-    model: str = typer.Argument(..., help=MODEL_HELP),
-    rate: float | None = option(ServeRequest, "rate"),
-    requests_per_day: float | None = option(ServeRequest, "requests_per_day"),
-    peak_factor: float = option(ServeRequest, "peak_factor"),
-    input_len: int = option(ServeRequest, "input_len"),
-    output_len: int = option(ServeRequest, "output_len"),
-    ttft_ms: float | None = option(ServeRequest, "ttft_ms"),
-    itl_ms: float | None = option(ServeRequest, "itl_ms"),
-    quant: str = option(ServeRequest, "quant", listed=True),
-    engine: str = option(ServeRequest, "engine", listed=True),
-    kv_dtype: str = option(ServeRequest, "kv_dtype"),
-    prefix_hit: float = option(ServeRequest, "prefix_hit"),
-    response_cache_hit: float = option(ServeRequest, "response_cache_hit"),
-    offline: bool = option(ServeRequest, "offline"),
-    commitment_months: str = option(ServeRequest, "commitment_months", listed=True),
-    providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
-    offers: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP),
-    discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15."),
+@dataclass
+class ServePlanOptions:
+    """The options of `frugal serve plan`, in the order `--help` shows them."""
+
+    model: str = typer.Argument(..., help=MODEL_HELP)
+    rate: float | None = option(ServeRequest, "rate")
+    requests_per_day: float | None = option(ServeRequest, "requests_per_day")
+    peak_factor: float = option(ServeRequest, "peak_factor")
+    input_len: int = option(ServeRequest, "input_len")
+    output_len: int = option(ServeRequest, "output_len")
+    ttft_ms: float | None = option(ServeRequest, "ttft_ms")
+    itl_ms: float | None = option(ServeRequest, "itl_ms")
+    quant: str = option(ServeRequest, "quant", listed=True)
+    engine: str = option(ServeRequest, "engine", listed=True)
+    kv_dtype: str = option(ServeRequest, "kv_dtype")
+    prefix_hit: float = option(ServeRequest, "prefix_hit")
+    response_cache_hit: float = option(ServeRequest, "response_cache_hit")
+    offline: bool = option(ServeRequest, "offline")
+    commitment_months: str = option(ServeRequest, "commitment_months", listed=True)
+    providers: str | None = typer.Option(None, help="Comma-separated providers to consider.")
+    offers: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP)
+    discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15.")
     emit: str | None = typer.Option(
         None, help="vllm (the `vllm serve` command) or skypilot (a SkyPilot serve task)."
-    ),
+    )
     emit_file: str | None = typer.Option(
         None, help="Where --emit writes [default: stdout for vllm, serve.yaml for skypilot]."
-    ),
+    )
     adapter: str | None = typer.Option(
         None, help="A LoRA adapter from `frugal train` (its output dir) for --emit."
-    ),
+    )
     weights: str | None = typer.Option(
         None,
         help="For --emit: the quantized checkpoint to serve (AWQ/GPTQ hub id or path, .gguf "
         "file or REPO:QUANT) when the plan picks a pre-quantized format.",
-    ),
-    force: bool = typer.Option(False, "--force", help="Replace the --emit-file if it exists."),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
+    )
+    force: bool = typer.Option(False, "--force", help="Replace the --emit-file if it exists.")
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
+
+
+@takes(ServePlanOptions)
+def plan_cmd(ctx: typer.Context, o: ServePlanOptions) -> None:
     """The cheapest GPU, tensor parallel size and replicas that carry the load within the
     latency targets, beside the hosted APIs and managed platforms."""
-    if emit not in (None, "vllm", "skypilot"):
-        raise FrugalError(f"--emit {emit!r}: use vllm or skypilot")
-    if emit_file and not emit:
+    if o.emit not in (None, "vllm", "skypilot"):
+        raise FrugalError(f"--emit {o.emit!r}: use vllm or skypilot")
+    if o.emit_file and not o.emit:
         raise FrugalError("--emit-file names where --emit writes: add --emit vllm or skypilot")
-    path = emit_file or ("serve.yaml" if emit == "skypilot" else None)
+    path = o.emit_file or ("serve.yaml" if o.emit == "skypilot" else None)
     if path:
-        check_target(path, "--emit-file", force=force)
+        check_target(path, "--emit-file", force=o.force)
     done = make_serve_plan(request_of(ctx, ServeRequest))
     out = done.to_json()
-    text = emitted(done.plan, emit, adapter, weights) if emit else ""
-    if emit and path:
+    text = emitted(done.plan, o.emit, o.adapter, o.weights) if o.emit else ""
+    if o.emit and path:
         write_text_atomic(path, text)
-        out[f"wrote_{emit}"] = path
-    elif emit:
+        out[f"wrote_{o.emit}"] = path
+    elif o.emit:
         out["vllm_command"] = text.strip()
-    if json_out:
+    if o.json_out:
         print_json(out)
-        show_prices(done.basis, json_out)
+        show_prices(done.basis, o.json_out)
         return
     render_plan(done.plan, out)
-    if emit and path:
+    if o.emit and path:
         console().print(f"wrote {path}")
-    elif emit:
+    elif o.emit:
         print(text, end="")
     show_prices(done.basis)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import typer
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
-from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, number, option, token_count
+from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, number, option, takes, token_count
 from frugal.errors import FrugalError
 from frugal.hardware.catalog import price_basis, select_offers
 from frugal.hardware.offers import HOST_WATTS, KWH_USD
@@ -26,70 +27,75 @@ MONTHS = 240  # the longest horizon: 20 years, past any GPU's working life
 SPOT_OVERHEAD = 0.1  # serving on spot: a share of hours lost to interruptions and reboots
 
 
-def tco_cmd(
-    ctx: typer.Context,
-    model: str = typer.Argument(..., help=MODEL_HELP),
-    rate: float | None = option(ServeRequest, "rate", help="Requests per second to serve."),
-    requests_per_day: float | None = option(ServeRequest, "requests_per_day"),
-    input_len: int = option(ServeRequest, "input_len"),
-    output_len: int = option(ServeRequest, "output_len"),
-    ttft_ms: float | None = option(ServeRequest, "ttft_ms"),
-    itl_ms: float | None = option(ServeRequest, "itl_ms"),
-    quant: str = option(ServeRequest, "quant", listed=True),
-    months: int = number(12, "Months to compare.", ge=1, le=MONTHS, whole=True),
+@dataclass
+class TcoOptions:
+    """The options of `frugal tco`, in the order `--help` shows them."""
+
+    model: str = typer.Argument(..., help=MODEL_HELP)
+    rate: float | None = option(ServeRequest, "rate", help="Requests per second to serve.")
+    requests_per_day: float | None = option(ServeRequest, "requests_per_day")
+    input_len: int = option(ServeRequest, "input_len")
+    output_len: int = option(ServeRequest, "output_len")
+    ttft_ms: float | None = option(ServeRequest, "ttft_ms")
+    itl_ms: float | None = option(ServeRequest, "itl_ms")
+    quant: str = option(ServeRequest, "quant", listed=True)
+    months: int = number(12, "Months to compare.", ge=1, le=MONTHS, whole=True)
     train_tokens: float | None = token_count(
         None, "Fine-tune on this many tokens first, e.g. 20M (planned as `frugal plan`)."
-    ),
-    train_method: str = typer.Option("lora", help="full, lora or qlora."),
+    )
+    train_method: str = typer.Option("lora", help="full, lora or qlora.")
     train_every_months: int = number(
         0, "Fine-tune again every K months (0: once).", ge=0, le=MONTHS, whole=True
-    ),
-    engineering_usd_h: float = number(0.0, "What an engineering hour costs, USD.", ge=0, le=1e5),
+    )
+    engineering_usd_h: float = number(0.0, "What an engineering hour costs, USD.", ge=0, le=1e5)
     self_hosted_hours: float = number(
         20.0, "Engineering hours a month to run your own servers.", ge=0, le=HOURS_PER_MONTH
-    ),
+    )
     api_hours: float = number(
         2.0, "Engineering hours a month to use an API.", ge=0, le=HOURS_PER_MONTH
-    ),
+    )
     own_gpu_usd: float | None = number(
         None,
         "Your purchase price per GPU, host share included [default: the catalog's].",
         gt=0,
         le=1e7,
-    ),
-    own_years: float = number(3.0, "Years to amortize bought GPUs over.", gt=0, le=20),
-    own_utilization: float = number(0.5, "Share of hours your own GPUs are busy.", gt=0, le=1),
-    kwh_usd: float = number(KWH_USD, "Electricity price for owned GPUs, $/kWh.", ge=0, le=10),
-    providers: str | None = typer.Option(None, help="Comma-separated providers to consider."),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
+    )
+    own_years: float = number(3.0, "Years to amortize bought GPUs over.", gt=0, le=20)
+    own_utilization: float = number(0.5, "Share of hours your own GPUs are busy.", gt=0, le=1)
+    kwh_usd: float = number(KWH_USD, "Electricity price for owned GPUs, $/kWh.", ge=0, le=10)
+    providers: str | None = typer.Option(None, help="Comma-separated providers to consider.")
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
+
+
+@takes(TcoOptions)
+def tco_cmd(ctx: typer.Context, o: TcoOptions) -> None:
     """Self-hosted on-demand, committed, managed, hosted API and your own GPUs over N months:
     the cheapest option each month and where the totals cross."""
     serving = fields_of(ctx, ServeRequest) | {"commitment_months": ()}
     ask = ServeRequest.model_validate(serving).ask()  # what `frugal serve plan` is asked
     spec, arriving = ask.spec, ask.rate
-    offers = select_offers(providers_csv=providers)
+    offers = select_offers(providers_csv=o.providers)
     p = plan(ask, offers)
     best = p.best
     w = Workload(
-        months=months,
+        months=o.months,
         replicas=best.replicas,
         gpus_per_replica=best.cap.d.tp,
-        input_mtok_per_month=arriving * 3600 * HOURS_PER_MONTH * input_len / 1e6,
-        output_mtok_per_month=arriving * 3600 * HOURS_PER_MONTH * output_len / 1e6,
-        output_tokens_per_s=best.cap.rate * output_len,
-        engineering_usd_h=engineering_usd_h,
+        input_mtok_per_month=arriving * 3600 * HOURS_PER_MONTH * o.input_len / 1e6,
+        output_mtok_per_month=arriving * 3600 * HOURS_PER_MONTH * o.output_len / 1e6,
+        output_tokens_per_s=best.cap.rate * o.output_len,
+        engineering_usd_h=o.engineering_usd_h,
         training=_training(
             spec,
-            train_tokens,
-            train_method,
-            train_every_months,
+            o.train_tokens,
+            o.train_method,
+            o.train_every_months,
             offers,
         ),
     )
-    options = _options(p.best, compare.platforms(p), w, spec.id, self_hosted_hours, api_hours)
+    options = _options(p.best, compare.platforms(p), w, spec.id, o.self_hosted_hours, o.api_hours)
     options.append(
-        _owned(best, own_gpu_usd, own_years, own_utilization, kwh_usd, self_hosted_hours)
+        _owned(best, o.own_gpu_usd, o.own_years, o.own_utilization, o.kwh_usd, o.self_hosted_hours)
     )
     result = tco(w, [o for o in options if o is not None])
     out = result.to_json() | {
@@ -99,11 +105,11 @@ def tco_cmd(
         "training": None if w.training is None else vars(w.training),
         "prices": (basis := price_basis(offers)).to_json(),
     }
-    if json_out:
+    if o.json_out:
         print_json(out)
     else:
         render(result, out)
-    show_prices(basis, json_out)
+    show_prices(basis, o.json_out)
 
 
 def _training(

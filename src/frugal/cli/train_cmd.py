@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from frugal import cli
 from frugal.cli import print_json
-from frugal.cli.options import number, option
+from frugal.cli.options import number, option, takes
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import INTERRUPTED_EXIT, RESUMABLE_EXIT, FrugalError
 from frugal.run.launch import launch
@@ -34,33 +35,36 @@ from frugal.step.job import TrainJob
 CONFIGS = "the run config's"
 
 
-def train(
-    config: str = typer.Argument(..., help="Run config YAML (`frugal plan --write` makes one)."),
+@dataclass
+class TrainOptions:
+    """The options of `frugal train`, in the order `--help` shows them."""
+
+    config: str = typer.Argument(..., help="Run config YAML (`frugal plan --write` makes one).")
     overrides: list[str] | None = typer.Argument(
         None, help="key=value overrides, e.g. training.max_steps=100 job.lora_r=8"
-    ),
+    )
     resume: str = typer.Option(
         "auto", help="auto (newest complete checkpoint, if any), never, or a checkpoint dir."
-    ),
-    budget: float | None = option(RunConfig, "budget_usd", unset=CONFIGS),
-    price_per_hour: float | None = option(RunConfig, "price_per_hour_usd", unset=CONFIGS),
+    )
+    budget: float | None = option(RunConfig, "budget_usd", unset=CONFIGS)
+    price_per_hour: float | None = option(RunConfig, "price_per_hour_usd", unset=CONFIGS)
     dry_run: int | None = number(
         None,
         "Run N steps only; print measured memory and tokens/s beside the estimate.",
         ge=1,
         le=1_000_000,
         whole=True,
-    ),
-    output_dir: str | None = option(RunConfig, "output_dir", unset=CONFIGS),
-    gpus: int | None = option(TrainJob, "gpus", unset=CONFIGS),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
+    )
+    output_dir: str | None = option(RunConfig, "output_dir", unset=CONFIGS)
+    gpus: int | None = option(TrainJob, "gpus", unset=CONFIGS)
+    quiet: bool = typer.Option(False, "--quiet", help="No progress display.")
     tag: list[str] | None = typer.Option(
         None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
-    ),
+    )
     force: bool = typer.Option(
         False, "--force", help="Start even if the plan's estimate would cross a budget."
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+    )
+    json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON.")
     nnodes: int | None = number(
         None,
         "Machines in a multi-node run (each runs this command) [default: SkyPilot's or "
@@ -68,42 +72,47 @@ def train(
         ge=1,
         le=4096,
         whole=True,
-    ),
+    )
     node_rank: int | None = number(
         None,
         "This machine's place, 0 (the head) to nnodes-1 [default: the rendezvous'].",
         ge=0,
         le=4095,
         whole=True,
-    ),
-    master_addr: str | None = typer.Option(None, help="The head node's address."),
+    )
+    master_addr: str | None = typer.Option(None, help="The head node's address.")
     master_port: int | None = number(
         None,
         f"The rendezvous port on the head node [default: {DEFAULT_PORT}].",
         ge=1,
         le=65535,
         whole=True,
-    ),
+    )
     rdzv_endpoint: str | None = typer.Option(
         None, help="HOST:PORT of the rendezvous, in place of --master-addr/--master-port."
-    ),
+    )
     rdzv_id: str | None = typer.Option(
         None,
         help="The job's name at the rendezvous [default: SkyPilot's task id, Slurm's "
         "job id, else frugal].",
-    ),
-) -> None:
+    )
+
+
+@takes(TrainOptions)
+def train(ctx: typer.Context, o: TrainOptions) -> None:
     """Fine-tune with LoRA, QLoRA or full training, as planned, keeping the money in view."""
 
-    flags = {"budget_usd": budget, "price_per_hour_usd": price_per_hour,
-             "output_dir": output_dir, "job.gpus": gpus}  # fmt: skip
+    flags = {"budget_usd": o.budget, "price_per_hour_usd": o.price_per_hour,
+             "output_dir": o.output_dir, "job.gpus": o.gpus}  # fmt: skip
     cfg = load_run_config(
-        config, list(overrides or []), {k: v for k, v in flags.items() if v is not None}
+        o.config, list(o.overrides or []), {k: v for k, v in flags.items() if v is not None}
     )
     if "LOCAL_RANK" in os.environ:  # a worker: of frugal's launcher, or of torchrun's
         nodes = Nodes(worker=True)
     else:
-        nodes = resolve(nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_id)
+        nodes = resolve(
+            o.nnodes, o.node_rank, o.master_addr, o.master_port, o.rdzv_endpoint, o.rdzv_id
+        )
     if not nodes.worker and (cfg.job.gpus > 1 or nodes.count > 1):
         from frugal.run.books import preflight  # the ledger: SQLAlchemy
 
@@ -112,8 +121,10 @@ def train(
             print(nodes.line(cfg.job.gpus), file=sys.stderr)
         out_dir = Path(cfg.output_dir)
         check(out_dir)  # frugal's, or refused before any process starts
-        out = out_dir / ("dry-run" if dry_run else "")
-        preflight(cfg, list(tag or []), force, out, bool(dry_run))  # before any process starts
+        out = out_dir / ("dry-run" if o.dry_run else "")
+        preflight(
+            cfg, list(o.tag or []), o.force, out, bool(o.dry_run)
+        )  # before any process starts
 
         def hold(rank: int) -> AbstractContextManager[Any]:
             """The head node holds the output directory (shared by every node) for its
@@ -125,13 +136,13 @@ def train(
 
     from frugal.run.recipe import train as run_train
 
-    summary = run_train(cfg, resume=resume, dry_run=dry_run, quiet=quiet or json_out,
-                        tags=list(tag or []), force=force)  # fmt: skip
+    summary = run_train(cfg, resume=o.resume, dry_run=o.dry_run, quiet=o.quiet or o.json_out,
+                        tags=list(o.tag or []), force=o.force)  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
-        if json_out:
+        if o.json_out:
             print_json(summary.model_dump(mode="json"))
         else:
-            render(summary, dry_run is not None)
+            render(summary, o.dry_run is not None)
     if summary.interrupted:
         raise typer.Exit(INTERRUPTED_EXIT)
     if summary.resumable:
