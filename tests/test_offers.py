@@ -9,7 +9,8 @@ import pytest
 from frugal.errors import FrugalError
 from frugal.hardware.catalog import catalog, local_offer, select_offers
 from frugal.hardware.gpus import find_gpu, gpus, lookup_gpu
-from frugal.hardware.offers import bundled_offers, providers, read_price_file
+from frugal.hardware.offers import bundled_offers, providers
+from frugal.hardware.price_files import read_price_file
 
 HEADER = "provider,instance,gpu,gpus,ondemand_usd_h,spot_usd_h,region\n"
 

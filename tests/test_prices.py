@@ -21,7 +21,8 @@ from frugal.cli.main import main
 from frugal.hardware import offers as offers_mod
 from frugal.hardware.catalog import select_offers
 from frugal.hardware.gpus import lookup_gpu
-from frugal.hardware.offers import Offer, base, bundled, parse_skypilot
+from frugal.hardware.offers import Offer, base, bundled
+from frugal.hardware.price_files import parse_skypilot
 from frugal.hardware.refresh import SKYPILOT_FILES
 from frugal.hardware.sanity import suspicious
 from frugal.hardware.snapshot import header, offers_dir

@@ -51,7 +51,6 @@ offers_app = typer.Typer(
 )
 
 
-@offers_app.callback()
 @dataclass
 class OffersOptions:
     """The options of `frugal offers`, in the order `--help` shows them."""
@@ -70,6 +69,7 @@ class OffersOptions:
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
 
 
+@offers_app.callback()
 @takes(OffersOptions)
 def offers(ctx: typer.Context, o: OffersOptions) -> None:
     """GPU offers: provider, instance, GPUs, on-demand and spot $/hour, terms."""
@@ -82,9 +82,9 @@ def offers(ctx: typer.Context, o: OffersOptions) -> None:
     )  # fmt: skip
     why = base().suspicious
     if o.suspicious_only:
-        chosen = [o for o in chosen if o.key in why]
+        chosen = [offer for offer in chosen if offer.key in why]
     basis = price_basis(chosen, o.prices or [])
-    rows = [o.to_json() | ({"suspicious": why[o.key]} if o.key in why else {}) for o in chosen]
+    rows = [x.to_json() | ({"suspicious": why[x.key]} if x.key in why else {}) for x in chosen]
     if o.json_out:
         print_json({"offers": rows, "prices": basis.to_json()})
         show_prices(basis, o.json_out)

@@ -97,7 +97,7 @@ def tco_cmd(ctx: typer.Context, o: TcoOptions) -> None:
     options.append(
         _owned(best, o.own_gpu_usd, o.own_years, o.own_utilization, o.kwh_usd, o.self_hosted_hours)
     )
-    result = tco(w, [o for o in options if o is not None])
+    result = tco(w, [x for x in options if x is not None])
     out = result.to_json() | {
         "model": spec.id,
         "rate_requests_per_s": arriving,

@@ -16,7 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from frugal.hardware.offers import Offer, modal_offers, offers_csv, parse_skypilot
+from frugal.hardware.offers import Offer, modal_offers, offers_csv
+from frugal.hardware.price_files import parse_skypilot
 from frugal.hardware.refresh import SKYPILOT_FILES, parse_advisor, with_advisor
 from frugal.hardware.sanity import suspicious
 from frugal.hardware.snapshot import header

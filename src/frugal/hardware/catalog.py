@@ -18,8 +18,8 @@ from frugal.hardware.offers import (
     base,
     find_provider,
     offer_settings,
-    read_price_file,
 )
+from frugal.hardware.price_files import read_price_file
 from frugal.hardware.snapshot import Snapshot
 from frugal.times import parse_time
 

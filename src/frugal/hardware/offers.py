@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -22,7 +21,6 @@ from frugal.errors import FrugalError, notice
 from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.gpus import GPU, gpus, lookup_gpu
 from frugal.hardware.sanity import suspicious
-from frugal.hardware.skypilot import from_skypilot, gcp_host
 from frugal.hardware.snapshot import Snapshot, bundled_text, meta, read, stored
 from frugal.names import closest
 from frugal.settings import settings_path, table
@@ -217,154 +215,6 @@ def offers_csv(offers: Iterable[Offer]) -> str:
              _decimal(o.vcpus), _decimal(o.memory_gib), o.source, o.retrieved]
         )  # fmt: skip
     return buf.getvalue()
-
-
-@dataclass
-class Normalized:
-    """A SkyPilot catalog read into offers, with what was left out and why."""
-
-    offers: list[Offer]
-    unknown: Counter[str]  # rows of GPUs frugal has no specs for, by catalog name
-    no_price: int = 0  # GPU rows without an on-demand price
-    fractional: int = 0  # rows of a fraction of a GPU (no training job fits one)
-
-    def summary(self) -> str:
-        out = []
-        if self.unknown:
-            names = ", ".join(f"{n} ({c})" for n, c in self.unknown.most_common())
-            out.append(f"GPUs without specs in gpus.csv, left out: {names}")
-        if self.no_price:
-            out.append(f"{self.no_price} rows without an on-demand price left out")
-        if self.fractional:
-            out.append(f"{self.fractional} rows of a fraction of a GPU left out")
-        return "; ".join(out)
-
-
-def parse_skypilot(
-    text: str, file: str, cloud: str, retrieved: str = "", source: str = ""
-) -> Normalized:
-    """Offers from a SkyPilot catalog vms.csv (InstanceType, AcceleratorName, Price, ...).
-
-    GPU-only GCP rows are summed with the host VM their family needs (a2/a3/n1); one offer
-    per instance type and region, the zone with the cheapest spot price kept (on-demand is
-    the same in every zone). A GPU without specs in gpus.csv is counted, never guessed.
-    """
-    rows = list(data_rows(text, file))
-    hosts: dict[tuple[str, str], tuple[float, float | None, float | None, float | None]] = {}
-    for lineno, r in rows:
-        if not (r.get("AcceleratorName") or "").strip() and r.get("InstanceType"):
-            at = Cells(file, lineno, r)
-            od = at.number("Price", required=False, unit=PER_HOUR)
-            if od is not None:
-                key = (r["InstanceType"], r.get("Region", ""))
-                spot_host = at.number("SpotPrice", required=False, unit=PER_HOUR)
-                old = hosts.get(key)
-                if old is None or _cheaper(spot_host, old[1]):
-                    hosts[key] = (
-                        od,
-                        spot_host,
-                        at.number("vCPUs", required=False),
-                        at.number("MemoryGiB", required=False),
-                    )
-    done = Normalized([], Counter())
-    best: dict[tuple[str, str, str], Offer] = {}
-    terms = providers()[cloud]
-    for lineno, r in rows:
-        name = (r.get("AcceleratorName") or "").strip()
-        if not name:
-            continue
-        at = Cells(file, lineno, r)
-        try:
-            count_f = float(r.get("AcceleratorCount") or "0")
-        except ValueError:
-            raise at.fail(
-                "AcceleratorCount", f"{r['AcceleratorCount']!r} is not a number"
-            ) from None
-        if count_f < 1 or count_f != int(count_f):
-            done.fractional += 1
-            continue
-        count = int(count_f)
-        instance = (r.get("InstanceType") or "").strip()
-        gpu = lookup_gpu(from_skypilot(name, instance))
-        if gpu is None:
-            done.unknown[name] += 1
-            continue
-        od = at.number("Price", required=False, unit=PER_HOUR)
-        if od is None:
-            done.no_price += 1
-            continue
-        spot = at.number("SpotPrice", required=False, unit=PER_HOUR)
-        region = (r.get("Region") or "").strip().lstrip(", ")  # Vast: ", US, NA" (no state)
-        vcpus, memory = at.number("vCPUs", required=False), at.number("MemoryGiB", required=False)
-        if not instance:  # a GCP GPU-only row: add its host
-            family = gcp_host(name, count)
-            host = hosts.get((family, region)) if family else None
-            if family is None or host is None:
-                done.no_price += 1
-                continue
-            instance, vcpus, memory = family, host[2], host[3]
-            od += host[0]
-            spot = spot + host[1] if spot is not None and host[1] is not None else None
-        if spot is not None and (abs(spot - od) <= 1e-4 * od or spot == 0):
-            # no discount (or one of rounding: AWS lists 8.226100 beside 8.22609), or the
-            # catalog's "none" (Vast lists 0.00 for every row): no spot offer;
-            # spot above on-demand, or an on-demand price of 0, is kept and flagged (sanity)
-            spot = None
-        offer = Offer(
-            provider=cloud,
-            instance=instance,
-            gpu=gpu,
-            gpus=count,
-            ondemand_usd_h=round(od, 6),
-            spot_usd_h=round(spot, 6) if spot is not None else None,
-            region=region,
-            interruption=(terms.interruption or ">20%") if spot is not None else "",
-            source=source or f"{file} (SkyPilot catalog)",
-            retrieved=retrieved,
-            zone=(r.get("AvailabilityZone") or "").strip(),
-            vcpus=vcpus,
-            memory_gib=memory,
-        )
-        seen = best.get(offer.key)
-        if seen is None or _cheaper(offer.spot_usd_h, seen.spot_usd_h):
-            best[offer.key] = offer
-    done.offers = list(best.values())
-    return done
-
-
-def _cheaper(spot: float | None, than: float | None) -> bool:
-    return spot is not None and (than is None or spot < than)
-
-
-def read_price_file(path: str) -> list[Offer]:
-    p = Path(path)
-    if not p.is_file():
-        raise FrugalError(
-            f"offers file {path} not found: give a CSV of offers (--offers FILE, or [offers] "
-            f"files in {settings_path()})"
-        )
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise FrugalError(f"cannot read offers file {path}: {e}") from None
-    return parse_price_text(text, str(path)).offers
-
-
-def parse_price_text(
-    text: str, where: str, cloud: str = "", retrieved: str = "", source: str = ""
-) -> Normalized:
-    """A price file in either format: a SkyPilot catalog `vms.csv` (of `cloud`, or of the
-    cloud its path names) or frugal's offers columns (one provider or several)."""
-    columns = header(text, where)
-    if "AcceleratorName" in columns and "InstanceType" in columns:
-        cloud = cloud or next((c for c in providers() if c in where.lower()), "")
-        if not cloud:
-            raise FrugalError(
-                f"{where}: a SkyPilot catalog, but which cloud? keep the cloud in its path "
-                "(e.g. catalogs/v8/aws/vms.csv) or rename it aws-vms.csv"
-            )
-        return parse_skypilot(text, where, cloud, retrieved, source)
-    return Normalized(parse_offers(text, where, retrieved), Counter())
 
 
 @cache

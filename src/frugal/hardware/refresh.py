@@ -41,9 +41,9 @@ from frugal.hardware.offers import (
     base,
     find_provider,
     offers_csv,
-    parse_price_text,
     providers,
 )
+from frugal.hardware.price_files import parse_price_text
 from frugal.hardware.skypilot import from_skypilot
 from frugal.hardware.snapshot import header, install
 
