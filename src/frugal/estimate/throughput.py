@@ -33,7 +33,7 @@ docs/plan.md (benchmarks/plan_throughput.py) and can be calibrated (`speed` sect
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from frugal import calibration
 from frugal.estimate.profile import Profile
@@ -89,76 +89,95 @@ def step_time(
     peak_tf = gpu.peak_tflops(job.compute_dtype)
     if not peak_tf:
         return None
-    peak = peak_tf * 1e12
-    bw = gpu.bandwidth_gbps * 1e9
-    n = job.gpus
-    per_node = gpus_per_node or n
-    tokens = job.batch * job.seq
-    flops = prof.flops(job.batch, job.seq)
-    f_micro = sum(flops.values())
-    passes = 3 if job.grad_checkpointing else 2
+    peak, bw = peak_tf * 1e12, gpu.bandwidth_gbps * 1e9
+    f_micro = sum(prof.flops(job.batch, job.seq).values())
+    m = _micro_batch(prof, job, gpu, hidden, c, f_micro, peak)
+    trainable = prof.start_bytes("trainable_weights")
+    opt_bytes = prof.start_bytes("optimizer_state")
+    optimizer = 2 * (opt_bytes + 3 * trainable) / bw / (job.gpus if job.sharding != "ddp" else 1)
+    comm = _comm_s(prof, job, gpu, gpus_per_node or job.gpus, node_gbps, c)
+    exposed = max(0.0, comm - c.overlap * (job.grad_accum * m.compute))
+    step = job.grad_accum * m.seconds + optimizer + exposed + c.step_fixed_s
+    parts = {k: job.grad_accum * v for k, v in asdict(m).items()}
+    bound = "compute"
+    if exposed > 0.3 * step:
+        bound = "communication"
+    elif m.memory_floor > m.compute or m.dequant + m.elementwise > m.compute:
+        bound = "memory"
+    return Speed(
+        step_time_s=step,
+        tokens_per_s=job.tokens_per_step / step,
+        efficiency=f_micro * job.grad_accum / (peak * step),
+        bound=bound,
+        parts_s=parts | {"optimizer": optimizer, "comm_exposed": exposed},
+    )
 
+
+@dataclass
+class _MicroBatch:
+    """Seconds of one micro-batch's forward and backward, by what they are spent on."""
+
+    compute: float  # the FLOPs at the efficiency a micro-batch of this size reaches
+    memory_floor: float  # reading the weights once per pass
+    elementwise: float  # norms, activations, residuals: memory-bound per token
+    dequant: float  # QLoRA: unpacking the 4-bit weights each pass
+    overhead: float  # kernel launches
+    offload: float  # activations to the host and back
+
+    @property
+    def seconds(self) -> float:
+        floor = max(self.compute, self.memory_floor)
+        return floor + self.elementwise + self.dequant + self.overhead + self.offload
+
+
+def _micro_batch(
+    prof: Profile, job: TrainJob, gpu: GPU, hidden: int, c: SpeedConstants, flops: float,
+    peak: float,
+) -> _MicroBatch:  # fmt: skip
+    """One micro-batch's time: its `flops` on a GPU of `peak` FLOP/s."""
+    bw = gpu.bandwidth_gbps * 1e9
+    tokens = job.batch * job.seq
+    passes = 3 if job.grad_checkpointing else 2
     eff_max = {
         "consumer": c.eff_max_consumer,
         "workstation": c.eff_max_workstation,
     }.get(gpu.tier, c.eff_max_datacenter)
     eff = eff_max * tokens / (tokens + c.t_half)
-    compute = f_micro / (peak * eff)
     frozen = prof.start_bytes("frozen_weights")
-    trainable = prof.start_bytes("trainable_weights")
-    weights = frozen + trainable
-    memory = weights * passes / bw
+    weights = frozen + prof.start_bytes("trainable_weights")
     dequant = 0.0
     if job.method == "qlora":
         # packed 4-bit bytes are 1/4 of bf16: each pass reads them and writes a bf16 copy
         q_params = frozen * 2  # ~2 values per packed byte; embeddings are a small share
         dequant = q_params * passes * 2.5 / (bw * c.dequant_eff)
-    overhead = prof.n_layers * c.launch_s_per_layer * passes / 3
-    elementwise = tokens * prof.n_layers * hidden * c.elem_bytes * passes / 3 / bw
-    offload = 2 * prof.host_bytes(job.batch, job.seq) / (gpu.host_link_gbps * 1e9 * c.host_link_eff)
-    micro = max(compute, memory) + elementwise + dequant + overhead + offload
-
-    opt_bytes = prof.start_bytes("optimizer_state")
-    optimizer = 2 * (opt_bytes + 3 * trainable) / bw / (n if job.sharding != "ddp" else 1)
-
-    comm = 0.0
-    if n > 1:
-        intra = (
-            gpu.link_gbps * 1e9 * (c.link_eff_nvlink if gpu.link == "nvlink" else c.link_eff_pcie)
-        )
-        link = intra if n <= per_node or node_gbps <= 0 else min(intra, node_gbps * 1e9)
-        ring = (n - 1) / n
-        grad_bytes = trainable  # gradients share the trainable weights' dtype
-        if job.sharding == "ddp":
-            comm = 2 * ring * grad_bytes / link
-        elif job.sharding == "zero2":
-            comm = ring * (grad_bytes + weights) / link
-        else:  # fsdp / zero3: every micro-step gathers all weights twice
-            comm = job.grad_accum * ring * (2 * weights + grad_bytes) / link
-    busy = job.grad_accum * compute
-    exposed = max(0.0, comm - c.overlap * busy)
-    step = job.grad_accum * micro + optimizer + exposed + c.step_fixed_s
-    tokens_step = job.tokens_per_step
-    model_flops = f_micro * job.grad_accum
-    parts = {
-        "compute": job.grad_accum * compute,
-        "memory_floor": job.grad_accum * memory,
-        "elementwise": job.grad_accum * elementwise,
-        "dequant": job.grad_accum * dequant,
-        "overhead": job.grad_accum * overhead,
-        "offload": job.grad_accum * offload,
-        "optimizer": optimizer,
-        "comm_exposed": exposed,
-    }
-    bound = "compute"
-    if exposed > 0.3 * step:
-        bound = "communication"
-    elif memory > compute or dequant + elementwise > compute:
-        bound = "memory"
-    return Speed(
-        step_time_s=step,
-        tokens_per_s=tokens_step / step,
-        efficiency=model_flops / (peak * step),
-        bound=bound,
-        parts_s=parts,
+    host_link = gpu.host_link_gbps * 1e9 * c.host_link_eff
+    return _MicroBatch(
+        compute=flops / (peak * eff),
+        memory_floor=weights * passes / bw,
+        elementwise=tokens * prof.n_layers * hidden * c.elem_bytes * passes / 3 / bw,
+        dequant=dequant,
+        overhead=prof.n_layers * c.launch_s_per_layer * passes / 3,
+        offload=2 * prof.host_bytes(job.batch, job.seq) / host_link,
     )
+
+
+def _comm_s(
+    prof: Profile, job: TrainJob, gpu: GPU, per_node: int, node_gbps: float, c: SpeedConstants
+) -> float:
+    """Seconds of one step's collective communication (before overlap with compute): the
+    gradients' all-reduce (DDP), their reduce-scatter and the weights' all-gather (ZeRO-2),
+    or every micro-step's weights gathered twice (FSDP, ZeRO-3); ring algorithms, over the
+    slower of the GPUs' link and the nodes' network."""
+    n = job.gpus
+    if n <= 1:
+        return 0.0
+    intra = gpu.link_gbps * 1e9 * (c.link_eff_nvlink if gpu.link == "nvlink" else c.link_eff_pcie)
+    link = intra if n <= per_node or node_gbps <= 0 else min(intra, node_gbps * 1e9)
+    ring = (n - 1) / n
+    grad_bytes = prof.start_bytes("trainable_weights")  # gradients: the trainable's dtype
+    weights = prof.start_bytes("frozen_weights") + grad_bytes
+    if job.sharding == "ddp":
+        return 2 * ring * grad_bytes / link
+    if job.sharding == "zero2":
+        return ring * (grad_bytes + weights) / link
+    return job.grad_accum * ring * (2 * weights + grad_bytes) / link
