@@ -39,7 +39,7 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -277,66 +277,78 @@ def best_start(
             f"{slack_h})"
         )
     now = utc(now)
-    now_h = now.timestamp() / 3600
     offer = _offer(history, provider, instance, region, now)
     if offer is None:
         return None
-    n = math.ceil(run_h / step_h - 1e-9)
-    pieces = [(k * step_h, min(step_h, run_h - k * step_h)) for k in range(n)]
+    where = f"{provider} {instance} {region}"
+    steps = _Steps(offer, where, now.timestamp() / 3600, run_h, step_h)
     starts = max(0, math.floor(slack_h / step_h + 1e-9))  # start <= slack: the deadline holds
-    cache: dict[tuple[int, float], list[float]] = {}
-
-    def piece(j: int, hours: float) -> list[float]:
-        if (j, hours) not in cache:
-            cache[(j, hours)] = offer.samples(now_h + j * step_h, [(0.0, hours)])
-            if not cache[(j, hours)]:
-                span = offer.end - offer.first
-                raise FrugalError(
-                    f"price history of {provider} {instance} {region} covers {span:.1f} h; "
-                    "timing needs more than a day of it: fetch a longer history"
-                )
-        return cache[(j, hours)]
-
-    costs = []
-    for i in range(starts + 1):
-        costs.append(sum(statistics.median(piece(i + k, h)) for k, (_, h) in enumerate(pieces)))
+    costs = [steps.expected_usd(i) for i in range(starts + 1)]
     best = 0
     for i, c in enumerate(costs):
         if c < costs[best] - 1e-9 * max(1.0, costs[best]):
             best = i
     start = best * step_h
-    days = min(len(piece(best + k, h)) for k, (_, h) in enumerate(pieces))
-    whole = offer.samples(now_h + start, pieces)  # the whole window, day by day
-    # a run longer than the history has no whole window in it: bound it by its steps' p90s
-    p90 = _p90(whole) if whole else sum(_p90(piece(best + k, h)) for k, (_, h) in enumerate(pieces))
+    p90, days = steps.spread(best)
     expected, now_usd = costs[best], costs[0]
-    saving = now_usd - expected
+    w = Window(start_h=start, run_h=run_h, expected_usd=expected, now_usd=now_usd,
+               saving_usd=now_usd - expected, p90_usd=p90,
+               slack_left_h=max(slack_h, 0.0) - start, days=days, reason="")  # fmt: skip
     at = (now + timedelta(hours=start)).strftime("%H:%M UTC")
-    if start == 0:
+    return replace(w, reason=_reason(w, f"{where}: start", at, slack_h, step_h))
+
+
+def _reason(w: Window, start: str, at: str, slack_h: float, step_h: float) -> str:
+    if w.start_h == 0:
         why = (
             f"slack of {max(slack_h, 0):.1f} h is less than a {step_h:g} h step"
-            if starts == 0
+            if math.floor(slack_h / step_h + 1e-9) <= 0
             else f"no start within the {slack_h:.1f} h of slack is cheaper"
         )
-        reason = (
-            f"{provider} {instance} {region}: start now ({at}): {why}; expected "
-            f"${expected:.2f} for {run_h:.1f} h, p90 ${p90:.2f} over {days} days of history"
+        return (
+            f"{start} now ({at}): {why}; expected ${w.expected_usd:.2f} for {w.run_h:.1f} h, "
+            f"p90 ${w.p90_usd:.2f} over {w.days} days of history"
         )
-    else:
-        reason = (
-            f"{provider} {instance} {region}: start in {start:g} h ({at}): expected "
-            f"${expected:.2f} for {run_h:.1f} h vs ${now_usd:.2f} starting now, saving "
-            f"${saving:.2f} ({saving / now_usd:.0%}); p90 ${p90:.2f} over {days} days of "
-            f"history; {slack_h - start:.1f} h of slack left"
-        )
-    return Window(
-        start_h=start,
-        run_h=run_h,
-        expected_usd=expected,
-        now_usd=now_usd,
-        saving_usd=saving,
-        p90_usd=p90,
-        slack_left_h=max(slack_h, 0.0) - start,
-        days=days,
-        reason=reason,
+    return (
+        f"{start} in {w.start_h:g} h ({at}): expected ${w.expected_usd:.2f} for {w.run_h:.1f} h "
+        f"vs ${w.now_usd:.2f} starting now, saving ${w.saving_usd:.2f} "
+        f"({w.saving_usd / w.now_usd:.0%}); p90 ${w.p90_usd:.2f} over {w.days} days of "
+        f"history; {slack_h - w.start_h:.1f} h of slack left"
     )
+
+
+class _Steps:
+    """A run of `run_h` hours cut into steps of `step_h`, each priced on the days of history
+    at its hour of the day (cached: the starts tried share their steps)."""
+
+    def __init__(self, offer: _Offer, where: str, now_h: float, run_h: float, step_h: float):
+        self.offer, self.where, self.now_h, self.step_h = offer, where, now_h, step_h
+        n = math.ceil(run_h / step_h - 1e-9)
+        self.pieces = [(k * step_h, min(step_h, run_h - k * step_h)) for k in range(n)]
+        self._cache: dict[tuple[int, float], list[float]] = {}
+
+    def piece(self, j: int, hours: float) -> list[float]:
+        """What `hours` from the j-th step on cost on each day of the history."""
+        if (j, hours) not in self._cache:
+            got = self.offer.samples(self.now_h + j * self.step_h, [(0.0, hours)])
+            if not got:
+                span = self.offer.end - self.offer.first
+                raise FrugalError(
+                    f"price history of {self.where} covers {span:.1f} h; "
+                    "timing needs more than a day of it: fetch a longer history"
+                )
+            self._cache[(j, hours)] = got
+        return self._cache[(j, hours)]
+
+    def expected_usd(self, i: int) -> float:
+        """The run started at step i: the sum of its steps' median costs."""
+        return sum(statistics.median(self.piece(i + k, h)) for k, (_, h) in enumerate(self.pieces))
+
+    def spread(self, i: int) -> tuple[float, int]:
+        """The p90 cost of the run started at step i, and the days of history behind it."""
+        days = min(len(self.piece(i + k, h)) for k, (_, h) in enumerate(self.pieces))
+        whole = self.offer.samples(self.now_h + i * self.step_h, self.pieces)  # day by day
+        if whole:
+            return _p90(whole), days
+        # a run longer than the history has no whole window in it: bound it by its steps' p90s
+        return sum(_p90(self.piece(i + k, h)) for k, (_, h) in enumerate(self.pieces)), days
