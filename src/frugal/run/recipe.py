@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -72,6 +72,9 @@ from frugal.run.steps import TrainingRun, _cuda_device, _parts
 from frugal.run.summary import Outcome, RunSummary
 from frugal.run.training_loop import Clock, Loop
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
 # peft still asks transformers for is_gradient_checkpointing, deprecated in v5: not our warning
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 # the distributed checkpoint API says so each time it runs in one process: that is intended
@@ -82,14 +85,45 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled", categ
 
 
 def setup(cfg: RunConfig) -> TrainingRun:
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-    from accelerate.utils import InitProcessGroupKwargs, set_seed
+    """A run ready to train: its processes, its model, its data and its optimizer."""
+    from accelerate.utils import set_seed
 
     job = cfg.job
     refuse_unsupported(cfg)
     sharded = job.sharding == "fsdp" and job.gpus > 1
     precision, reason = choose_precision(job.precision, sharded)
+    acc = _accelerator(cfg, precision)
+    set_seed(cfg.training.seed)
+    model, tok = load_model(
+        cfg, precision, empty=sharded and not acc.is_main_process, sharded=sharded
+    )
+    rows, val_rows, notes = _rows(cfg, tok)
+    sched_data = Schedule(
+        len(rows), cfg.training.effective_batch, cfg.data.epochs, cfg.training.seed
+    )
+    total = sched_data.total_steps
+    if cfg.training.max_steps:
+        total = min(total, cfg.training.max_steps)
+    model, optimizer, scheduler, params = _optimizer(cfg, model, acc, total, sharded)
+    per_rank = cfg.training.effective_batch // acc.num_processes
+    micro, why = auto_micro_batch(cfg, per_rank)
+    pad = tok.pad_token_id
+    return TrainingRun(
+        cfg=cfg, out=Path(cfg.output_dir), acc=acc, model=model, tokenizer=tok,
+        optimizer=optimizer, scheduler=scheduler, batches=Batcher(rows, pad, cfg.job.packing),
+        val_batches=Batcher(val_rows, pad, cfg.job.packing), schedule=sched_data,
+        precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
+        total_steps=total, params=params, sharded=sharded,
+        notes=[f"micro-batch {micro}: {why}", *notes],
+    )  # fmt: skip
+
+
+def _accelerator(cfg: RunConfig, precision: str) -> Accelerator:
+    """This process's accelerate state, one process per GPU of the job."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import InitProcessGroupKwargs
+
     mixed = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, "no")
     # accelerate keeps one precision per process: a second run in it (a notebook, the GPU
     # tests) may want another, so its state is set afresh (the process group is kept)
@@ -101,16 +135,18 @@ def setup(cfg: RunConfig) -> TrainingRun:
     acc = Accelerator(
         mixed_precision=mixed, cpu=not torch.cuda.is_available(), kwargs_handlers=wait
     )
-    if acc.num_processes != job.gpus:
+    if acc.num_processes != cfg.job.gpus:
         raise FrugalError(
-            f"job.gpus={job.gpus} but {acc.num_processes} processes were launched: "
+            f"job.gpus={cfg.job.gpus} but {acc.num_processes} processes were launched: "
             "let `frugal train` launch them (no torchrun of your own)"
         )
-    set_seed(cfg.training.seed)
-    model, tok = load_model(
-        cfg, precision, empty=sharded and not acc.is_main_process, sharded=sharded
-    )
+    return acc
 
+
+def _rows(cfg: RunConfig, tok: Any) -> tuple[Rows, Rows, list[str]]:
+    """The training and validation rows (packed or one example each), and a note on the
+    examples cut to the sequence length."""
+    job = cfg.job
     assert cfg.data.path  # refuse_unsupported checked it
     st = DataStats()
     examples = load_examples(cfg.data.path, tok, job.seq, cfg.data.format, st)
@@ -119,25 +155,24 @@ def setup(cfg: RunConfig) -> TrainingRun:
         train_ex, val_ex = examples, load_examples(cfg.data.val_path, tok, job.seq, cfg.data.format)
     else:
         train_ex, val_ex = split(examples, cfg.data.val_ratio, cfg.training.seed)
-    pad = tok.pad_token_id
 
     def to_rows(ex: Examples) -> Rows:
-        return pack(ex, job.seq, pad) if cfg.job.packing else unpacked(ex)
+        return pack(ex, job.seq, tok.pad_token_id) if job.packing else unpacked(ex)
 
-    rows, val_rows = to_rows(train_ex), to_rows(val_ex)
-    sched_data = Schedule(
-        len(rows), cfg.training.effective_batch, cfg.data.epochs, cfg.training.seed
-    )
-    total = sched_data.total_steps
-    if cfg.training.max_steps:
-        total = min(total, cfg.training.max_steps)
+    return to_rows(train_ex), to_rows(val_ex), notes
+
+
+def _optimizer(
+    cfg: RunConfig, model: Any, acc: Accelerator, total: int, sharded: bool
+) -> tuple[Any, Any, Any, list[torch.nn.Parameter]]:
+    """The model as accelerate runs it, its optimizer and learning-rate schedule, and the
+    parameters it trains."""
+    from transformers import get_scheduler
 
     if sharded:
         model = shard(model, acc.device, acc.is_main_process)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(cfg, params)
-    from transformers import get_scheduler
-
     name = {"constant": "constant_with_warmup"}.get(cfg.training.schedule, cfg.training.schedule)
     scheduler = get_scheduler(
         name,
@@ -152,18 +187,7 @@ def setup(cfg: RunConfig) -> TrainingRun:
         # the step autocasts itself (frugal.step.loop), as the estimate does; accelerate's
         # forward wrapper would also copy every output (all logits) to fp32
         acc.unwrap_model(model, keep_fp32_wrapper=False)
-    per_rank = cfg.training.effective_batch // acc.num_processes
-    micro, why = auto_micro_batch(cfg, per_rank)
-    out = Path(cfg.output_dir)
-    run = TrainingRun(
-        cfg=cfg, out=out, acc=acc, model=model, tokenizer=tok, optimizer=optimizer,
-        scheduler=scheduler, batches=Batcher(rows, pad, cfg.job.packing),
-        val_batches=Batcher(val_rows, pad, cfg.job.packing), schedule=sched_data,
-        precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
-        total_steps=total, params=params, sharded=sharded,
-        notes=[f"micro-batch {micro}: {why}", *notes],
-    )  # fmt: skip
-    return run
+    return model, optimizer, scheduler, params
 
 
 # -- a run: its sessions, its peers, where it resumes from ---------------------------------
