@@ -118,22 +118,58 @@ def _ticks(lo: float, hi: float) -> list[float]:
 
 
 def html_chart(result: Result, k: Constraints) -> str:
+    """The plans as an SVG in a page of its own: cost against time on log scales, the
+    frontier joined, the recommendation marked, each point described on hover."""
     pts = result.plans
     xs = [p.hours for p in pts] + ([k.deadline_h] if k.deadline_h else [])
     ys = [p.cost_usd for p in pts] + ([k.budget_usd] if k.budget_usd else [])
-    sx, (x0, x1) = _log_scale(min(xs), max(xs), PAD_L, W - PAD_R)
-    sy, (y0, y1) = _log_scale(max(min(ys), 1e-3), max(ys), H - PAD_B, PAD_T)
-    svg: list[str] = []
-    for v in _ticks(x0, x1):
+    sx, xr = _log_scale(min(xs), max(xs), PAD_L, W - PAD_R)
+    sy, yr = _log_scale(max(min(ys), 1e-3), max(ys), H - PAD_B, PAD_T)
+    svg = _grid(sx, sy, xr, yr) + _limits(sx, sy, k) + _points(result, sx, sy)
+    axes = (
+        f'<text x="{(PAD_L + W - PAD_R) / 2}" y="{H - 10}" text-anchor="middle">'
+        "expected wall time (h)</text>"
+        f'<text transform="rotate(-90)" x="{-(PAD_T + H - PAD_B) / 2}" y="16" '
+        'text-anchor="middle">expected total cost (USD)</text>'
+    )
+    style = (
+        "svg{font:12px sans-serif}.g{stroke:#eaeef2}.t{fill:#57606a;font-size:11px}"
+        ".c{stroke:#6e7781;stroke-dasharray:4 3}.p{fill:#9aa5b1}.f{fill:none;stroke:#1f6feb;"
+        "stroke-width:2}.fp{fill:#1f6feb}.r{fill:#d1242f}circle:hover{stroke:#000}"
+    )
+    return (
+        "<!doctype html><meta charset='utf-8'><title>frugal plan: cost vs time</title>"
+        f"<style>{style}</style><h3 style='font-family:sans-serif'>frugal plan: "
+        f"{len(pts)} feasible plans, {len(result.frontier)} on the frontier (hover a point)</h3>"
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}">'
+        + "".join(svg)
+        + axes
+        + "</svg>\n"
+    )
+
+
+Scale = Callable[[float], float]
+
+
+def _grid(sx: Scale, sy: Scale, xr: tuple[float, float], yr: tuple[float, float]) -> list[str]:
+    """The grid lines and their labels: hours across, dollars up."""
+    svg = []
+    for v in _ticks(*xr):
         x = sx(v)
         svg.append(f'<line x1="{x:.1f}" y1="{PAD_T}" x2="{x:.1f}" y2="{H - PAD_B}" class="g"/>')
         svg.append(f'<text x="{x:.1f}" y="{H - PAD_B + 16}" class="t">{v:g}</text>')
-    for v in _ticks(y0, y1):
+    for v in _ticks(*yr):
         y = sy(v)
         svg.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" class="g"/>')
         svg.append(
             f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" class="t" text-anchor="end">${v:g}</text>'
         )
+    return svg
+
+
+def _limits(sx: Scale, sy: Scale, k: Constraints) -> list[str]:
+    """The deadline and the budget, dashed."""
+    svg = []
     if k.deadline_h:
         x = sx(k.deadline_h)
         svg.append(f'<line x1="{x:.1f}" y1="{PAD_T}" x2="{x:.1f}" y2="{H - PAD_B}" class="c"/>')
@@ -144,7 +180,13 @@ def html_chart(result: Result, k: Constraints) -> str:
         svg.append(
             f'<text x="{W - PAD_R - 4}" y="{y - 4:.1f}" class="t" text-anchor="end">budget</text>'
         )
-    for p in pts:
+    return svg
+
+
+def _points(result: Result, sx: Scale, sy: Scale) -> list[str]:
+    """Every feasible plan, the frontier joined, and the recommendation named."""
+    svg = []
+    for p in result.plans:
         tip = html.escape(_describe(p))
         svg.append(
             f'<circle cx="{sx(p.hours):.1f}" cy="{sy(p.cost_usd):.1f}" r="3.5" class="p">'
@@ -166,23 +208,4 @@ def html_chart(result: Result, k: Constraints) -> str:
         f"{html.escape('recommended: ' + _describe(rec))}</title></circle>"
     )
     svg.append(f'<text x="{rx + 10:.1f}" y="{ry - 10:.1f}">{html.escape(rec.label())}</text>')
-    axes = (
-        f'<text x="{(PAD_L + W - PAD_R) / 2}" y="{H - 10}" text-anchor="middle">'
-        "expected wall time (h)</text>"
-        f'<text transform="rotate(-90)" x="{-(PAD_T + H - PAD_B) / 2}" y="16" '
-        'text-anchor="middle">expected total cost (USD)</text>'
-    )
-    style = (
-        "svg{font:12px sans-serif}.g{stroke:#eaeef2}.t{fill:#57606a;font-size:11px}"
-        ".c{stroke:#6e7781;stroke-dasharray:4 3}.p{fill:#9aa5b1}.f{fill:none;stroke:#1f6feb;"
-        "stroke-width:2}.fp{fill:#1f6feb}.r{fill:#d1242f}circle:hover{stroke:#000}"
-    )
-    return (
-        "<!doctype html><meta charset='utf-8'><title>frugal plan: cost vs time</title>"
-        f"<style>{style}</style><h3 style='font-family:sans-serif'>frugal plan: "
-        f"{len(pts)} feasible plans, {len(front)} on the frontier (hover a point)</h3>"
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}">'
-        + "".join(svg)
-        + axes
-        + "</svg>\n"
-    )
+    return svg
