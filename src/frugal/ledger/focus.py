@@ -42,6 +42,7 @@ import csv
 import json
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
@@ -152,62 +153,74 @@ def write_focus(led: Ledger, out: TextIO) -> int:
         tags: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
         for row in table_rows(s, t["tags"]):
             tags[row["kind"], row["ref"]][row["key"]] = row["value"]
-        runs = t["runs"]
+        runs, costs = t["runs"], t["costs"]
         for r in table_rows(s, runs, runs.c.started_at, runs.c.id):
-            cost, price = r["cost_usd"], r["price_per_hour_usd"] or 0.0
-            hours = cost / price if price > 0 else (r["hours"] or 1.0)  # billed: price x hours
-            unit = price if price > 0 else cost / hours
-            sku = f"{r['provider'] or UNKNOWN_PROVIDER}/{r['instance'] or r['gpu'] or 'GPU'}"
-            region, resource = r["region"] or "", r["resource_id"] or ""
-            cols = _row(
-                cost, r["started_at"], r["ended_at"] or r["heartbeat_at"] or r["started_at"],
-                tags["run", r["id"]], r["provider"], unit, hours,
-                ChargeDescription=f"{r['method']} of {r['model']} on {r['gpus']}x "
-                f"{r['gpu'] or 'unknown GPU'} ({r['outcome'] or 'running'})",
-                ConsumedQuantity=decimal(r["hours"] * r["gpus"]), ConsumedUnit="GPU-Hours",
-                PricingUnit="Hours", PricingCategory="Dynamic" if r["spot"] else "Standard",
-                RegionId=region, RegionName=region, ResourceId=resource,
-                ResourceType=r["instance"] if resource and r["instance"] else
-                ("GPU machine" if resource else ""),
-                ServiceCategory="AI and Machine Learning", ServiceSubcategory="Machine Learning",
-                ServiceName="GPU compute", SkuId=sku,
-                SkuPriceId=f"{sku}/{region or 'any region'}/{'spot' if r['spot'] else 'on-demand'}",
-                SkuMeter="GPU machine hours",
-                SkuPriceDetails=_json({"GpuCount": r["gpus"], "InstanceType": r["instance"]}
-                                      if r["instance"] else {"GpuCount": r["gpus"]}),
-                x_FrugalKind="run", x_FrugalId=r["id"], x_RunId=r["id"],
-                x_Outcome=r["outcome"] or "", x_Model=r["model"], x_Method=r["method"],
-                x_Gpu=r["gpu"], x_GpuCount=decimal(r["gpus"]), x_Spot=json.dumps(r["spot"]),
-                x_DryRun=json.dumps(r["dry_run"]),
-                x_PricePerHourUsd=decimal(r["price_per_hour_usd"]),
-                x_Tokens=decimal(r["tokens"]), x_EstimatedCostUsd=decimal(r["est_cost_usd"]),
-            )  # fmt: skip
+            cols = _run_row(r, tags["run", r["id"]])
             w.writerow(cols.get(c, "") for c in header)
             n += 1
-        categories = {c.lower(): c for c in SERVICE_CATEGORIES}
-        costs = t["costs"]
         for c in table_rows(s, costs, costs.c.at, costs.c.id):
-            what = c["description"] or c["kind"]
-            billed = 0.0 if c["run_id"] else c["amount_usd"]
-            if c["run_id"]:  # the run's row has the dollars: a sum must not count them twice
-                what += f" (billed {decimal(c['amount_usd'])} USD, in run {c['run_id']})"
-            category = categories.get(c["kind"].lower(), "Other")
-            sku = f"{c['provider'] or UNKNOWN_PROVIDER}/{c['kind']}"
-            gpu_hours = c["gpu_hours"] or 0.0
-            cols = _row(
-                billed, c["at"], c["period_end"] or c["at"], tags["cost", str(c["id"])],
-                c["provider"], billed, 1.0, ChargeDescription=what,
-                ConsumedQuantity=decimal(gpu_hours or 1.0),
-                ConsumedUnit="GPU-Hours" if gpu_hours else "Units", PricingUnit="Units",
-                PricingCategory="Standard", ResourceId=c["resource_id"] or "",
-                ResourceType=c["kind"] if c["resource_id"] else "",
-                ServiceCategory=category, ServiceSubcategory=f"Other ({category})",
-                ServiceName=c["kind"], SkuId=sku, SkuPriceId=sku, SkuMeter=c["kind"],
-                x_FrugalKind="cost", x_FrugalId=str(c["id"]), x_RunId=c["run_id"] or "",
-            )  # fmt: skip
+            cols = _cost_row(c, tags["cost", str(c["id"])])
             w.writerow(cols.get(col, "") for col in header)
             n += 1
     return n
+
+
+def _run_row(r: Mapping[str, Any], tags: dict[str, str]) -> dict[str, Any]:
+    """A run's charge: its GPU machine's hours at its price."""
+    cost, price = r["cost_usd"], r["price_per_hour_usd"] or 0.0
+    hours = cost / price if price > 0 else (r["hours"] or 1.0)  # billed: price x hours
+    unit = price if price > 0 else cost / hours
+    sku = f"{r['provider'] or UNKNOWN_PROVIDER}/{r['instance'] or r['gpu'] or 'GPU'}"
+    region, resource = r["region"] or "", r["resource_id"] or ""
+    return _row(
+        cost, r["started_at"], r["ended_at"] or r["heartbeat_at"] or r["started_at"],
+        tags, r["provider"], unit, hours,
+        ChargeDescription=f"{r['method']} of {r['model']} on {r['gpus']}x "
+        f"{r['gpu'] or 'unknown GPU'} ({r['outcome'] or 'running'})",
+        ConsumedQuantity=decimal(r["hours"] * r["gpus"]), ConsumedUnit="GPU-Hours",
+        PricingUnit="Hours", PricingCategory="Dynamic" if r["spot"] else "Standard",
+        RegionId=region, RegionName=region, ResourceId=resource,
+        ResourceType=r["instance"] if resource and r["instance"] else
+        ("GPU machine" if resource else ""),
+        ServiceCategory="AI and Machine Learning", ServiceSubcategory="Machine Learning",
+        ServiceName="GPU compute", SkuId=sku,
+        SkuPriceId=f"{sku}/{region or 'any region'}/{'spot' if r['spot'] else 'on-demand'}",
+        SkuMeter="GPU machine hours",
+        SkuPriceDetails=_json({"GpuCount": r["gpus"], "InstanceType": r["instance"]}
+                              if r["instance"] else {"GpuCount": r["gpus"]}),
+        x_FrugalKind="run", x_FrugalId=r["id"], x_RunId=r["id"],
+        x_Outcome=r["outcome"] or "", x_Model=r["model"], x_Method=r["method"],
+        x_Gpu=r["gpu"], x_GpuCount=decimal(r["gpus"]), x_Spot=json.dumps(r["spot"]),
+        x_DryRun=json.dumps(r["dry_run"]),
+        x_PricePerHourUsd=decimal(r["price_per_hour_usd"]),
+        x_Tokens=decimal(r["tokens"]), x_EstimatedCostUsd=decimal(r["est_cost_usd"]),
+    )  # fmt: skip
+
+
+CATEGORIES = {c.lower(): c for c in SERVICE_CATEGORIES}
+
+
+def _cost_row(c: Mapping[str, Any], tags: dict[str, str]) -> dict[str, Any]:
+    """A cost put on the books: its own row, or a line that names the run holding its
+    dollars (a sum must not count them twice)."""
+    what = c["description"] or c["kind"]
+    billed = 0.0 if c["run_id"] else c["amount_usd"]
+    if c["run_id"]:  # the run's row has the dollars: a sum must not count them twice
+        what += f" (billed {decimal(c['amount_usd'])} USD, in run {c['run_id']})"
+    category = CATEGORIES.get(c["kind"].lower(), "Other")
+    sku = f"{c['provider'] or UNKNOWN_PROVIDER}/{c['kind']}"
+    gpu_hours = c["gpu_hours"] or 0.0
+    return _row(
+        billed, c["at"], c["period_end"] or c["at"], tags,
+        c["provider"], billed, 1.0, ChargeDescription=what,
+        ConsumedQuantity=decimal(gpu_hours or 1.0),
+        ConsumedUnit="GPU-Hours" if gpu_hours else "Units", PricingUnit="Units",
+        PricingCategory="Standard", ResourceId=c["resource_id"] or "",
+        ResourceType=c["kind"] if c["resource_id"] else "",
+        ServiceCategory=category, ServiceSubcategory=f"Other ({category})",
+        ServiceName=c["kind"], SkuId=sku, SkuPriceId=sku, SkuMeter=c["kind"],
+        x_FrugalKind="cost", x_FrugalId=str(c["id"]), x_RunId=c["run_id"] or "",
+    )  # fmt: skip
 
 
 def metadata(created: datetime, version: str) -> dict[str, Any]:
