@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from frugal.errors import FrugalError
 from frugal.hardware.gpus import GPU, lookup_gpu
@@ -242,51 +243,44 @@ def from_gpuhunt(only: list[str] | None, retrieved: str) -> list[Fetched]:
         raise FrugalError(f"cannot read gpuhunt's catalogs from {where} ({e})") from None
     finally:
         quiet.setLevel(level)
-    out = []
-    for name in theirs:
-        items = [i for i in catalog.query(provider=name) if i.gpu_count and i.gpu_count >= 1]
-        if not items:
-            raise FrugalError(f"gpuhunt: no {name} offers could be read from {where}")
-        rows: dict[tuple[str, str], dict[str, object]] = {}
-        unknown: Counter[str] = Counter()
-        for i in items:
-            gpu = _gpuhunt_gpu(i.gpu_name or "", i.gpu_memory, i.instance_name)
-            if gpu is None:
-                unknown[i.gpu_name or "?"] += 1
-                continue
-            row = rows.setdefault((i.instance_name, i.location), {"gpu": gpu, "item": i})
-            row["spot" if i.spot else "od"] = float(i.price)
-        provider = GPUHUNT[name]
-        offers = []
-        for (instance, location), r in rows.items():
-            od, spot, item = r.get("od"), r.get("spot"), r["item"]
-            if not isinstance(od, float):
-                continue  # spot-only: no on-demand price to plan against
-            offers.append(
-                Offer(
-                    provider=provider,
-                    instance=instance,
-                    gpu=r["gpu"],  # type: ignore[arg-type]
-                    gpus=int(item.gpu_count),  # type: ignore[attr-defined]
-                    ondemand_usd_h=od,
-                    # as SkyPilot's rows: no discount is no spot; above on-demand: flagged
-                    spot_usd_h=spot
-                    if isinstance(spot, float) and spot > 0 and abs(spot - od) > 1e-4 * od
-                    else None,
-                    region=location,
-                    interruption=(providers()[provider].interruption or ">20%")
-                    if isinstance(spot, float)
-                    else "",
-                    source=f"gpuhunt catalog {name} (dstack)",
-                    retrieved=retrieved,
-                    vcpus=float(item.cpu),  # type: ignore[attr-defined]
-                    memory_gib=float(item.memory),  # type: ignore[attr-defined]
-                )
-            )
-        left = ", ".join(f"{n} ({c})" for n, c in unknown.most_common())
-        note = f"GPUs without specs in gpus.csv, left out: {left}" if unknown else ""
-        out.append(Fetched(provider, f"{where} ({name})", offers, note, unknown))
-    return out
+    return [_gpuhunt_provider(catalog, name, where, retrieved) for name in theirs]
+
+
+def _gpuhunt_provider(catalog: Any, name: str, where: str, retrieved: str) -> Fetched:
+    """One provider of gpuhunt's catalog: an offer per instance and location that has an
+    on-demand price (spot-only rows have nothing to plan against)."""
+    items = [i for i in catalog.query(provider=name) if i.gpu_count and i.gpu_count >= 1]
+    if not items:
+        raise FrugalError(f"gpuhunt: no {name} offers could be read from {where}")
+    rows: dict[tuple[str, str], tuple[GPU, Any, dict[str, float]]] = {}
+    unknown: Counter[str] = Counter()
+    for i in items:
+        gpu = _gpuhunt_gpu(i.gpu_name or "", i.gpu_memory, i.instance_name)
+        if gpu is None:
+            unknown[i.gpu_name or "?"] += 1
+            continue
+        _, _, prices = rows.setdefault((i.instance_name, i.location), (gpu, i, {}))
+        prices["spot" if i.spot else "od"] = float(i.price)
+    provider = GPUHUNT[name]
+    bucket = providers()[provider].interruption or ">20%"
+    offers = []
+    for (instance, location), (gpu, item, prices) in rows.items():
+        od, spot = prices.get("od"), prices.get("spot")
+        if od is None:
+            continue
+        offers.append(Offer(
+            provider=provider, instance=instance, gpu=gpu, gpus=int(item.gpu_count),
+            ondemand_usd_h=od,
+            # as SkyPilot's rows: no discount is no spot; above on-demand: flagged
+            spot_usd_h=spot if spot is not None and spot > 0 and abs(spot - od) > 1e-4 * od
+            else None,
+            region=location, interruption=bucket if spot is not None else "",
+            source=f"gpuhunt catalog {name} (dstack)", retrieved=retrieved,
+            vcpus=float(item.cpu), memory_gib=float(item.memory),
+        ))  # fmt: skip
+    left = ", ".join(f"{n} ({c})" for n, c in unknown.most_common())
+    note = f"GPUs without specs in gpus.csv, left out: {left}" if unknown else ""
+    return Fetched(provider, f"{where} ({name})", offers, note, unknown)
 
 
 def fetch(provider: str, where: str, retrieved: str, progress: Progress | None) -> list[Fetched]:
