@@ -154,9 +154,7 @@ def _main(argv: list[str] | None) -> int:
         if isinstance(e.__context__, EOFError):
             if debug:
                 raise
-            print(f"internal error (EOFError: {e.__context__}); this is a bug in frugal, "
-                  "rerun with --debug for the traceback", file=sys.stderr)  # fmt: skip
-            return 1
+            return _failed(e.__context__)
         print(INTERRUPTED, file=sys.stderr)
         return INTERRUPTED_EXIT
     except KeyboardInterrupt:  # Ctrl-C outside training's own handling (loading, planning)
@@ -170,26 +168,32 @@ def _main(argv: list[str] | None) -> int:
     except Exception as e:
         if debug:
             raise
-        if isinstance(e, OSError) and e.filename is not None and e.errno in PATH_ERRORS:
-            # the file system's answer about a path the user gave: theirs to fix
-            print(f"error: {e.filename}: {e.strerror}: check the path and the disk",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        if type(e).__module__.startswith("sqlalchemy"):  # the ledger's database, once open
-            why = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:200]
-            print(
-                f"error: the ledger's database failed ({why}): check FRUGAL_DB_URL, or move "
-                "a damaged ledger file aside (it was not changed)",
-                file=sys.stderr,
-            )
-            return 2
+        return _failed(e)
+    return rc if isinstance(rc, int) else 0
+
+
+def _failed(e: BaseException) -> int:
+    """The one line of an error nobody caught, and its exit code: a path or the ledger's
+    database is the user's to fix (2); anything else is a bug in frugal (1)."""
+    if isinstance(e, OSError) and e.filename is not None and e.errno in PATH_ERRORS:
+        # the file system's answer about a path the user gave: theirs to fix
+        print(f"error: {e.filename}: {e.strerror}: check the path and the disk",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if type(e).__module__.startswith("sqlalchemy"):  # the ledger's database, once open
+        why = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:200]
         print(
-            f"internal error ({type(e).__name__}: {e}); this is a bug in frugal, "
-            "rerun with --debug for the traceback",
+            f"error: the ledger's database failed ({why}): check FRUGAL_DB_URL, or move "
+            "a damaged ledger file aside (it was not changed)",
             file=sys.stderr,
         )
-        return 1
-    return rc if isinstance(rc, int) else 0
+        return 2
+    print(
+        f"internal error ({type(e).__name__}: {e}); this is a bug in frugal, "
+        "rerun with --debug for the traceback",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def run() -> None:
