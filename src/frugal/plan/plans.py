@@ -80,6 +80,10 @@ class Plan:
         return f"{self.offer.provider} {nodes}{self.offer.instance}{spot} {self.job.method}"
 
     def to_json(self) -> dict[str, Any]:
+        return self._where() | self._setup() | self._estimate() | {"reasons": self.reasons}
+
+    def _where(self) -> dict[str, Any]:
+        """The machines: provider, instance, nodes, GPUs, spot and its fallback."""
         j = self.job
         return {
             "provider": self.offer.provider,
@@ -97,6 +101,12 @@ class Plan:
                 if self.fallback and self.fallback.spot_share < 1
                 else None
             ),
+        }
+
+    def _setup(self) -> dict[str, Any]:
+        """The training set-up of the step on them."""
+        j = self.job
+        return {
             "method": j.method,
             "precision": j.precision,
             "sharding": j.sharding if j.gpus > 1 else None,
@@ -109,6 +119,11 @@ class Plan:
             "loss_chunks": j.loss_chunks,
             "offload_activations": j.offload_activations,
             "host_offload_gib": round(self.host_offload_gib, 2),
+        }
+
+    def _estimate(self) -> dict[str, Any]:
+        """What it is expected to take: hours, dollars, memory, speed, interruptions."""
+        return {
             "est_hours": round(self.hours, 3),
             "est_cost_usd": round(self.cost_usd, 2),
             "cost_breakdown_usd": {
@@ -140,7 +155,6 @@ class Plan:
                 if self.value_of_time_usd_h
                 else {}
             ),
-            "reasons": self.reasons,
         }
 
 
