@@ -78,44 +78,15 @@ PEAK_AT = {
 
 
 def render(d: dict[str, Any]) -> None:
-
     c = Console()
     j = d["job"]
-    what = j["method"]
-    if j["method"] != "full":
-        alpha = j["lora_alpha"] or 2 * j["lora_r"]
-        what += f" r{j['lora_r']}/α{alpha} on {j['lora_targets']}"
-    par = f" · {j['gpus']} GPUs {j['sharding']}" if j["gpus"] > 1 else ""
-    c.print(
-        f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']}"
-        f"{' in backward' if j['optimizer_in_backward'] else ''} · "
-        f"batch {j['batch']} x seq {j['seq']} {'packed' if j['packing'] else 'padded'} · "
-        f"checkpointing {'on' if j['grad_checkpointing'] else 'off'} · {j['attention']}"
-        f"{' · ' + j['loss'] if j['loss'] != 'ce' else ''}"
-        f"{' · loss in ' + str(j['loss_chunks']) + ' chunks' if j['loss_chunks'] else ''}"
-        f"{' · activations offloaded' if j['offload_activations'] else ''}{par}"
-    )
+    c.print(_job_line(d))
     share = d["trainable_params"] / d["total_params"] if d["total_params"] else 0
     c.print(
         f"parameters: {d['total_params']:,} total, {d['trainable_params']:,} trainable "
         f"({share:.2%})"
     )
-    t = Table(title=f"memory per GPU at its peak ({PEAK_AT.get(d['peak_at'], d['peak_at'])})")
-    t.add_column("component")
-    t.add_column("GiB", justify="right")
-    for k, v in d["breakdown_gib"].items():
-        t.add_row(LABELS.get(k, k), f"{v:.2f}")
-    t.add_section()
-    t.add_row(
-        "[bold]peak allocated[/] (max_memory_allocated)", f"[bold]{d['peak_allocated_gib']:.2f}"
-    )
-    t.add_row("[bold]peak reserved[/] (max_memory_reserved)", f"[bold]{d['peak_reserved_gib']:.2f}")
-    t.add_row("[bold]device total[/] (nvidia-smi)", f"[bold]{d['device_total_gib']:.2f}")
-    if d["host_offload_gib"]:
-        t.add_row(
-            "offloaded to pinned host memory (not on the GPU)", f"{d['host_offload_gib']:.2f}"
-        )
-    c.print(t)
+    c.print(_memory_table(d))
     f = d["flops_per_step"]
     c.print(
         f"FLOPs per step: forward {si(f['forward'])}, backward {si(f['backward'])}, "
@@ -139,3 +110,42 @@ def render(d: dict[str, Any]) -> None:
         c.print(f"[yellow]warning:[/] {w}")
     for n in d["notes"]:
         c.print(f"[dim]note: {n}[/]")
+
+
+def _job_line(d: dict[str, Any]) -> str:
+    """The step estimated: the model, the method and every setting that moves its memory."""
+    j = d["job"]
+    what = j["method"]
+    if j["method"] != "full":
+        alpha = j["lora_alpha"] or 2 * j["lora_r"]
+        what += f" r{j['lora_r']}/α{alpha} on {j['lora_targets']}"
+    par = f" · {j['gpus']} GPUs {j['sharding']}" if j["gpus"] > 1 else ""
+    return (
+        f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']}"
+        f"{' in backward' if j['optimizer_in_backward'] else ''} · "
+        f"batch {j['batch']} x seq {j['seq']} {'packed' if j['packing'] else 'padded'} · "
+        f"checkpointing {'on' if j['grad_checkpointing'] else 'off'} · {j['attention']}"
+        f"{' · ' + j['loss'] if j['loss'] != 'ce' else ''}"
+        f"{' · loss in ' + str(j['loss_chunks']) + ' chunks' if j['loss_chunks'] else ''}"
+        f"{' · activations offloaded' if j['offload_activations'] else ''}{par}"
+    )
+
+
+def _memory_table(d: dict[str, Any]) -> Table:
+    """Memory per GPU at its peak by component, and the three totals."""
+    t = Table(title=f"memory per GPU at its peak ({PEAK_AT.get(d['peak_at'], d['peak_at'])})")
+    t.add_column("component")
+    t.add_column("GiB", justify="right")
+    for k, v in d["breakdown_gib"].items():
+        t.add_row(LABELS.get(k, k), f"{v:.2f}")
+    t.add_section()
+    t.add_row(
+        "[bold]peak allocated[/] (max_memory_allocated)", f"[bold]{d['peak_allocated_gib']:.2f}"
+    )
+    t.add_row("[bold]peak reserved[/] (max_memory_reserved)", f"[bold]{d['peak_reserved_gib']:.2f}")
+    t.add_row("[bold]device total[/] (nvidia-smi)", f"[bold]{d['device_total_gib']:.2f}")
+    if d["host_offload_gib"]:
+        t.add_row(
+            "offloaded to pinned host memory (not on the GPU)", f"{d['host_offload_gib']:.2f}"
+        )
+    return t
