@@ -24,7 +24,7 @@ from frugal.estimate.phantom import PhantomMode, phantom_like
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.step.batch import example
 from frugal.step.job import TrainJob
-from frugal.step.loop import Loss, PlainEngine, optimizer_step
+from frugal.step.loop import Loss, PlainEngine, Update, optimizer_step
 from frugal.step.model import build_model, count_params, cuda_kernels
 from frugal.step.optim import make_optimizer
 
@@ -72,9 +72,6 @@ def simulate(
         {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
     )
     vocab = int(config["vocab_size"])
-    engine = PlainEngine(job.precision)
-    loss = Loss.of(job)
-    clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
     traces = []
     mode = PhantomMode() if use_phantom else FakeTensorMode(allow_non_fake_inputs=False)
     with cuda_kernels(), mode, warnings.catch_warnings():
@@ -90,29 +87,33 @@ def simulate(
         opt.step()
         opt.zero_grad(set_to_none=True)
         for batch, seq in shapes:
-            tracker = StepTracker(vocab)
-            micro = [example(batch, seq, job.packing)] * min(job.grad_accum, 2)
-            hooks = tracker.watch(model, opt)
-            try:
-                with tracking(tracker):
-                    optimizer_step(model, opt, params, micro, engine, loss, 1.0, 1.0, clip)
-            finally:
-                for h in hooks:
-                    h.remove()
-            traces.append(
-                Trace(
-                    live=tracker.timeline(),
-                    segments=tracker.segments(),
-                    micro=tracker.micro_steps(),
-                    flops=dict(tracker.flops),
-                    attn_flops=dict(tracker.attn_flops),
-                    op_ids=np.array(tracker.op_ids),
-                    total_params=total,
-                    trainable_params=trainable,
-                    lora_targets=targets,
-                )
-            )
+            t = _tracked_step(model, opt, params, job, (batch, seq), vocab)
+            traces.append(Trace(
+                live=t.timeline(), segments=t.segments(), micro=t.micro_steps(),
+                flops=dict(t.flops), attn_flops=dict(t.attn_flops), op_ids=np.array(t.op_ids),
+                total_params=total, trainable_params=trainable, lora_targets=targets,
+            ))  # fmt: skip
     return traces
+
+
+def _tracked_step(
+    model: nn.Module, opt: Any, params: list[nn.Parameter], job: TrainJob,
+    shape: tuple[int, int], vocab: int,
+) -> StepTracker:  # fmt: skip
+    """The trainer's optimizer step on `shape` (batch, seq), every allocation tracked; two
+    micro-batches where the job accumulates (the second is every later one)."""
+    tracker = StepTracker(vocab)
+    micro = [example(*shape, job.packing)] * min(job.grad_accum, 2)
+    clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
+    engine, update = PlainEngine(job.precision), Update(Loss.of(job), 1.0, 1.0, clip)
+    hooks = tracker.watch(model, opt)
+    try:
+        with tracking(tracker):
+            optimizer_step(model, opt, params, micro, engine, update)
+    finally:
+        for h in hooks:
+            h.remove()
+    return tracker
 
 
 def _materialize(model: nn.Module, use_phantom: bool) -> None:

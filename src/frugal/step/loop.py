@@ -151,64 +151,81 @@ def forward(model: Any, batch: dict[str, torch.Tensor]) -> Any:
     return model(**model_inputs(batch), use_cache=False)
 
 
+@dataclass(frozen=True)
+class Update:
+    """How one optimizer step turns its micro-batches into an update.
+
+    `ce_scale` and `cl_scale` turn each micro-batch's summed losses into its share of the
+    step's loss (1 / the step's token or segment count, times the process count under
+    data parallelism, whose reduction averages). `max_grad_norm`: clipping (0: none).
+    `reduce_each`: FSDP reduce-scatters the gradients after every micro-batch; DDP
+    all-reduces once, after the last."""
+
+    loss: Loss
+    ce_scale: float
+    cl_scale: float
+    max_grad_norm: float
+    reduce_each: bool = False
+
+
 def optimizer_step(
     model: Any,
     optimizer: Any,
     params: list[torch.nn.Parameter],
     batches: Iterable[dict[str, torch.Tensor]],
     engine: Engine,
-    loss: Loss,
-    ce_scale: float,
-    cl_scale: float,
-    max_grad_norm: float,
-    reduce_each: bool = False,
+    update: Update,
 ) -> Sums:
-    """Accumulate the micro-batches' gradients, clip, update, free the gradients.
-
-    `ce_scale` and `cl_scale` turn each micro-batch's summed losses into its share of the
-    step's loss (1 / the step's token or segment count, times the process count under
-    data parallelism, whose reduction averages). `reduce_each`: FSDP reduce-scatters the
-    gradients after every micro-batch; DDP all-reduces once, after the last."""
+    """Accumulate the micro-batches' gradients, clip, update, free the gradients."""
     batches = list(batches)
     zero = torch.zeros((), device=engine.device)
     ce_total, cl_total = zero.clone(), zero.clone()  # on the device: no sync per micro-batch
     fused = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
     fused = fused if isinstance(fused, PerParameter) else None
-    if fused is not None and (len(batches) > 1 or max_grad_norm > 0):
+    if fused is not None and (len(batches) > 1 or update.max_grad_norm > 0):
         raise FrugalError(
             "the optimizer in backward updates each weight from one micro-batch's gradient, "
             "unclipped: run the step as one micro-batch with max_grad_norm 0"
         )
     with fused.in_backward() if fused is not None else contextlib.nullcontext():
-        for i, b in enumerate(batches, start=1):
-            marks.micro_step(i)
-            marks.phase("fwd")
-            b = {k: v.to(engine.device, non_blocking=True) for k, v in b.items()}
-            last = i == len(batches)
-            sync = contextlib.nullcontext() if last or reduce_each else engine.no_sync(model)
-            with sync:
-                with engine.autocast():
-                    hidden, ce_sum = ce_of(model, b, loss)
-                    total = ce_sum * ce_scale
-                    if hidden is not None:
-                        cl_sum, _ = contrastive_loss(
-                            hidden, b["labels"], b["segment_ids"], loss.margin
-                        )
-                        total = total + cl_sum * (cl_scale * loss.weight)
-                        cl_total += cl_sum.detach()
-                del hidden
-                marks.phase("bwd_head")
-                engine.backward(total)
-            ce_total += ce_sum.detach()
-            del total, ce_sum, b
+        _accumulate(model, batches, engine, update, (ce_total, cl_total))
     marks.phase("opt")
     if fused is not None:
         norm = fused.grad_norm(engine.device)
-    elif max_grad_norm > 0:
-        norm = engine.clip_grad_norm_(params, max_grad_norm)
+    elif update.max_grad_norm > 0:
+        norm = engine.clip_grad_norm_(params, update.max_grad_norm)
     else:
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else zero
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return Sums(ce_total, cl_total, norm)
+
+
+def _accumulate(
+    model: Any, batches: list[dict[str, torch.Tensor]], engine: Engine, update: Update,
+    totals: tuple[torch.Tensor, torch.Tensor],
+) -> None:  # fmt: skip
+    """Forward and backward of each micro-batch, the gradients summed; the summed
+    cross-entropy and contrastive losses added to `totals`."""
+    loss = update.loss
+    ce_total, cl_total = totals
+    for i, b in enumerate(batches, start=1):
+        marks.micro_step(i)
+        marks.phase("fwd")
+        b = {k: v.to(engine.device, non_blocking=True) for k, v in b.items()}
+        last = i == len(batches)
+        sync = contextlib.nullcontext() if last or update.reduce_each else engine.no_sync(model)
+        with sync:
+            with engine.autocast():
+                hidden, ce_sum = ce_of(model, b, loss)
+                total = ce_sum * update.ce_scale
+                if hidden is not None:
+                    cl_sum, _ = contrastive_loss(hidden, b["labels"], b["segment_ids"], loss.margin)
+                    total = total + cl_sum * (update.cl_scale * loss.weight)
+                    cl_total += cl_sum.detach()
+            del hidden
+            marks.phase("bwd_head")
+            engine.backward(total)
+        ce_total += ce_sum.detach()
+        del total, ce_sum, b

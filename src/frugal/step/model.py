@@ -128,49 +128,11 @@ def build_model(
 
     `config` is the model's config.json; `path` the checkpoint directory for `pretrained`;
     `n_layers` a shallower copy (the estimate's)."""
-    from transformers import AutoModelForCausalLM
-
-    base_dtype, trainable_dtype = weight_dtypes(job)
     cfg = hf_config(config, job, n_layers)
-    qlora = job.method == "qlora"
     if weights == "pretrained":
-        from frugal.step.qlora import bnb_config
-
-        if path is None:
-            raise ValueError("weights='pretrained' needs the checkpoint's path")
-        extra: dict[str, Any] = {"attn_implementation": cfg._attn_implementation}
-        if is_moe_config(config):
-            extra["experts_implementation"] = cfg._experts_implementation
-        if qlora:
-            extra["quantization_config"] = bnb_config(compute_dtype(job))
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=base_dtype, local_files_only=True, **extra
-        )
+        model = _pretrained(config, cfg, job, path)
     else:
-        if weights == "meta":
-            where: Any = torch.device("meta")
-        elif weights == "empty":
-            from accelerate import init_empty_weights
-
-            where = init_empty_weights()  # weights on meta, buffers real
-        else:
-            where = contextlib.nullcontext()
-        with where, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # init warnings of weights nobody reads
-            model = AutoModelForCausalLM.from_config(cfg, dtype=base_dtype)
-        if weights == "empty":
-            model.tie_weights()  # the meta patch unties them; the main process's are tied
-    if qlora and weights != "pretrained":
-        if weights == "meta":
-            from frugal.step.qlora import quantize_standins
-
-            with torch.device("meta"):
-                quantize_standins(model, compute_dtype(job), job.keeps_4bit_input)
-        else:
-            from frugal.step.qlora import quantize
-
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            quantize(model, compute_dtype(job), device)
+        model = _from_config(cfg, job, weights)
     if job.grad_checkpointing:
         enable_checkpointing(model, job.offload_activations)
     model.config.use_cache = False
@@ -178,8 +140,67 @@ def build_model(
         for p in model.parameters():
             p.requires_grad_(True)
         return model
+    return _with_adapters(model, job, weights)
+
+
+def _pretrained(config: dict[str, Any], cfg: Any, job: TrainJob, path: str | None) -> Any:
+    """The checkpoint's weights, in 4 bits for QLoRA (bitsandbytes quantizes as it loads)."""
+    from transformers import AutoModelForCausalLM
+
+    from frugal.step.qlora import bnb_config
+
+    if path is None:
+        raise ValueError("weights='pretrained' needs the checkpoint's path")
+    extra: dict[str, Any] = {"attn_implementation": cfg._attn_implementation}
+    if is_moe_config(config):
+        extra["experts_implementation"] = cfg._experts_implementation
+    if job.method == "qlora":
+        extra["quantization_config"] = bnb_config(compute_dtype(job))
+    base_dtype, _ = weight_dtypes(job)
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=base_dtype, local_files_only=True, **extra
+    )
+
+
+def _from_config(cfg: Any, job: TrainJob, weights: Weights) -> Any:
+    """A model made from its config: random weights, empty ones (on meta, buffers real) or
+    all on meta; QLoRA's linear layers then quantized (on meta: 4-bit stand-ins)."""
+    from transformers import AutoModelForCausalLM
+
+    if weights == "meta":
+        where: Any = torch.device("meta")
+    elif weights == "empty":
+        from accelerate import init_empty_weights
+
+        where = init_empty_weights()  # weights on meta, buffers real
+    else:
+        where = contextlib.nullcontext()
+    base_dtype, _ = weight_dtypes(job)
+    with where, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # init warnings of weights nobody reads
+        model = AutoModelForCausalLM.from_config(cfg, dtype=base_dtype)
+    if weights == "empty":
+        model.tie_weights()  # the meta patch unties them; the main process's are tied
+    if job.method != "qlora":
+        return model
+    if weights == "meta":
+        from frugal.step.qlora import quantize_standins
+
+        with torch.device("meta"):
+            quantize_standins(model, compute_dtype(job), job.keeps_4bit_input)
+    else:
+        from frugal.step.qlora import quantize
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        quantize(model, compute_dtype(job), device)
+    return model
+
+
+def _with_adapters(model: Any, job: TrainJob, weights: Weights) -> Any:
+    """The LoRA adapters of `job` on the model, in the trainable dtype."""
     from peft import get_peft_model
 
+    _, trainable_dtype = weight_dtypes(job)
     logging.getLogger("peft").setLevel(logging.ERROR)
     where = torch.device("meta") if weights == "meta" else contextlib.nullcontext()
     _check_targets(model, job)
