@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
@@ -33,6 +33,48 @@ def stored(t: datetime | None) -> datetime:
     """A time to store: in UTC (SQLite keeps the wall clock of an aware time as given, so
     every write converts), now when None."""
     return now() if t is None else utc(t)
+
+
+class RunStart(TypedDict, total=False):
+    """A run as it starts (`Ledger.start_run`; a spooled start keeps these fields)."""
+
+    model: Required[str]
+    method: Required[str]
+    config: Required[dict[str, Any]]  # the run config as trained
+    price_per_hour_usd: Required[float | None]
+    provider: str  # "local" when not given
+    instance: str
+    region: str
+    gpu: str
+    gpus: int  # 1 when not given
+    spot: bool
+    plan_id: int | None  # the plan it runs, when on the same books
+    dry_run: bool
+    predicted: dict[str, Any] | None  # the estimate of its hours, dollars, memory, speed
+    tags: dict[str, str] | None
+    run_id: str | None  # a new id when not given
+    resource_id: str  # the machine it runs on
+    output_dir: str
+
+
+class RunEnd(TypedDict, total=False):
+    """Where a run ended (`Ledger.end_run`)."""
+
+    step: Required[int]
+    tokens: Required[float]
+    cost_usd: Required[float]
+    hours: Required[float]
+    predicted: dict[str, Any] | None  # replaces the start's, refined as the run went
+
+
+class CostMore(TypedDict, total=False):
+    """A cost's details beyond its amount and kind (`Ledger.add_cost`)."""
+
+    tags: dict[str, str] | None
+    run_id: str | None  # the run whose dollars it is (matched from a bill): not counted twice
+    provider: str
+    gpu_hours: float
+    period_end: datetime | None  # a bill's line covers a period
 
 
 class Ledger:
@@ -78,19 +120,14 @@ class Ledger:
             self._tag(s, "plan", str(rec.id), tags or {})
             return rec.id
 
-    def start_run(self, *, model: str, method: str, config: dict[str, Any],
-                  price_per_hour_usd: float | None, provider: str = "local",
-                  instance: str = "", region: str = "", gpu: str = "", gpus: int = 1,
-                  spot: bool = False, plan_id: int | None = None, dry_run: bool = False,
-                  predicted: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
-                  run_id: str | None = None, resource_id: str = "", output_dir: str = "",
-                  at: datetime | None = None) -> str:  # fmt: skip
+    def start_run(self, at: datetime | None = None, **run: Unpack[RunStart]) -> str:
         """Record a run's start (at `at`, default now); returns its id. Starting a run id
         that is already on the books (a resumed run, a spooled start sent twice) keeps the
         first record."""
-        rid = run_id or str(uuid.uuid4())
+        rid = run.get("run_id") or str(uuid.uuid4())
         t = stored(at)
-        predicted = predicted or {}
+        predicted = run.get("predicted") or {}
+        plan_id = run.get("plan_id")
         with self.session() as s:
             if s.get(RunRecord, rid) is not None:
                 return rid
@@ -98,15 +135,18 @@ class Ledger:
                 plan_id = None  # planned against another ledger: not on these books
             s.add(RunRecord(
                 id=rid, plan_id=plan_id, started_at=t, heartbeat_at=t, ended_at=None,
-                outcome=None, dry_run=dry_run, model=model, method=method, provider=provider,
-                instance=instance, region=region, gpu=gpu, gpus=gpus, spot=spot,
-                price_per_hour_usd=price_per_hour_usd, step=0, tokens=0.0, cost_usd=0.0,
-                hours=0.0, config=config, predicted=predicted, actual={},
-                resource_id=resource_id[:300], output_dir=output_dir[:1000],
+                outcome=None, dry_run=run.get("dry_run", False), model=run["model"],
+                method=run["method"], provider=run.get("provider", "local"),
+                instance=run.get("instance", ""), region=run.get("region", ""),
+                gpu=run.get("gpu", ""), gpus=run.get("gpus", 1), spot=run.get("spot", False),
+                price_per_hour_usd=run["price_per_hour_usd"], step=0, tokens=0.0, cost_usd=0.0,
+                hours=0.0, config=run["config"], predicted=predicted, actual={},
+                resource_id=run.get("resource_id", "")[:300],
+                output_dir=run.get("output_dir", "")[:1000],
                 est_hours=predicted.get("hours"), est_cost_usd=predicted.get("cost_usd"),
             ))  # fmt: skip
             s.flush()
-            self._tag(s, "run", rid, tags or {})
+            self._tag(s, "run", rid, run.get("tags") or {})
         return rid
 
     def resume_run(self, run_id: str, at: datetime | None = None) -> None:
@@ -136,11 +176,10 @@ class Ledger:
                     run.total_steps = total_steps
 
     def end_run(self, run_id: str, outcome: str, actual: dict[str, Any],
-                step: int, tokens: float, cost_usd: float, hours: float,
-                at: datetime | None = None,
-                predicted: dict[str, Any] | None = None) -> None:  # fmt: skip
+                at: datetime | None = None, **end: Unpack[RunEnd]) -> None:  # fmt: skip
         """A run's end; `predicted` replaces the start's prediction (refined once the run
         knew its micro-batch and device)."""
+        predicted = end.get("predicted")
         with self.session() as s:
             run = s.get(RunRecord, run_id, with_for_update=True)
             if run is None:
@@ -150,23 +189,24 @@ class Ledger:
                 run.predicted = predicted
                 run.est_hours, run.est_cost_usd = predicted.get("hours"), predicted.get("cost_usd")
             run.heartbeat_at = run.ended_at
-            run.step, run.tokens, run.cost_usd, run.hours = step, tokens, cost_usd, hours
+            run.step, run.tokens = end["step"], end["tokens"]
+            run.cost_usd, run.hours = end["cost_usd"], end["hours"]
 
     def add_cost(self, amount_usd: float, kind: str, description: str = "",
                  resource_id: str = "", source: str = "manual", at: datetime | None = None,
-                 tags: dict[str, str] | None = None, run_id: str | None = None,
-                 provider: str = "", gpu_hours: float = 0.0,
-                 period_end: datetime | None = None) -> int:  # fmt: skip
+                 **more: Unpack[CostMore]) -> int:  # fmt: skip
+        """Put a cost on the books (at `at`, default now); returns its id."""
+        end = more.get("period_end")
         with self.session() as s:
             c = CostEntry(
                 at=stored(at), kind=kind, amount_usd=amount_usd, description=description[:500],
-                resource_id=resource_id[:300], source=source[:300], run_id=run_id,
-                provider=provider[:50], gpu_hours=gpu_hours,
-                period_end=None if period_end is None else stored(period_end),
+                resource_id=resource_id[:300], source=source[:300], run_id=more.get("run_id"),
+                provider=more.get("provider", "")[:50], gpu_hours=more.get("gpu_hours", 0.0),
+                period_end=None if end is None else stored(end),
             )  # fmt: skip
             s.add(c)
             s.flush()
-            self._tag(s, "cost", str(c.id), tags or {})
+            self._tag(s, "cost", str(c.id), more.get("tags") or {})
             return c.id
 
     def run(self, run_id: str) -> RunRecord | None:
