@@ -14,13 +14,12 @@ from frugal.errors import FrugalError
 from frugal.hardware.gpus import GIB, GPU
 from frugal.hardware.offers import Offer
 from frugal.models.specs import ModelSpec
-from frugal.serve.engines import Engine
+from frugal.serve.deployment import Deployment
 from frugal.serve.kv import KVLayout, kv_layout
 from frugal.serve.memory import ServeMemory, serve_memory
 from frugal.serve.speed import Load, Shape, Speed, Steps, serve_speed
 from frugal.serve.weights import (
     KV_DTYPES,
-    Format,
     Params,
     attention_flops_per_context_token,
     compute_dtype,
@@ -35,27 +34,6 @@ ENGINE_FORMATS = {  # weight formats each engine serves (vLLM, SGLang, TensorRT-
     "trtllm": ("bf16", "fp16", "fp8", "awq", "gptq"),
 }
 MAX_TP = 8  # one machine; more needs pipeline parallelism across nodes (not modelled)
-
-
-@dataclass(frozen=True)
-class Deployment:
-    spec: ModelSpec
-    gpu: GPU
-    tp: int
-    engine: Engine
-    fmt: Format
-    kv_dtype: str = "auto"
-    memory_fraction: float | None = None
-    max_num_seqs: int | None = None
-    batched_tokens: int | None = None
-
-    @property
-    def batched(self) -> int:
-        return self.batched_tokens or self.engine.batched_for(self.gpu.usable_gib)
-
-    @property
-    def seqs(self) -> int:
-        return self.max_num_seqs or self.engine.max_num_seqs
 
 
 @dataclass(frozen=True)
@@ -256,10 +234,7 @@ def memory(
     """The engine's memory on each GPU of `d` for requests of `seq_tokens` tokens
     (`kv_weights`: the KV layout and weight GiB per GPU when `steps` already gave them)."""
     kv, w_gpu = kv_weights or steps(d)[2:]
-    return serve_memory(
-        d.spec, d.engine, d.gpu.usable_gib, w_gpu, kv, d.tp, seq_tokens, d.batched, d.seqs,
-        d.memory_fraction,
-    )  # fmt: skip
+    return serve_memory(d, w_gpu, kv, seq_tokens)
 
 
 def _fit_hint(d: Deployment, seq_tokens: int) -> str:

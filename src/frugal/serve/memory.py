@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from frugal.estimate.closed_form import _dims
 from frugal.hardware.gpus import GIB
 from frugal.models.specs import ModelSpec
-from frugal.serve.engines import Engine
+from frugal.serve.deployment import Deployment
 from frugal.serve.kv import KVLayout
 
 
@@ -83,22 +83,13 @@ class ServeMemory:
         }
 
 
-def serve_memory(
-    spec: ModelSpec,
-    eng: Engine,
-    total_gib: float,
-    weights_gib: float,
-    kv: KVLayout,
-    tp: int,
-    seq_tokens: int,
-    batched_tokens: int,
-    seqs: int,
-    fraction: float | None = None,
-) -> ServeMemory:
-    """Memory on each GPU for sequences of `seq_tokens` (input + output) tokens, with the
-    engine's batched-token and sequence limits."""
-    frac = eng.memory_fraction if fraction is None else fraction
-    act = activation_peak_bytes(spec, tp, batched_tokens, seqs) / GIB
+def serve_memory(d: Deployment, weights_gib: float, kv: KVLayout, seq_tokens: int) -> ServeMemory:
+    """Memory on each GPU of `d` for sequences of `seq_tokens` (input + output) tokens, with
+    the engine's batched-token and sequence limits."""
+    eng, tp, total_gib = d.engine, d.tp, d.gpu.usable_gib
+    batched_tokens, seqs = d.batched, d.seqs
+    frac = eng.memory_fraction if d.memory_fraction is None else d.memory_fraction
+    act = activation_peak_bytes(d.spec, tp, batched_tokens, seqs) / GIB
     non_torch = eng.non_torch_gib + (eng.tp_extra_gib if tp > 1 else 0.0)
     kv_gib = kv_budget_gib(eng.memory_rule, total_gib, frac, weights_gib, act, non_torch)
     kv_bytes = max(kv_gib, 0.0) * GIB
