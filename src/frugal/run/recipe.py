@@ -70,7 +70,7 @@ from frugal.run.predict import predict
 from frugal.run.state import TrainState
 from frugal.run.steps import TrainingRun, _cuda_device, _parts
 from frugal.run.summary import Outcome, RunSummary
-from frugal.run.training_loop import Clock, Loop
+from frugal.run.training_loop import Clock, Driving, Loop
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -218,17 +218,18 @@ def train(
     # run's launcher starts run under the launcher's hold)
     alone = main and "LOCAL_RANK" not in os.environ
     with outdir.held(Path(cfg.output_dir)) if alone else contextlib.nullcontext():
-        return _session(cfg, out, pre, source, notes, dry_run, on_step, quiet, clock)
+        drive = Driving(dry_run, on_step, quiet, clock)
+        return _session(cfg, out, pre, source, notes, drive)
 
 
 def _session(
     cfg: RunConfig, out: Path, pre: Preflight | None, source: Path | None, notes: list[str],
-    dry_run: int | None, on_step: Callable[[int, dict[str, float]], None] | None,
-    quiet: bool, clock: Clock,
+    drive: Driving,
 ) -> RunSummary:  # fmt: skip
     """One session of the run in `out`, from `source` (a checkpoint, or None: fresh): set
     up, start or resume, train, save, summarize, with its books kept (`pre`: the
     preflight's tags and warnings, on the main process)."""
+    dry_run, clock = drive.dry_run, drive.clock
     if dry_run and pre is not None:
         shutil.rmtree(out, ignore_errors=True)  # measurements only: the run's files stay
     meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=clock,
@@ -249,7 +250,7 @@ def _session(
             if books is not None:  # a resumed run's money, lost work included, is on the books
                 meter.before_usd = max(meter.before_usd, usd)
                 meter.before_s = max(meter.before_s, 3600 * hours)
-            loop = Loop(run, state, meter, stop, clock, dry_run, on_step, quiet, books)
+            loop = Loop(run, state, meter, stop, drive, books)
             idle_s = 60 * (cfg.training.idle_stop_min or float("inf"))
             with Watchdog(idle_s, loop.hung) as loop.dog:
                 summary = loop.train()

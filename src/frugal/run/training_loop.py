@@ -6,7 +6,9 @@ exports and summarizes."""
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -39,6 +41,18 @@ from frugal.run.summary import Actual, Outcome, RunSummary
 Clock = Callable[[], float]  # seconds, as time.monotonic counts them
 
 
+@dataclass(frozen=True)
+class Driving:
+    """How a run is driven: `dry_run` steps only (measured, nothing kept), a callback after
+    each step, no progress display when `quiet`, and the clock that times steps,
+    checkpoints and dollars (a test passes its own)."""
+
+    dry_run: int | None = None
+    on_step: Callable[[int, dict[str, float]], None] | None = None
+    quiet: bool = False
+    clock: Clock = time.monotonic
+
+
 class Action(Enum):
     STEP = "step"
     EVALUATE = "evaluate"
@@ -52,12 +66,12 @@ class Loop:
     then `step`, `evaluate` or `checkpoint`; `finish` saves and summarizes."""
 
     def __init__(
-        self, run: TrainingRun, state: TrainState, meter: CostMeter, stop: Stop, clock: Clock,
-        dry_run: int | None, on_step: Callable[[int, dict[str, float]], None] | None,
-        quiet: bool, books: RunBooks | None = None,
+        self, run: TrainingRun, state: TrainState, meter: CostMeter, stop: Stop,
+        drive: Driving, books: RunBooks | None = None,
     ) -> None:  # fmt: skip
-        self.run, self.state, self.meter, self.stop, self.clock = run, state, meter, stop, clock
-        self.dry_run, self.on_step = dry_run, on_step
+        self.run, self.state, self.meter, self.stop = run, state, meter, stop
+        self.clock, self.dry_run, self.on_step = drive.clock, drive.dry_run, drive.on_step
+        dry_run, quiet = drive.dry_run, drive.quiet
         cfg, t = run.cfg, run.cfg.training
         self.store = ckpt.Checkpoints(run.out / "checkpoints", t.keep_checkpoints)
         self.total = min(run.total_steps, dry_run or run.total_steps)
@@ -81,7 +95,7 @@ class Loop:
         trainable = sum(p.numel() * p.element_size() for p in run.params)
         self.save_s = 0.02 + 3 * trainable / 1e9
         self.eval_s: float | None = None
-        self.session_t0 = self.last_save = clock()
+        self.session_t0 = self.last_save = drive.clock()
         self.start_step = self.saved_step = state.step  # nothing new to save yet
         self.eval_due = False
         self.outcome: Outcome = "completed"
