@@ -57,6 +57,15 @@ HOMES = {
     "Report": None,
     "SpendReport": "ledger/report.py",
     "AdviceReport": "ledger/advise.py",
+    # a second carving: each concept in the module a newcomer looks in
+    "Deployment": "serve/deployment.py",  # what `frugal serve` prices
+    "Launch": "serve/emit.py",  # what a serving plan hands on to vLLM and SkyPilot
+    "parse_skypilot": "hardware/price_files.py",  # a SkyPilot vms.csv read into offers
+    "read_price_file": "hardware/price_files.py",
+    "RunStart": "ledger/store.py",  # a run's record as the ledger and its spool keep it
+    "Driving": "run/training_loop.py",  # how a run is driven: dry run, callback, clock
+    "UpdateRule": "step/loop.py",  # how a step's micro-batches become one update
+    "takes": "cli/options.py",  # a command's options as a dataclass
 }
 
 

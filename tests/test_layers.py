@@ -138,3 +138,33 @@ def test_test_modules_do_not_import_each_other():
         )
     ]
     assert not bad, "move the shared helpers to conftest.py: " + ", ".join(bad)
+
+
+# a newcomer reads a module in one sitting, a function on one screen, a call at a glance
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 500, 60, 8
+
+
+def test_modules_functions_and_parameter_lists_stay_small() -> None:
+    """No module over 500 lines, no function over 60, no function with more than 8
+    parameters (self and **kwargs of a typed record aside); Alembic's migrations aside."""
+    too_long, too_many = [], []
+    for path in sorted((SRC / "frugal").rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        text = path.read_text()
+        where = str(path.relative_to(SRC))
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{where}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                too_long.append(f"{where}:{node.lineno} {node.name}: {lines} lines")
+            a = node.args
+            named = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            n = len(named) - (1 if named and named[0].arg in ("self", "cls") else 0)
+            if n > MAX_PARAMETERS:
+                too_many.append(f"{where}:{node.lineno} {node.name}: {n} parameters")
+    assert not too_long, too_long
+    assert not too_many, too_many  # a command's options: a dataclass (cli.options.takes)

@@ -12,7 +12,7 @@ from frugal.estimate.categories import CATEGORIES
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
 from frugal.step.job import make_job
-from frugal.step.loop import Loss, PlainEngine, Update, optimizer_step
+from frugal.step.loop import Loss, PlainEngine, UpdateRule, optimizer_step
 from frugal.step.model import build_model
 from frugal.step.offload import _pack, _unpack
 from frugal.step.optim import make_optimizer
@@ -42,7 +42,12 @@ def _step(offload: bool, method: str = "lora", tracker: StepTracker | None = Non
     run = tracking(tracker) if tracker is not None else torch.enable_grad()
     with run:
         sums = optimizer_step(
-            model, opt, params, [batch], PlainEngine("fp32"), Update(Loss(), 1 / (B * S), 1.0, 1.0)
+            model,
+            opt,
+            params,
+            [batch],
+            PlainEngine("fp32"),
+            UpdateRule(Loss(), 1 / (B * S), 1.0, 1.0),
         )
     weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     return sums.ce, grads, weights

@@ -21,7 +21,7 @@ from frugal.hardware.gpus import gpus
 from frugal.hardware.skypilot import to_skypilot
 from frugal.serve.emit import (
     VLLM_LORA_RANKS,
-    Deployment,
+    Launch,
     adapter_dir,
     adapter_rank,
     skypilot_serve_task,
@@ -75,11 +75,11 @@ def _adapter(root: Path, r: Any = 12, **extra: Any) -> Path:
     return root
 
 
-def _deploy(**kw: Any) -> Deployment:
+def _deploy(**kw: Any) -> Launch:
     base: dict[str, Any] = {
         "model": LLAMA, "gpu": "H100 SXM", "max_model_len": 8192, "max_num_seqs": 256,
     }  # fmt: skip
-    return Deployment(**{**base, **kw})
+    return Launch(**{**base, **kw})
 
 
 def _check_vllm_args(args: list[str]) -> dict[str, str]:
@@ -187,7 +187,7 @@ def test_every_flag_and_value_is_vllms(tmp_path: Path) -> None:
     assert _check_vllm_args(vllm_args(_deploy(adapter=run)))["--max-lora-rank"] == "64"
 
 
-def _deployments(tmp_path: Path) -> list[Deployment]:
+def _deployments(tmp_path: Path) -> list[Launch]:
     run = _adapter(tmp_path / "served-run", r=12)
     model = tmp_path / "checkpoint"
     model.mkdir()
@@ -322,7 +322,7 @@ def test_local_files_are_copied_to_each_replica(tmp_path: Path) -> None:
 # -- what is refused, with the fix named -----------------------------------------------------
 
 
-def _one_line_error(d: Deployment, *words: str) -> None:
+def _one_line_error(d: Launch, *words: str) -> None:
     with pytest.raises(FrugalError) as e:
         vllm_command(d)
     assert "\n" not in str(e.value)

@@ -226,7 +226,7 @@ def emitted(p: ServePlan, what: str, adapter: str | None, weights: str | None) -
             f"the plan serves {d.fmt.name} weights: give --weights (the {d.fmt.name} checkpoint "
             "to serve), or plan with --quant bf16,fp8 (vLLM quantizes those on load)"
         )
-    dep = emit.Deployment(
+    dep = emit.Launch(
         model=d.spec.id,
         gpu=d.gpu.name,
         max_model_len=p.ask.input_len + p.ask.output_len,

@@ -24,7 +24,7 @@ from frugal.estimate.phantom import PhantomMode, phantom_like
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.step.batch import example
 from frugal.step.job import TrainJob
-from frugal.step.loop import Loss, PlainEngine, Update, optimizer_step
+from frugal.step.loop import Loss, PlainEngine, UpdateRule, optimizer_step
 from frugal.step.model import build_model, count_params, cuda_kernels
 from frugal.step.optim import make_optimizer
 
@@ -105,7 +105,7 @@ def _tracked_step(
     tracker = StepTracker(vocab)
     micro = [example(*shape, job.packing)] * min(job.grad_accum, 2)
     clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
-    engine, update = PlainEngine(job.precision), Update(Loss.of(job), 1.0, 1.0, clip)
+    engine, update = PlainEngine(job.precision), UpdateRule(Loss.of(job), 1.0, 1.0, clip)
     hooks = tracker.watch(model, opt)
     try:
         with tracking(tracker):

@@ -20,7 +20,7 @@ from frugal.data.examples import (
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
-from frugal.step.loop import Loss, Sums, Update, forward, optimizer_step
+from frugal.step.loop import Loss, Sums, UpdateRule, forward, optimizer_step
 from frugal.step.loss import IGNORE, causal_lm_loss
 
 
@@ -130,7 +130,7 @@ def device_step(run: TrainingRun, inp: StepInput) -> Sums:
         run.params,
         inp.batches,
         run.acc,
-        Update(
+        UpdateRule(
             Loss.of(run.cfg.job, t.contrastive_weight, t.contrastive_margin),
             ce_scale=run.world / max(inp.tokens, 1.0),
             cl_scale=run.world / max(inp.segments, 1.0),

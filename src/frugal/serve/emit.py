@@ -1,5 +1,5 @@
 """What `frugal serve plan --emit vllm|skypilot` hands on: the serving plan's decisions
-(`Deployment`) as a `vllm serve` command line and as a SkyPilot Serve task that runs it.
+(`Launch`) as a `vllm serve` command line and as a SkyPilot Serve task that runs it.
 
 Checked against (flag names, accepted values, defaults):
 - vLLM 0.33.0 (the release wheel's source, Apache-2.0): `vllm/engine/arg_utils.py`
@@ -42,7 +42,7 @@ Formats, as vLLM serves them:
 A local checkpoint whose config.json names another quantization than the plan is refused;
 one in compressed-tensors form (llm-compressor) gets no --quantization: vLLM reads it.
 
-`vllm_command` writes vLLM's command whatever `Deployment.engine` says: the user asked for
+`vllm_command` writes vLLM's command whatever `Launch.engine` says: the user asked for
 vLLM's arguments (SGLang and TensorRT-LLM commands are not written here).
 """
 
@@ -83,8 +83,9 @@ REMOTE = "/frugal"  # where the task puts local files (model, .gguf, adapter) on
 
 
 @dataclass(frozen=True, kw_only=True)
-class Deployment:
-    """What a serving plan decided: the model, the machines and vLLM's settings."""
+class Launch:
+    """What a serving plan hands on to launch: the model, the machines and vLLM's settings
+    (`frugal.serve.deployment.Deployment` is what the plan estimated)."""
 
     model: str  # hub id or local path: the model the plan estimated (the tokenizer's source)
     gpu: str  # frugal GPU name, e.g. "H100 SXM"
@@ -217,7 +218,7 @@ def _declared_quant(model: str) -> str | None:
     return str(method).lower() if method else None
 
 
-def served_weights(d: Deployment) -> str:
+def served_weights(d: Launch) -> str:
     """What vLLM loads: `weights` where given, else the model; gguf formats need `weights`."""
     if d.quant.startswith("gguf-"):
         want = d.quant.removeprefix("gguf-").upper()
@@ -236,7 +237,7 @@ def served_weights(d: Deployment) -> str:
     return d.weights or d.model
 
 
-def _quant_args(d: Deployment, loaded: str) -> list[str]:
+def _quant_args(d: Launch, loaded: str) -> list[str]:
     gpu = lookup_gpu(d.gpu)
     ampere = gpu is None or gpu.bf16  # unknown GPUs: assume a current one
     declared = _declared_quant(loaded)
@@ -270,7 +271,7 @@ def _quant_args(d: Deployment, loaded: str) -> list[str]:
     return ["--dtype", "float16"]  # gguf
 
 
-def _argv(d: Deployment, where: dict[str, str]) -> list[str]:
+def _argv(d: Launch, where: dict[str, str]) -> list[str]:
     """`vllm serve` and its arguments; `where` maps local paths to where they are read."""
     loaded = served_weights(d)
     at = where.get(loaded, loaded)
@@ -299,14 +300,14 @@ def _argv(d: Deployment, where: dict[str, str]) -> list[str]:
     return ["vllm", "serve", at, *args]
 
 
-def vllm_args(d: Deployment) -> list[str]:
+def vllm_args(d: Launch) -> list[str]:
     """The arguments after `vllm serve MODEL`: parallelism, limits, memory, format, KV cache
     dtype, the LoRA adapter, and --port where it is not vLLM's 8000."""
     args = _argv(d, {})[3:]
     return [*args, "--port", str(d.port)] if d.port != VLLM_PORT else args
 
 
-def vllm_command(d: Deployment) -> str:
+def vllm_command(d: Launch) -> str:
     """`vllm serve MODEL ...` as one shell line (for any `d.engine`: see the module doc)."""
     return shlex.join(["vllm", "serve", served_weights(d), *vllm_args(d)])
 
@@ -314,7 +315,7 @@ def vllm_command(d: Deployment) -> str:
 # -- the SkyPilot Serve task ----------------------------------------------------------------
 
 
-def _mounts(d: Deployment) -> dict[str, str]:
+def _mounts(d: Launch) -> dict[str, str]:
     """Local files the replicas need (model, .gguf file, tokenizer, adapter): local path ->
     path on the replica. Hub ids are downloaded there by vLLM itself."""
     out: dict[str, str] = {}
@@ -328,7 +329,7 @@ def _mounts(d: Deployment) -> dict[str, str]:
     return out
 
 
-def skypilot_serve_task(d: Deployment) -> str:
+def skypilot_serve_task(d: Launch) -> str:
     """A SkyPilot Serve task YAML (`sky serve up THIS_FILE`): replicas of `d.gpus_per_replica`
     GPUs each running `vllm serve`, a readiness probe, autoscaling to twice the replicas when
     a target rate per replica is given, and local files copied to each replica."""

@@ -152,7 +152,7 @@ def forward(model: Any, batch: dict[str, torch.Tensor]) -> Any:
 
 
 @dataclass(frozen=True)
-class Update:
+class UpdateRule:
     """How one optimizer step turns its micro-batches into an update.
 
     `ce_scale` and `cl_scale` turn each micro-batch's summed losses into its share of the
@@ -174,7 +174,7 @@ def optimizer_step(
     params: list[torch.nn.Parameter],
     batches: Iterable[dict[str, torch.Tensor]],
     engine: Engine,
-    update: Update,
+    update: UpdateRule,
 ) -> Sums:
     """Accumulate the micro-batches' gradients, clip, update, free the gradients."""
     batches = list(batches)
@@ -203,7 +203,7 @@ def optimizer_step(
 
 
 def _accumulate(
-    model: Any, batches: list[dict[str, torch.Tensor]], engine: Engine, update: Update,
+    model: Any, batches: list[dict[str, torch.Tensor]], engine: Engine, update: UpdateRule,
     totals: tuple[torch.Tensor, torch.Tensor],
 ) -> None:  # fmt: skip
     """Forward and backward of each micro-batch, the gradients summed; the summed
