@@ -1,0 +1,201 @@
+"""The training settings a plan chooses, each with a one-line reason and its source.
+
+LoRA's rank, alpha, dropout and target modules, the learning rate, its schedule and
+warm-up, the epochs and the effective batch follow from the model's size, the method, the
+task (next-token or classification) and the data's size. A setting the user gave is kept
+and shown as theirs. The rules repeat what published recipes used; none of them is a
+claim that a setting trains a better model than another (docs/train.md, "Settings").
+
+Sources:
+- `qlora`: Dettmers et al. 2023, QLoRA (arXiv:2305.14314), and its Guanaco scripts
+  (github.com/artidoro/qlora, scripts/finetune_guanaco_{7b,65b}.sh): adapters on every
+  linear layer, r 64, alpha 16, dropout 0.1 up to 13B and 0.05 from 33B, learning rate
+  2e-4 up to 13B and 1e-4 from 33B, 3% warm-up, 4 x 4 = 16 sequences a step. It found the
+  rank mattered little once every linear layer had adapters.
+- `regret`: Schulman et al. 2025, "LoRA Without Regret" (Thinking Machines): LoRA's best
+  learning rate is about 10x full fine-tuning's; adapters belong on the MLP layers too;
+  with alpha fixed at 32 the best learning rate hardly moves with the rank; a dataset
+  larger than the adapter's capacity is where a small rank falls behind.
+- `alpaca`: Taori et al. 2023, Stanford Alpaca (github.com/tatsu-lab/stanford_alpaca):
+  full fine-tuning of LLaMA-7B at 2e-5 (13B: 1e-5), cosine decay after 3% warm-up,
+  3 epochs over 52K examples.
+- `llama2`: Touvron et al. 2023, Llama 2 (arXiv:2307.09288) section 3.1: supervised
+  fine-tuning at 2e-5, cosine, 64 sequences a step.
+
+What shapes the step (the adapters, the effective batch, the epochs) does not depend on
+which method is compared, so a plan that compares methods prices each on the same steps;
+the learning rate and its schedule follow the method the plan recommends.
+- `bert`: Devlin et al. 2019, BERT (arXiv:1810.04805) appendix A.3: classification
+  fine-tuning at 2e-5 to 5e-5, 16 or 32 examples a step, 2 to 4 epochs.
+- `lora`: Hu et al. 2021, LoRA (arXiv:2106.09685), and github.com/microsoft/LoRA
+  examples/NLU/roberta_large_sst2.sh: sentiment classification with r 8, alpha 16,
+  learning rate 4e-4, 6% warm-up.
+- `frugal`: frugal's own rule, from what it costs (said in the reason).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from frugal.estimate.closed_form import model_params
+
+Task = Literal["causal", "classification"]
+SOURCES = {
+    "qlora": "QLoRA (Dettmers et al. 2023) and its Guanaco scripts",
+    "regret": "LoRA Without Regret (Schulman et al. 2025)",
+    "alpaca": "Stanford Alpaca (Taori et al. 2023)",
+    "llama2": "Llama 2 (Touvron et al. 2023), section 3.1",
+    "bert": "BERT (Devlin et al. 2019), appendix A.3",
+    "lora": "LoRA (Hu et al. 2021), its RoBERTa SST-2 script",
+    "frugal": "frugal's rule",
+}
+# where each setting lives in the run config
+WHERE = {
+    "lora_r": "job", "lora_alpha": "job", "lora_dropout": "job", "lora_targets": "job",
+    "learning_rate": "training", "schedule": "training", "warmup_ratio": "training",
+    "effective_batch": "training", "epochs": "data",
+}  # fmt: skip
+LARGE_B = 20e9  # QLoRA's recipes change between its 13B and 33B models
+FULL_LARGE_B = 10e9  # Alpaca's between 7B and 13B
+SMALL_DATA_TOKENS = 20e6  # below: a few passes, as Alpaca's 52K examples had
+LARGE_DATA_TOKENS = 1e9  # above: beyond what a rank-16 adapter was shown to hold
+MIN_STEPS_PER_EPOCH = 8
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One training setting: its value, why, and whose it is."""
+
+    name: str  # as the run config names it under `WHERE[name]`
+    value: Any
+    reason: str
+    source: str  # a key of SOURCES
+    yours: bool = False  # given by the user: kept as it is
+
+    @property
+    def line(self) -> str:
+        if self.yours:
+            return f"{self.name} {self.value}: yours"
+        return f"{self.name} {self.value}: {self.reason} ({SOURCES[self.source]})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"setting": f"{WHERE[self.name]}.{self.name}", "value": self.value,
+                "reason": self.reason, "source": None if self.yours else SOURCES[self.source],
+                "yours": self.yours}  # fmt: skip
+
+
+def choose(
+    config: dict[str, Any], method: str, task: Task, tokens: float, seq: int,
+    given: dict[str, Any],
+) -> list[Choice]:  # fmt: skip
+    """The settings of a fine-tune of the model of `config` with `method` ("full", "lora",
+    "qlora") on `tokens` tokens an epoch in sequences of `seq`; `given`: the user's
+    settings by name (None: not given)."""
+    params = model_params(config)
+    rules = _classification(method) if task == "classification" else _causal(method, params)
+    if "epochs" not in rules:
+        rules["epochs"] = _epochs(tokens)
+    chosen: dict[str, Choice] = {}
+    for name, (value, reason, source) in rules.items():
+        chosen[name] = Choice(name, value, reason, source)
+    if (
+        method != "full"
+        and task == "causal"
+        and tokens * _value(chosen, given, "epochs") > (LARGE_DATA_TOKENS)
+    ):
+        chosen["lora_r"] = Choice(
+            "lora_r", 64, "a dataset this large can outgrow a rank-16 adapter; rank 64 as "
+            "QLoRA trained", "regret",
+        )  # fmt: skip
+    chosen["effective_batch"] = _batch(chosen["effective_batch"], tokens, seq)
+    return [
+        Choice(c.name, given[c.name], "", c.source, yours=True)
+        if given.get(c.name) is not None
+        else c
+        for c in chosen.values()
+    ]
+
+
+def _value(chosen: dict[str, Choice], given: dict[str, Any], name: str) -> Any:
+    return given[name] if given.get(name) is not None else chosen[name].value
+
+
+Rule = tuple[Any, str, str]  # value, reason, source
+
+
+def _causal(method: str, params: int) -> dict[str, Rule]:
+    """Next-token training: QLoRA's recipe for adapters, Alpaca's and Llama 2's for full."""
+    size = f"{params / 1e9:.1f}B parameters"
+    if method == "full":
+        large = params > FULL_LARGE_B
+        return {
+            "learning_rate": (1e-5 if large else 2e-5, f"full fine-tuning of {size}: "
+                              f"{'13B' if large else '7B'}-class rate", "alpaca"),
+            "schedule": ("cosine", "cosine decay after warm-up", "alpaca"),
+            "warmup_ratio": (0.03, "3% of the steps warm up", "alpaca"),
+            "effective_batch": (16, "16 sequences a step, as the adapters' recipe, so methods "
+                                "compare step for step (Llama 2's SFT took 64)", "qlora"),
+        }  # fmt: skip
+    large = params > LARGE_B
+    return {
+        "lora_targets": ("all-linear", "adapters on every linear layer, the MLP's too: "
+                         "needed to match full fine-tuning", "qlora"),
+        "lora_r": (16, "the rank mattered little once every linear layer had adapters; "
+                   "16 keeps the adapter and its optimizer state small", "qlora"),
+        "lora_alpha": (32, "fixed at 32, the best learning rate hardly moves with the "
+                       "rank", "regret"),
+        "lora_dropout": (0.0, "none: dropout keeps a copy of each adapted layer's input "
+                         "in memory (QLoRA used 0.1 up to 13B, 0.05 above)", "frugal"),
+        "learning_rate": (1e-4 if large else 2e-4, f"adapters on {size}: about 10x full "
+                          f"fine-tuning's rate, QLoRA's {'from 33B' if large else 'to 13B'}",
+                          "qlora"),
+        "schedule": ("cosine", "cosine decay after warm-up", "alpaca"),
+        "warmup_ratio": (0.03, "3% of the steps warm up", "qlora"),
+        "effective_batch": (16, "16 sequences a step (4 x 4)", "qlora"),
+    }  # fmt: skip
+
+
+def _classification(method: str) -> dict[str, Rule]:
+    """A classifier: BERT's fine-tuning grid, and LoRA's sentiment recipe for adapters."""
+    if method == "full":
+        return {
+            "learning_rate": (2e-5, "the low end of BERT's classification grid", "bert"),
+            "schedule": ("linear", "linear decay after warm-up", "bert"),
+            "warmup_ratio": (0.06, "6% of the steps warm up", "lora"),
+            "effective_batch": (32, "32 examples a step", "bert"),
+            "epochs": (3.0, "3 passes, the middle of BERT's 2 to 4", "bert"),
+        }  # fmt: skip
+    return {
+        "lora_targets": ("all-linear", "adapters on every linear layer", "qlora"),
+        "lora_r": (8, "rank 8 for a sentiment classifier", "lora"),
+        "lora_alpha": (16, "alpha 16 with rank 8", "lora"),
+        "lora_dropout": (0.0, "none: dropout keeps a copy of each adapted layer's input in "
+                         "memory", "frugal"),
+        "learning_rate": (4e-4, "4e-4 for adapters on a classifier", "lora"),
+        "schedule": ("linear", "linear decay after warm-up", "bert"),
+        "warmup_ratio": (0.06, "6% of the steps warm up", "lora"),
+        "effective_batch": (32, "32 examples a step", "bert"),
+        "epochs": (3.0, "3 passes, the middle of BERT's 2 to 4", "bert"),
+    }  # fmt: skip
+
+
+def _epochs(tokens: float) -> Rule:
+    if tokens < SMALL_DATA_TOKENS:
+        return (3.0, f"a small dataset ({tokens / 1e6:.3g}M tokens): 3 passes, as Alpaca made "
+                "over its 52K examples", "alpaca")  # fmt: skip
+    return (1.0, "one pass: a dataset this size is seen once (each pass costs as much again, "
+            "and no source here says a second pays)", "frugal")  # fmt: skip
+
+
+def _batch(c: Choice, tokens: float, seq: int) -> Choice:
+    """The recipe's batch, halved until an epoch has at least 8 optimizer steps."""
+    sequences = max(1.0, tokens / seq)
+    batch = int(c.value)
+    while batch > 1 and sequences / batch < MIN_STEPS_PER_EPOCH:
+        batch //= 2
+    if batch == c.value:
+        return c
+    return Choice(c.name, batch, f"{c.value} halved to {batch}: an epoch of "
+                  f"{sequences:,.0f} sequences still takes {MIN_STEPS_PER_EPOCH} steps or more",
+                  "frugal")  # fmt: skip
