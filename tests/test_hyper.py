@@ -59,7 +59,7 @@ def test_each_choice_says_why_and_where_it_comes_from() -> None:
     for method in ("lora", "full"):
         for c in choose(load_spec(SMALL).config, method, "causal", 5e6, 2048, {}):
             assert c.source in SOURCES and c.reason and c.name in WHERE and not c.yours
-            assert SOURCES[c.source] in c.line and str(c.value) in c.line
+            assert f"[{SOURCES[c.source]}]" in c.line and c.name in c.line
             assert c.to_json()["setting"] == f"{WHERE[c.name]}.{c.name}"
 
 

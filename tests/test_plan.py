@@ -139,6 +139,32 @@ def test_cli_plan_json_write_and_emit(
     assert str(cfg) in task["run"]
 
 
+def test_the_plan_chooses_the_training_settings_and_writes_what_it_chose(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """Each setting not given is chosen with its reason and source; the run config holds
+    the chosen values, and what the user gave is theirs, in the plan and in the config."""
+    cfg = tmp_path / "frugal.yaml"
+    argv = ["plan", str(tiny_llama_dir), "--tokens", "2M", "--seq", "128", "--method", "lora"]
+    out = run_json(capsys, *argv, "--lora-r", "4", "--write", str(cfg), "--json")
+    by = {s["setting"]: s for s in out["settings"]}
+    assert by["job.lora_r"] == {"setting": "job.lora_r", "value": 4, "reason": "",
+                                "source": None, "yours": True}  # fmt: skip
+    assert by["data.epochs"]["value"] == 3.0 and by["data.epochs"]["source"] == "Stanford Alpaca"
+    assert out["tokens"] == 6e6  # three passes of 2M tokens are what the plan prices
+    run = load_run_config(cfg)
+    assert (run.job.lora_r, run.job.lora_alpha, run.data.epochs) == (4, 32, 3.0)
+    assert run.training.learning_rate == by["training.learning_rate"]["value"] == 2e-4
+    assert run.training.effective_batch == by["training.effective_batch"]["value"]
+    # full fine-tuning learns at a full fine-tune's rate; given epochs are the user's
+    full = run_json(capsys, *argv, "--method", "full", "--epochs", "1", "--json")
+    got = {s["setting"]: s for s in full["settings"]}
+    assert got["training.learning_rate"]["value"] == 2e-5 and "job.lora_r" not in got
+    assert got["data.epochs"]["yours"] and full["tokens"] == 2e6
+    text = main([*argv])  # the table lists them too
+    assert text == 0 and "settings" in capsys.readouterr().out
+
+
 def test_run_config_rejects_unknown_keys(tmp_path: Path) -> None:
     p = tmp_path / "bad.yaml"
     p.write_text("model: x\njob: {method: lora, bacth: 4}\n")
@@ -353,9 +379,9 @@ def _apply(argv: list[str], flags: dict[str, str | None]) -> list[str]:
     [
         # nothing fits a small local GPU, whose weights alone overflow it (no memory
         # technique is tried): a leaner method, a smaller model
-        ["plan", "HuggingFaceTB/SmolLM2-1.7B", "--tokens", "2M", "--methods", "full",
-         "--optimizers", "adamw", "--seq", "4096", "--local", "RTX 4050 Laptop",
-         "--providers", "local"],
+        ["plan", "HuggingFaceTB/SmolLM2-1.7B", "--tokens", "2M", "--epochs", "1",
+         "--methods", "full", "--optimizers", "adamw", "--seq", "4096",
+         "--local", "RTX 4050 Laptop", "--providers", "local"],
         # the deadline is too short: the fastest plan's hours
         ["plan", "HuggingFaceTB/SmolLM2-135M", "--tokens", "50M", "--deadline", "5m"],
         # the budget is too small: the cheapest plan's cost

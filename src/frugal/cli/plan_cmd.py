@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
@@ -20,7 +21,7 @@ from frugal.cli.options import (
     takes,
     token_count,
 )
-from frugal.config import DataConfig
+from frugal.config import DataConfig, TrainingConfig
 from frugal.errors import FrugalError
 from frugal.files import check_target
 from frugal.formats import as_count
@@ -31,6 +32,8 @@ from frugal.plan.plot import check_plot_path
 from frugal.plan.request import PlanOutcome, PlanRequest, files, make_plan
 from frugal.step.job import TrainJob
 
+CHOSEN = "the plan chooses it for the model, method and data, with its reason"
+
 
 @dataclass
 class PlanOptions:
@@ -39,15 +42,20 @@ class PlanOptions:
     model: str | None = typer.Argument(None, help=MODEL_HELP + " (or --jobs)")
     tokens: float | None = token_count(None, "Training tokens per epoch, e.g. 20M.")
     dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count.")
-    epochs: float = option(DataConfig, "epochs")
+    epochs: float | None = option(DataConfig, "epochs", unset=CHOSEN)
     seq: int = option(TrainJob, "seq")
-    effective_batch: int = option(Constraints, "effective_batch")
+    effective_batch: int | None = option(Constraints, "effective_batch", unset=CHOSEN)
     method: str = option(TrainJob, "method")
     methods: str | None = option(Constraints, "methods", listed=True, unset="--method")
     precision: str = option(TrainJob, "precision")
     optimizers: str = option(Constraints, "optimizers", listed=True)
-    lora_r: int | None = option(TrainJob, "lora_r", unset=True)
-    lora_targets: str | None = option(TrainJob, "lora_targets", unset=True)
+    lora_r: int | None = option(TrainJob, "lora_r", unset=CHOSEN)
+    lora_alpha: int | None = option(TrainJob, "lora_alpha", unset=CHOSEN)
+    lora_dropout: float | None = option(TrainJob, "lora_dropout", unset=CHOSEN)
+    lora_targets: str | None = option(TrainJob, "lora_targets", unset=CHOSEN)
+    learning_rate: float | None = option(TrainingConfig, "learning_rate", unset=CHOSEN)
+    schedule: str | None = option(TrainingConfig, "schedule", unset=CHOSEN)
+    warmup_ratio: float | None = option(TrainingConfig, "warmup_ratio", unset=CHOSEN)
     attention: str = option(TrainJob, "attention")
     packing: bool = option(TrainJob, "packing")
     loss: str = option(TrainJob, "loss")
@@ -219,6 +227,9 @@ def render(out: PlanOutcome, wrote: dict[str, str]) -> None:
     )
     for reason in r.reasons:
         con.print(f"  • {reason}")
+    con.print("[bold]settings[/]")
+    for c in out.settings:
+        con.print(f"  • {escape(c.line)}")
     t = Table(
         title="cost vs time: the Pareto frontier"
         + (f" (weighed = cost + hours x {rate})" if usd_h else "")

@@ -9,6 +9,7 @@ with the same hyperparameters and schedule as `frugal train` would, and the task
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from frugal.hardware.offers import MODAL_CORES_PER_GPU, MODAL_GIB_PER_GPU, Offer
 from frugal.hardware.skypilot import CLOUDS, to_skypilot
 from frugal.models.specs import load_spec
 from frugal.plan.constraints import Constraints
+from frugal.plan.hyper import Choice
 from frugal.plan.jobs import VM
 from frugal.plan.plans import Plan
 from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
@@ -35,9 +37,13 @@ def to_run_config(
     dataset: str | None,
     tokens_per_epoch: float,
     epochs: float,
+    settings: Sequence[Choice] = (),
 ) -> RunConfig:
-    """The run config that trains `plan` (chosen under constraints `k`)."""
+    """The run config that trains `plan` (chosen under constraints `k`), with the training
+    `settings` the plan chose (their reasons: `frugal plan`'s answer)."""
     p = plan.to_json()
+    chosen = {c.name: c.value for c in settings}
+    learning = {n: chosen[n] for n in ("learning_rate", "schedule", "warmup_ratio") if n in chosen}
     return RunConfig.model_validate(
         {
             "model": model,
@@ -45,6 +51,7 @@ def to_run_config(
             "data": {"path": dataset, "tokens": int(tokens_per_epoch), "epochs": epochs},
             "training": {
                 "effective_batch": k.effective_batch,
+                **learning,
                 # each gradient is applied before the global norm exists
                 **({"max_grad_norm": 0.0} if plan.job.optimizer_in_backward else {}),
             },

@@ -41,14 +41,14 @@ from typing import Any, Literal
 from frugal.estimate.closed_form import model_params
 
 Task = Literal["causal", "classification"]
-SOURCES = {
-    "qlora": "QLoRA (Dettmers et al. 2023) and its Guanaco scripts",
-    "regret": "LoRA Without Regret (Schulman et al. 2025)",
-    "alpaca": "Stanford Alpaca (Taori et al. 2023)",
-    "llama2": "Llama 2 (Touvron et al. 2023), section 3.1",
-    "bert": "BERT (Devlin et al. 2019), appendix A.3",
-    "lora": "LoRA (Hu et al. 2021), its RoBERTa SST-2 script",
-    "frugal": "frugal's rule",
+SOURCES = {  # as an answer names them; the full references: this docstring, docs/train.md
+    "qlora": "QLoRA",
+    "regret": "LoRA Without Regret",
+    "alpaca": "Stanford Alpaca",
+    "llama2": "Llama 2",
+    "bert": "BERT",
+    "lora": "LoRA",
+    "frugal": "frugal",
 }
 # where each setting lives in the run config
 WHERE = {
@@ -75,9 +75,11 @@ class Choice:
 
     @property
     def line(self) -> str:
-        if self.yours:
-            return f"{self.name} {self.value}: yours"
-        return f"{self.name} {self.value}: {self.reason} ({SOURCES[self.source]})"
+        value = f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
+        where = f"{WHERE[self.name]}.{self.name} {value}"
+        return (
+            f"{where}: yours" if self.yours else f"{where}: {self.reason} [{SOURCES[self.source]}]"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"setting": f"{WHERE[self.name]}.{self.name}", "value": self.value,
@@ -145,7 +147,7 @@ def _causal(method: str, params: int) -> dict[str, Rule]:
                    "16 keeps the adapter and its optimizer state small", "qlora"),
         "lora_alpha": (32, "fixed at 32, the best learning rate hardly moves with the "
                        "rank", "regret"),
-        "lora_dropout": (0.0, "none: dropout keeps a copy of each adapted layer's input "
+        "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's input "
                          "in memory (QLoRA used 0.1 up to 13B, 0.05 above)", "frugal"),
         "learning_rate": (1e-4 if large else 2e-4, f"adapters on {size}: about 10x full "
                           f"fine-tuning's rate, QLoRA's {'from 33B' if large else 'to 13B'}",
@@ -170,8 +172,8 @@ def _classification(method: str) -> dict[str, Rule]:
         "lora_targets": ("all-linear", "adapters on every linear layer", "qlora"),
         "lora_r": (8, "rank 8 for a sentiment classifier", "lora"),
         "lora_alpha": (16, "alpha 16 with rank 8", "lora"),
-        "lora_dropout": (0.0, "none: dropout keeps a copy of each adapted layer's input in "
-                         "memory", "frugal"),
+        "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's input "
+                         "in memory", "frugal"),
         "learning_rate": (4e-4, "4e-4 for adapters on a classifier", "lora"),
         "schedule": ("linear", "linear decay after warm-up", "bert"),
         "warmup_ratio": (0.06, "6% of the steps warm up", "lora"),

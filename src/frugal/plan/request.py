@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from frugal import counts
-from frugal.config import DataConfig, RunConfig
+from frugal.config import DataConfig, RunConfig, TrainingConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
@@ -37,12 +37,13 @@ from frugal.plan.emit import (
     to_run_config,
     torchrun_lines,
 )
+from frugal.plan.hyper import WHERE, Choice, choose
 from frugal.plan.plans import Infeasible, Result
 from frugal.plan.plot import write_plot
 from frugal.plan.relax import Ask, explain
 from frugal.plan.search import search
 from frugal.plan.transfer import measure_gb, parse_location
-from frugal.step.job import TrainJob, make_job
+from frugal.step.job import LORA_FIELDS, TrainJob, make_job
 from frugal.validation import Listed
 
 if TYPE_CHECKING:  # SQLAlchemy is imported once there is a plan to record
@@ -59,8 +60,11 @@ def _about(model: type[BaseModel], name: str) -> Any:
 
 
 def _unset(model: type[BaseModel], name: str) -> Any:
-    """A request field that is `model.name`, not given: the search picks."""
-    return Field(None, description=model.model_fields[name].description)
+    """A request field that is `model.name`, not given: the plan picks (with its range)."""
+    f = model.model_fields[name]
+    bounds = {k: getattr(m, k) for m in f.metadata for k in ("ge", "gt", "le", "lt")
+              if getattr(m, k, None) is not None}  # fmt: skip
+    return Field(None, description=f.description, **bounds)
 
 
 class PlanRequest(BaseModel):
@@ -73,7 +77,7 @@ class PlanRequest(BaseModel):
         None, ge=1, le=counts.MOST, description="training tokens per epoch, e.g. 20M"
     )
     dataset: str | None = Field(None, description="or: a .jsonl/.csv/.parquet file to count")
-    epochs: float = _about(DataConfig, "epochs")
+    epochs: float | None = _unset(DataConfig, "epochs")
     # the step (TrainJob checks them); None: the search tries what fits
     seq: int = _about(TrainJob, "seq")
     method: str = _about(TrainJob, "method")
@@ -83,6 +87,8 @@ class PlanRequest(BaseModel):
     precision: str = _about(TrainJob, "precision")
     optimizers: Listed = _about(Constraints, "optimizers")
     lora_r: int | None = _unset(TrainJob, "lora_r")
+    lora_alpha: int | None = _unset(TrainJob, "lora_alpha")
+    lora_dropout: float | None = _unset(TrainJob, "lora_dropout")
     lora_targets: str | None = _unset(TrainJob, "lora_targets")
     attention: str = _about(TrainJob, "attention")
     packing: bool = _about(TrainJob, "packing")
@@ -90,8 +96,12 @@ class PlanRequest(BaseModel):
     loss_chunks: int | None = _unset(TrainJob, "loss_chunks")
     offload_activations: bool | None = _unset(TrainJob, "offload_activations")
     optimizer_in_backward: bool | None = _unset(TrainJob, "optimizer_in_backward")
+    # how it learns (None: the plan chooses, with its reason: plan/hyper.py)
+    learning_rate: float | None = _unset(TrainingConfig, "learning_rate")
+    schedule: str | None = _unset(TrainingConfig, "schedule")
+    warmup_ratio: float | None = _unset(TrainingConfig, "warmup_ratio")
+    effective_batch: int | None = _unset(Constraints, "effective_batch")
     # what the plan must meet (Constraints checks them)
-    effective_batch: int = _about(Constraints, "effective_batch")
     budget: float | None = _about(Constraints, "budget_usd")
     deadline: str | float | None = _about(Constraints, "deadline_h")
     max_gpus: int = _about(Constraints, "max_gpus")
@@ -114,16 +124,20 @@ class PlanRequest(BaseModel):
     kwh_usd: float = Field(KWH_USD, description="electricity price for local GPUs, $/kWh")
     tag: tuple[str, ...] = Field((), description="ledger tags, key=value")
 
-    def job(self) -> TrainJob:
-        """The step the plan starts from (the first method), or one line naming the option:
-        every method of --methods and optimizer of --optimizers is checked here too."""
+    def job(self, chosen: dict[str, Any] | None = None) -> TrainJob:
+        """The step the plan starts from (the first method, the adapters `chosen`), or one
+        line naming the option: every method of --methods and optimizer of --optimizers is
+        checked here too."""
         methods = self.methods or (self.method,)
+        lora = {k: v for k, v in (chosen or {}).items() if k in LORA_FIELDS} or {
+            "lora_r": self.lora_r, "lora_alpha": self.lora_alpha,
+            "lora_dropout": self.lora_dropout, "lora_targets": self.lora_targets,
+        }  # fmt: skip
         base = make_job(
-            method=methods[0], precision=self.precision, lora_r=self.lora_r,
-            lora_targets=self.lora_targets, seq=self.seq, attention=self.attention,
-            packing=self.packing, loss=self.loss, loss_chunks=self.loss_chunks,
-            offload_activations=self.offload_activations,
-            optimizer_in_backward=self.optimizer_in_backward,
+            method=methods[0], precision=self.precision, seq=self.seq,
+            attention=self.attention, packing=self.packing, loss=self.loss,
+            loss_chunks=self.loss_chunks, offload_activations=self.offload_activations,
+            optimizer_in_backward=self.optimizer_in_backward, **lora,
         )  # fmt: skip
         for m in methods:
             make_job(method=m)  # names a bad method in --methods
@@ -131,20 +145,27 @@ class PlanRequest(BaseModel):
             make_job(optimizer=o)  # names a bad optimizer in --optimizers
         return base
 
-    def constraints(self, tokens: float, data_gb: float) -> Constraints:
-        """What the plan must meet, for `tokens` in all and a dataset of `data_gb`."""
+    def constraints(self, tokens: float, data_gb: float, effective_batch: int) -> Constraints:
+        """What the plan must meet, for `tokens` in all, a dataset of `data_gb` and
+        `effective_batch` sequences a step."""
         return Constraints.build(
             auto_loss_chunks=self.loss_chunks is None,
             auto_offload=self.offload_activations is None,
             auto_in_backward=self.optimizer_in_backward is None,
             data=self.data, data_gb=data_gb, tokens=tokens,
-            effective_batch=self.effective_batch, budget_usd=self.budget,
+            effective_batch=effective_batch, budget_usd=self.budget,
             deadline_h=self.deadline, max_gpus=self.max_gpus,
             spot=spot_mode(self.spot),
             methods=self.methods or (self.method,), optimizers=self.optimizers,
             margin=self.margin, mtbi_h=self.spot_mtbi_hours, objective=self.optimize,
             value_of_time_usd_h=self.value_of_time, network_gbps=self.network_gbps,
         )  # fmt: skip
+
+    def settings(self, spec: ModelSpec, method: str, tokens_per_epoch: float) -> list[Choice]:
+        """The training settings of `method` on this request's data, each with its reason:
+        what this request gives is kept as the user's."""
+        given = {name: getattr(self, name) for name in WHERE}
+        return choose(spec.config, method, "causal", tokens_per_epoch, self.seq, given)
 
     def select(self, every_provider: bool = False) -> list[Offer]:
         """The offers this request plans with (all providers': what a change would give)."""
@@ -168,6 +189,7 @@ class PlanOutcome:
     basis: PriceBasis
     tokens_per_epoch: float
     tags: dict[str, str]
+    settings: list[Choice]  # the recommendation's training settings, with their reasons
     plan_id: int | None = None
 
     def to_json(self, wrote: dict[str, str] | None = None) -> dict[str, Any]:
@@ -180,6 +202,7 @@ class PlanOutcome:
             "frontier": [p.to_json() for p in r.frontier],
             "rejected": [x.to_json() for x in r.rejected],
             "feasible_plans": len(r.plans),
+            "settings": [c.to_json() for c in self.settings],
             "notes": r.notes,
             "prices": self.basis.to_json(),
         }
@@ -191,8 +214,9 @@ class PlanOutcome:
     def run_config(self) -> RunConfig:
         """The run config that trains the recommendation (`frugal train` reads it)."""
         q = self.request
+        epochs = self.k.tokens / self.tokens_per_epoch if self.tokens_per_epoch else 1.0
         cfg = to_run_config(self.spec.id, self.result.recommendation, self.k, q.dataset,
-                            self.tokens_per_epoch, q.epochs)  # fmt: skip
+                            self.tokens_per_epoch, epochs, self.settings)  # fmt: skip
         cfg.tags = parse_tags(q.tag)  # what was asked for; defaults apply when it runs
         if cfg.plan:
             cfg.plan.ledger_id = self.plan_id
@@ -224,7 +248,11 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     except FrugalError as e:
         raise FrugalError(f"--data: {e}") from None
     data_gb = q.data_gb if q.data_gb is not None else (measure_gb(q.dataset) if q.dataset else 0)
-    k = q.constraints(per_epoch * q.epochs, data_gb)
+    # what shapes the step (adapters, batch, epochs) is the same for every method compared
+    methods = q.methods or (q.method,)
+    shape = {c.name: c.value for c in q.settings(spec, _adapters_first(methods), per_epoch)}
+    base = q.job(shape)
+    k = q.constraints(per_epoch * shape["epochs"], data_gb, shape["effective_batch"])
     offers = q.select()
     try:
         result = search(spec, base, offers, k)
@@ -233,9 +261,17 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
         raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
     result.notes[:0] = notes
     tags = resolve(q.tag, model=spec.id, required=False)
-    out = PlanOutcome(q, spec, k, result, price_basis(offers, q.offers), per_epoch, tags)
+    settings = q.settings(spec, result.recommendation.job.method, per_epoch)
+    basis = price_basis(offers, q.offers)
+    out = PlanOutcome(q, spec, k, result, basis, per_epoch, tags, settings)
     _record(out, books)
     return out
+
+
+def _adapters_first(methods: tuple[str, ...]) -> str:
+    """The method whose settings shape the search: an adapter method where one is compared
+    (its adapters are the ones the search sizes), else the first."""
+    return next((m for m in methods if m != "full"), methods[0])
 
 
 def _record(out: PlanOutcome, books: Ledger | None) -> None:
