@@ -424,10 +424,37 @@ def test_the_plan_form_asks_the_api_and_draws_its_answer(
     drawn = page.evaluate("document.getElementById('frontier').data[0]")
     assert drawn["y"] == pytest.approx([p["est_cost_usd"] for p in kept["plan"]["frontier"]])
     assert page.inner_text("#reasons").startswith("fits:")
+    settings = page.inner_text("#settings")  # each setting with its reason and source
+    assert "job.lora_r 16: " in settings and "[QLoRA]" in settings
+    assert "data.epochs 3: a small dataset" in settings  # 5M tokens, epochs not given
     page.fill("input[name=deadline]", "a week")
     page.click("button")
     page.wait_for_selector("body[data-ready='error']", timeout=30_000)
     assert "--deadline 'a week'" in page.inner_text("#status")
+
+
+def test_the_quality_page_ranks_a_sweep_by_what_each_run_bought(
+    browser: Any, served: str, books: dict[str, Any], client: TestClient
+) -> None:
+    led = Ledger(books["url"])
+    for lr, loss, usd in ((1e-4, 2.5, 1.0), (1e-3, 2.1, 1.0), (1e-2, 2.0, 3.0), (1e-1, 4.0, 0.5)):
+        config = {"model": "m", "job": {"method": "lora", "lora_r": 8},
+                  "training": {"learning_rate": lr}}  # fmt: skip
+        rid = led.start_run(model="m", method="lora", config=config, price_per_hour_usd=1.0,
+                            tags={"sweep": "lr"})  # fmt: skip
+        led.end_run(rid, "completed", {"best_eval_loss": loss}, step=9, tokens=1.0,
+                    cost_usd=usd, hours=usd)  # fmt: skip
+    got = client.get("/api/quality", params={"scope": "sweep=lr"}).json()
+    # frontier: the cheapest ($0.50, loss 4.0), the best at $1 (2.1), the best (2.0 at $3)
+    assert [(r["settings"]["learning_rate"], r["frontier"]) for r in got["runs"]] == [
+        (1e-2, True), (1e-3, True), (1e-1, True), (1e-4, False)]  # fmt: skip
+    assert client.get("/api/quality", params={"scope": "bad"}).status_code == 422
+    page, errors = _open(browser, served + "/quality?scope=sweep%3Dlr")
+    assert page.get_attribute("body", "data-ready") == "1" and errors == []
+    front = page.evaluate("document.getElementById('quality').data[1]")
+    assert front["x"] == [0.5, 1.0, 3.0] and front["y"] == [4.0, 2.1, 2.0]
+    assert page.inner_text("#ranked tbody tr:first-child td:first-child") == "1 *"
+    assert "learning_rate moved the best loss by 2.0000" in page.inner_text("#effects")
 
 
 def test_the_calibration_page_puts_measured_beside_predicted(

@@ -1,4 +1,4 @@
-"""`frugal costs add|import|report|showback|advise|export|sync`: other spend on the books,
+"""`frugal costs add|import|report|showback|advise|quality|export|sync`: other spend on the books,
 billing exports in, reports, advice and chargebacks out (frugal.ledger.report, .advise,
 .focus)."""
 
@@ -283,3 +283,41 @@ def advise(
             ids = ", ".join([*(f"plan {p}" for p in a.plans), *([ids] if ids else [])])
         t.add_row(f"${a.usd_at_stake:,.2f}", a.rule, ids, escape(a.change), escape(a.why))
     con.print(t)
+
+
+@app.command("quality")
+def quality_cmd(
+    scope: list[str] | None = typer.Option(
+        None, help="Runs with this tag key=value (a sweep's, a project's); repeat for more."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Quality beside cost: each run's best eval loss against its dollars and hours, the
+    quality-per-dollar frontier, and which setting moved the loss."""
+    from frugal.ledger.quality import quality
+    from frugal.ledger.store import Ledger
+    from frugal.ledger.tags import parse_tags
+
+    rep = quality(Ledger(), parse_tags(scope or [], "--scope"))
+    if json_out:
+        print_json(rep.to_json())
+        return
+    con = console()
+    t = Table(title="runs by quality per dollar (* on the frontier: nothing cheaper did better)")
+    for col in ("rank", "run", "best eval loss", "USD", "hours", "model", "method", "settings"):
+        t.add_column(col, justify="right" if col in ("rank", "best eval loss", "USD", "hours")
+                     else "left")  # fmt: skip
+    for r in rep.runs:
+        loss = "-" if r.best_eval_loss is None else f"{r.best_eval_loss:.4f}"
+        rank = "-" if r.rank is None else f"{r.rank}{' *' if r.frontier else ''}"
+        rest = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in r.settings.items()
+                         if k not in ("model", "method") and v is not None)  # fmt: skip
+        t.add_row(rank, r.run_id[:8], loss, f"${r.cost_usd:,.4f}", f"{r.hours:.3f}",
+                  str(r.settings["model"]), str(r.settings["method"]), escape(rest))  # fmt: skip
+    con.print(t)
+    for e in rep.effects:
+        values = "; ".join(f"{v} -> {loss:.4f} ({n} runs)" for v, loss, n in e.best_by_value)
+        con.print(escape(f"{e.setting} moved the best loss by {e.moved:.4f}: {values}"))
+    for n in rep.notes:
+        con.print(f"[dim]note: {escape(n)}[/]")

@@ -45,7 +45,7 @@ DEFAULT_THRESHOLDS = (50.0, 75.0, 90.0, 100.0)
 STALE_HEARTBEATS, STALE_MIN_S = 10, 600.0  # a running run silent this long has died
 
 
-def _tagged(kind: str, ref: Any, scope: dict[str, str]) -> list[ColumnElement[bool]]:
+def tagged(kind: str, ref: Any, scope: dict[str, str]) -> list[ColumnElement[bool]]:
     """Conditions: the row (`kind`, `ref`) carries every tag of `scope`."""
     return [
         exists().where(Tag.kind == kind, Tag.ref == ref, Tag.key == k, Tag.value == str(v))
@@ -57,12 +57,12 @@ def spend(s: Session, scope: dict[str, str], since: datetime,
           until: datetime | None = None) -> float:  # fmt: skip
     """Dollars spent in `scope` from `since` (to `until`): runs by their start, costs by date."""
     runs = select(func.coalesce(func.sum(RunRecord.cost_usd), 0.0)).where(
-        RunRecord.started_at >= since, *_tagged("run", RunRecord.id, scope)
+        RunRecord.started_at >= since, *tagged("run", RunRecord.id, scope)
     )
     costs = select(func.coalesce(func.sum(CostEntry.amount_usd), 0.0)).where(
         CostEntry.at >= since,
         CostEntry.run_id.is_(None),  # a cost matched to a run is in the run's dollars already
-        *_tagged("cost", cast(CostEntry.id, String), scope),
+        *tagged("cost", cast(CostEntry.id, String), scope),
     )
     if until is not None:
         runs = runs.where(RunRecord.started_at < until)
@@ -85,13 +85,13 @@ def daily_spend(s: Session, scope: dict[str, str], start: datetime | None,
     dialect = s.get_bind().dialect.name
     rd, cd = utc_day(RunRecord.started_at, dialect), utc_day(CostEntry.at, dialect)
     runs = select(rd, func.sum(RunRecord.cost_usd)).where(
-        *_tagged("run", RunRecord.id, scope),
+        *tagged("run", RunRecord.id, scope),
         *([RunRecord.started_at >= start] if start is not None else []),
         *([RunRecord.started_at < end] if end is not None else []),
     )
     costs = select(cd, func.sum(CostEntry.amount_usd)).where(
         CostEntry.run_id.is_(None),
-        *_tagged("cost", cast(CostEntry.id, String), scope),
+        *tagged("cost", cast(CostEntry.id, String), scope),
         *([CostEntry.at >= start] if start is not None else []),
         *([CostEntry.at < end] if end is not None else []),
     )
@@ -324,7 +324,7 @@ def _held(s: Session, b: Budget, start: datetime, asker: str, interval_s: float,
             RunRecord.ended_at.is_(None),
             RunRecord.started_at >= start,
             RunRecord.id != asker,
-            *_tagged("run", RunRecord.id, b.scope),
+            *tagged("run", RunRecord.id, b.scope),
         )
     )
     held = 0.0

@@ -18,9 +18,11 @@ from sqlalchemy import select
 from frugal.errors import FrugalError
 from frugal.ledger import budgets as B
 from frugal.ledger.periods import parse_period, period_end
+from frugal.ledger.quality import quality
 from frugal.ledger.report import OUTCOMES, RUNNING, daily_spend_by, report
 from frugal.ledger.schema import Heartbeat, PlanRecord, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware
+from frugal.ledger.tags import parse_tags
 from frugal.plan.request import PlanRequest, make_plan
 from frugal.validation import refusal
 
@@ -260,6 +262,20 @@ def new_plan(request: Request, asked: Annotated[Any, Body()]) -> dict[str, Any]:
     except FrugalError as e:
         raise _bad(e) from None
     return out.to_json() | {"plan_id": out.plan_id, "tags": out.tags}
+
+
+@router.get("/quality")
+def quality_report(
+    request: Request,
+    scope: Annotated[list[str] | None, Query(description="tag key=value; repeat for more")] = None,
+) -> dict[str, Any]:
+    """Quality beside cost for the runs of a tag scope: each run's best eval loss against
+    its dollars, the quality-per-dollar frontier, and which setting moved the loss (what
+    `frugal costs quality --json` prints)."""
+    try:
+        return quality(ledger(request), parse_tags(scope or [], "scope")).to_json()
+    except FrugalError as e:
+        raise _bad(e) from None
 
 
 CALIBRATION_RUNS = 2000  # the newest runs with measurements a page is sent

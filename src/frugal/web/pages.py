@@ -71,6 +71,14 @@ def calibration(request: Request) -> HTMLResponse:
     )
 
 
+@router.get("/quality", response_class=HTMLResponse, include_in_schema=False)
+def quality(request: Request) -> HTMLResponse:
+    """Quality beside cost: the runs of a tag scope (`?scope=sweep=lr`)."""
+    return templates.TemplateResponse(
+        request, "quality.html", {"title": "Quality", "page": "quality"}
+    )
+
+
 @router.get("/static/plotly.min.js", include_in_schema=False)
 def plotly_js() -> FileResponse:
     path = resources.files("plotly") / "package_data" / "plotly.min.js"

@@ -168,6 +168,8 @@ const frugal = {
       ["estimate", `${frugal.usd(rec.est_cost_usd)} in ${rec.est_hours} h`],
       ["tags", frugal.scope(p.tags)]]);
     frugal.items("reasons", rec.reasons || [], x => x);
+    frugal.items("settings", p.plan.settings || [], s => s.yours
+      ? `${s.setting} ${s.value}: yours` : `${s.setting} ${s.value}: ${s.reason} [${s.source}]`);
     const f = p.plan.frontier || [];
     Plotly.newPlot("frontier", [
       { name: "frontier", mode: "lines+markers", x: f.map(x => x.est_hours), y: f.map(x => x.est_cost_usd), text: f.map(label) },
@@ -229,6 +231,34 @@ const frugal = {
   detail(d) {  // FastAPI's detail: our one line, or the schema's list of problems
     if (!Array.isArray(d)) return d;
     return d.map(x => `${(x.loc || []).slice(1).join(".")}: ${x.msg}`).join("; ");
+  },
+  async quality() {  // ?scope=k=v (repeatable): the runs of a sweep, quality beside cost
+    const form = document.getElementById("scope"), here = new URLSearchParams(location.search);
+    form.elements.scope.value = here.getAll("scope").join(" ");
+    form.addEventListener("submit", ev => {
+      ev.preventDefault();
+      const q = new URLSearchParams();
+      form.elements.scope.value.split(/[\s,]+/).filter(Boolean).forEach(t => q.append("scope", t));
+      location.search = q.toString();
+    });
+    try {
+      const data = await frugal.get("/api/quality?" + here.toString());
+      const ranked = data.runs.filter(r => r.rank !== null);
+      const front = ranked.filter(r => r.frontier).sort((a, b) => a.cost_usd - b.cost_usd);
+      const label = r => `${r.run_id.slice(0, 8)} lr ${r.settings.learning_rate}`;
+      Plotly.newPlot("quality", [
+        { name: "runs", mode: "markers", x: ranked.map(r => r.cost_usd), y: ranked.map(r => r.best_eval_loss), text: ranked.map(label) },
+        { name: "frontier", mode: "lines+markers", x: front.map(r => r.cost_usd), y: front.map(r => r.best_eval_loss), text: front.map(label) },
+      ], { margin: { t: 10 }, xaxis: { title: "USD" }, yaxis: { title: "best eval loss" } }, { displayModeBar: false });
+      frugal.rows("#ranked", data.runs, r => [r.rank === null ? "-" : `${r.rank}${r.frontier ? " *" : ""}`,
+        r.run_id.slice(0, 8), r.best_eval_loss === null ? "-" : r.best_eval_loss.toFixed(4), "$" + r.cost_usd.toFixed(4),
+        r.hours.toFixed(3), r.settings.model, r.settings.method, r.settings.learning_rate ?? "-", r.settings.lora_r ?? "-"]);
+      frugal.items("effects", data.effects, e => `${e.setting} moved the best loss by ${e.moved.toFixed(4)}: ` +
+        e.by_value.map(v => `${v.value} -> ${v.best_eval_loss.toFixed(4)} (${v.runs} runs)`).join("; "));
+      frugal.items("notes", data.notes, x => x);
+      frugal.text("status", `${data.runs.length} runs, ${front.length} on the frontier (* in the table)`);
+      document.body.dataset.ready = "1";
+    } catch (e) { frugal.fail(e); }
   },
   async calibration() {
     try {
