@@ -138,3 +138,80 @@ def test_unreadable_files_get_one_line_with_the_place_and_the_fix(
     path.write_bytes(content)
     msg = run_error(capsys, "data", "check", str(path), "--model", TINY)
     assert msg.startswith(f"error: {path}") and needle in msg and "\n" not in msg.strip(), msg
+
+
+# -- classification ------------------------------------------------------------------------
+
+SENTIMENT = str(ROOT / "examples" / "sentiment" / "train.jsonl")
+
+
+def test_classification_data_counts_its_classes_and_finds_what_would_mislead(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Label counts and imbalance, rows repeated, a text given two labels, texts longer
+    than --seq (a pair counts both texts, as the tokenizer joins them)."""
+    rows = [{"text": "good", "label": "pos"}] * 2 + [{"text": "bad", "label": "neg"},
+            {"text": "good", "label": "neg"}] + [{"text": f"fine {i}", "label": "pos"}
+                                                  for i in range(6)]  # fmt: skip
+    d = check(capsys, write_jsonl(tmp_path / "c.jsonl", rows), "--task", "classification",
+              "--seq", "6")  # fmt: skip
+    assert d["task"] == "classification" and d["rows"] == 10 and d["classes"] == 2
+    assert d["counts"] == {"neg": 2, "pos": 8} and d["imbalance"] == 4.0
+    assert d["duplicates"] == 1 and d["conflicting_texts"] == 1
+    assert d["conflicts"] == [{"text": "good", "labels": ["neg", "pos"]}]
+    assert d["over_length"] == 6  # "fine N": BOS + 6 characters
+    said = " ".join(d["warnings"])
+    assert "imbalanced" in said and "repeat an earlier row" in said
+    assert "two or more labels" in said and "longer than --seq 6" in said
+    pairs = [
+        {"text_a": "aaaa", "text_b": "bbbb", "label": 1},
+        {"text_a": "c", "text_b": "d", "label": 0},
+    ]
+    p = check(capsys, write_jsonl(tmp_path / "p.jsonl", pairs), "--task", "classification")
+    assert p["counts"] == {"0": 1, "1": 1} and p["length"]["max"] >= 8  # both texts counted
+    assert p["warnings"] == []
+
+
+def test_the_shipped_sentiment_data_is_clean_and_balanced(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    d = check(capsys, SENTIMENT, "--task", "classification", "--seq", "128")
+    assert d["classes"] == 2 and d["imbalance"] < 1.5 and d["warnings"] == []
+    from frugal.cli.main import main
+
+    assert main(["data", "check", SENTIMENT, "--model", TINY, "--task", "classification"]) == 0
+    assert "negative" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("rows", "said"),
+    [
+        ([{"text": "a"}], ":1: no `label`"),
+        ([{"text": "a", "label": "x"}, {"text": "b", "label": 1}], "mix class names"),
+        ([{"text": "a", "label": "x"}, {"text": "b", "label": "x"}], "1 class"),
+        ([{"text": "a", "label": -1}, {"text": "b", "label": 1}], "label -1"),
+        ([{"text": "a", "label": True}, {"text": "b", "label": 1}], "label True"),
+        ([{"prompt": "a", "label": 1}, {"text": "b", "label": 0}], "needs `text` and `label`"),
+    ],
+)
+def test_bad_classification_rows_are_one_line_with_the_place(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, rows: list[dict[str, Any]], said: str
+) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    msg = run_error(capsys, "data", "check", path, "--model", TINY, "--task", "classification")
+    assert said in msg and msg.count("\n") == 0
+    assert "--task" in run_error(capsys, "data", "check", path, "--model", TINY, "--task", "x")
+
+
+def test_a_validation_file_keeps_the_training_files_classes(tmp_path: Path) -> None:
+    from frugal.data.labels import read_labelled
+    from frugal.errors import FrugalError
+
+    _, classes = read_labelled(SENTIMENT)
+    assert classes.names == ("negative", "positive")
+    val = write_jsonl(tmp_path / "v.jsonl", [{"text": "meh", "label": "positive"}])
+    (one,), same = read_labelled(val, classes)
+    assert one.label == 1 and same == classes  # a file with one class, read with the train's
+    odd = write_jsonl(tmp_path / "o.jsonl", [{"text": "x", "label": "neutral"}])
+    with pytest.raises(FrugalError, match="'neutral' is no class of the training data"):
+        read_labelled(odd, classes)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from frugal.cli import console, print_json
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Check training data before you train.", no_args_is_help=True)
 
 BINS = 10
+TASKS = ("causal", "classification")
+IMBALANCED = 3.0  # the largest class over the smallest: warned from here
 
 
 @app.command("check")
@@ -37,6 +40,9 @@ def check(
     seq: int = option(TrainJob, "seq"),
     fmt: str = typer.Option(
         "auto", "--format", help="auto, text, prompt_completion or chat (as data.format)."
+    ),
+    task: str = typer.Option(
+        "causal", help="causal (next-token) or classification (text or text_a/text_b, label)."
     ),
     plot: str | None = typer.Option(None, help="Write a length histogram: FILE.png/.svg/.pdf."),
     force: bool = typer.Option(False, "--force", help="Replace the --plot file if it exists."),
@@ -53,7 +59,12 @@ def check(
     if not src:
         raise FrugalError("give --model M (its tokenizer counts the tokens) or --tokenizer DIR")
     tok = load_tokenizer(src, "give --tokenizer DIR, a directory with tokenizer files")
-    out = summarize(file_stats(file, tok, seq, fmt), seq)
+    if task not in TASKS:
+        raise FrugalError(f"--task {task!r}: use {' or '.join(TASKS)}")
+    if task == "classification":
+        out = classification_summary(file, tok, seq)
+    else:
+        out = summarize(file_stats(file, tok, seq, fmt), seq)
     if plot:
         write_plot(out, plot)
         out["wrote_plot"] = plot
@@ -122,6 +133,43 @@ def summarize(st: DataStats, seq: int) -> dict[str, Any]:
     }
 
 
+def classification_summary(file: str, tok: Any, seq: int) -> dict[str, Any]:
+    """A classification file as `frugal train` reads it: its classes and their counts,
+    imbalance, repeated and contradictory rows, and texts longer than `seq` tokens."""
+    from frugal.data.labels import label_stats, read_labelled
+
+    examples, classes = read_labelled(file)
+    lengths = [len(tok(*e.texts)["input_ids"]) for e in examples]
+    st = label_stats(examples, classes)
+    over = sum(n > seq for n in lengths)
+    warnings = []
+    if st.imbalance >= IMBALANCED:
+        ratio = "a class has no example" if st.imbalance == float("inf") else (
+            f"the largest class has {st.imbalance:.1f}x the smallest's examples")  # fmt: skip
+        warnings.append(f"imbalanced: {ratio}; a classifier trained on it favours the large "
+                        "classes: weigh each class by the inverse of its share, or "
+                        "resample")  # fmt: skip
+    if st.duplicates:
+        warnings.append(f"{st.duplicates} rows repeat an earlier row's text and label and "
+                        "weigh more in training: dedupe the file")  # fmt: skip
+    if st.conflicts:
+        t, labels = st.conflicts[0]
+        warnings.append(f"{len(st.conflicts)} texts carry two or more labels (e.g. "
+                        f"{t[:60]!r}: {', '.join(labels)}): fix or drop them")  # fmt: skip
+    if over:
+        warnings.append(f"{over} texts ({over / len(lengths):.0%}) are longer than --seq "
+                        f"{seq} tokens and are cut to it: raise --seq or shorten them")  # fmt: skip
+    ls = sorted(lengths)
+    median = statistics.median(ls)
+    return {
+        "rows": len(examples), "task": "classification", **st.to_json(),
+        "tokens": sum(lengths), "over_length": over, "over_length_share": over / len(ls),
+        "length": {"min": ls[0], "median": int(median) if float(median).is_integer() else median,
+                   "p95": ls[max(0, math.ceil(0.95 * len(ls)) - 1)], "max": ls[-1]},
+        "histogram": histogram(ls), "seq": seq, "warnings": warnings,
+    }  # fmt: skip
+
+
 def write_plot(out: dict[str, Any], path: str) -> None:
 
     plt = pyplot(path)
@@ -153,6 +201,9 @@ def write_plot(out: dict[str, Any], path: str) -> None:
 def render(file: str, out: dict[str, Any]) -> None:
 
     con = console()
+    if out.get("task") == "classification":
+        render_classes(file, out)
+        return
     n = out["rows"]
     con.print(f"[bold]{file}[/] · {n:,} rows · {out['format']} · seq {out['seq']}")
     t = Table(show_header=False, box=None, padding=(0, 2))
@@ -180,5 +231,28 @@ def render(file: str, out: dict[str, Any]) -> None:
         con.print(f"  {span:>{wide}} │{bar} {b['count']}", highlight=False)
     for w in out["warnings"]:
         con.print(f"[yellow]warning:[/] {w}")
+    if out.get("wrote_plot"):
+        con.print(f"wrote {out['wrote_plot']}")
+
+
+def render_classes(file: str, out: dict[str, Any]) -> None:
+    con = console()
+    con.print(
+        f"[bold]{file}[/] · {out['rows']:,} rows · {out['classes']} classes · seq {out['seq']}"
+    )
+    t = Table("class", "examples", "share")
+    for name, n in out["counts"].items():
+        t.add_row(escape(name), f"{n:,}", f"{n / out['rows']:.1%}")
+    con.print(t)
+    imbalance = "no example in a class" if out["imbalance"] is None else f"{out['imbalance']:g}x"
+    ln = out["length"]
+    conflicting = out["conflicting_texts"]
+    con.print(f"imbalance (largest / smallest class): {imbalance} · duplicate rows: "
+              f"{out['duplicates']:,} · conflicting texts: {conflicting:,}")  # fmt: skip
+    lengths = f"{ln['min']} / {ln['median']:g} / {ln['p95']} / {ln['max']}"
+    con.print(f"tokens per example min/median/p95/max: {lengths} · longer than "
+              f"{out['seq']}: {out['over_length']:,}")  # fmt: skip
+    for w in out["warnings"]:
+        con.print(f"[yellow]warning:[/] {escape(w)}")
     if out.get("wrote_plot"):
         con.print(f"wrote {out['wrote_plot']}")

@@ -1,0 +1,82 @@
+"""Write the example projects' tiny classification data (seeded: the same files every time).
+
+    python examples/make_data.py
+
+- `examples/sentiment/`: short product reviews, `positive` or `negative`;
+- `examples/trades/`: short messages about a stock, `buy`, `sell` or `hold`.
+
+Each gets `train.jsonl` and `val.jsonl` (`{"text": ..., "label": ...}`), made from
+templates and word lists: no download, and a small model can learn them on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+PRODUCTS = ["headphones", "kettle", "backpack", "phone case", "desk lamp", "blender",
+            "keyboard", "running shoes", "grinder", "monitor", "tent", "charger"]  # fmt: skip
+SENTIMENT = {
+    "positive": (
+        ["love", "really like", "am happy with", "would recommend", "enjoy"],
+        ["excellent", "great", "sturdy", "comfortable", "fast", "quiet", "well made"],
+        ["Five stars.", "Worth every penny.", "Would buy again.", "Exceeded my hopes."],
+    ),
+    "negative": (
+        ["hate", "regret buying", "am disappointed with", "would not recommend", "returned"],
+        ["cheap", "flimsy", "broken", "noisy", "slow", "uncomfortable", "badly made"],
+        ["One star.", "A waste of money.", "Never again.", "Fell apart in a week."],
+    ),
+}
+TICKERS = ["ACME", "GLOBX", "INITECH", "UMBRL", "STARK", "WAYNE", "HOOLI", "VANDL"]
+TRADES = {
+    "buy": ["beat earnings, adding to my position", "breaking out on volume, going long",
+            "oversold after the dip, buying more", "upgraded to outperform, loading up",
+            "guidance raised, time to buy"],
+    "sell": ["missed earnings badly, dumping my shares", "broke support, getting out",
+             "downgraded twice this week, selling everything", "guidance cut, exiting now",
+             "overvalued here, taking profits and selling"],
+    "hold": ["no news today, keeping my shares", "trading sideways, holding for now",
+             "waiting for the earnings call before doing anything", "fairly priced, I hold",
+             "nothing changed, staying put"],
+}  # fmt: skip
+
+
+def reviews(rng: random.Random, n: int) -> list[dict[str, str]]:
+    out = []
+    for _ in range(n):
+        label = rng.choice(sorted(SENTIMENT))
+        verbs, adjectives, endings = SENTIMENT[label]
+        product = rng.choice(PRODUCTS)
+        text = (f"I {rng.choice(verbs)} this {product}. It feels {rng.choice(adjectives)} "
+                f"and {rng.choice(adjectives)}. {rng.choice(endings)}")  # fmt: skip
+        out.append({"text": text, "label": label})
+    return out
+
+
+def trades(rng: random.Random, n: int) -> list[dict[str, str]]:
+    out = []
+    for _ in range(n):
+        label = rng.choice(sorted(TRADES))
+        text = f"${rng.choice(TICKERS)} {rng.choice(TRADES[label])}"
+        out.append({"text": text, "label": label})
+    return out
+
+
+def write(where: Path, rows: list[dict[str, str]]) -> None:
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def main() -> None:
+    rng = random.Random(20261126)
+    for name, make in (("sentiment", reviews), ("trades", trades)):
+        write(HERE / name / "train.jsonl", make(rng, 240))
+        write(HERE / name / "val.jsonl", make(rng, 60))
+
+
+if __name__ == "__main__":
+    main()
