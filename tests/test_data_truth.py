@@ -57,7 +57,7 @@ def test_plan_and_data_check_say_what_is_cut(
     assert any("4 of 24 rows are longer than --seq 64" in w for w in check["warnings"])
     # the plan counts with the same tokenizer and cuts at the same --seq
     plan = run_json(capsys, "plan", TINY, "--dataset", str(long_rows), "--seq", "64",
-                    "--providers", "aws", "--json")  # fmt: skip
+                    "--epochs", "1", "--providers", "aws", "--json")  # fmt: skip
     assert plan["tokens"] == check["kept_tokens"]
     assert any("are cut to it" in n for n in plan["notes"])
 

@@ -22,7 +22,7 @@ from frugal.cli.options import JSON_HELP, argument, number, takes
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing, write_text_atomic
 from frugal.formats import usd
-from frugal.ledger.tags import resolve
+from frugal.ledger.tags import parse_tags, resolve
 from frugal.step.job import installed_version
 
 app = typer.Typer(
@@ -296,7 +296,6 @@ def quality_cmd(
     quality-per-dollar frontier, and which setting moved the loss."""
     from frugal.ledger.quality import quality
     from frugal.ledger.store import Ledger
-    from frugal.ledger.tags import parse_tags
 
     rep = quality(Ledger(), parse_tags(scope or [], "--scope"))
     if json_out:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from frugal.cli import console, print_json
-from frugal.cli.options import JSON_HELP, option
+from frugal.cli.options import JSON_HELP, option, takes
+from frugal.data.labels import label_stats, read_labelled
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
@@ -32,46 +34,52 @@ TASKS = ("causal", "classification")
 IMBALANCED = 3.0  # the largest class over the smallest: warned from here
 
 
-@app.command("check")
-def check(
-    file: str = typer.Argument(..., help="A .jsonl/.csv/.parquet file or a saved HF dataset."),
-    model: str | None = typer.Option(None, help="Model whose tokenizer counts (dir or hub id)."),
-    tokenizer: str | None = typer.Option(None, help="Or: a directory with tokenizer files."),
-    seq: int = option(TrainJob, "seq"),
+@dataclass
+class CheckOptions:
+    """The options of `frugal data check`, in the order `--help` shows them."""
+
+    file: str = typer.Argument(..., help="A .jsonl/.csv/.parquet file or a saved HF dataset.")
+    model: str | None = typer.Option(None, help="Model whose tokenizer counts (dir or hub id).")
+    tokenizer: str | None = typer.Option(None, help="Or: a directory with tokenizer files.")
+    seq: int = option(TrainJob, "seq")
     fmt: str = typer.Option(
         "auto", "--format", help="auto, text, prompt_completion or chat (as data.format)."
-    ),
+    )
     task: str = typer.Option(
         "causal", help="causal (next-token) or classification (text or text_a/text_b, label)."
-    ),
-    plot: str | None = typer.Option(None, help="Write a length histogram: FILE.png/.svg/.pdf."),
-    force: bool = typer.Option(False, "--force", help="Replace the --plot file if it exists."),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
+    )
+    plot: str | None = typer.Option(None, help="Write a length histogram: FILE.png/.svg/.pdf.")
+    force: bool = typer.Option(False, "--force", help="Replace the --plot file if it exists.")
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
+
+
+@app.command("check")
+@takes(CheckOptions)
+def check(ctx: typer.Context, o: CheckOptions) -> None:
     """Rows, tokens, lengths, duplicates and empty rows as `frugal train` will see them."""
     from frugal.data.examples import file_stats, load_tokenizer
 
-    if plot and Path(plot).suffix.lower() not in IMAGE_SUFFIXES:
-        raise FrugalError(f"--plot {plot}: end the name in .png, .svg or .pdf")
-    if plot:
-        check_target(plot, "--plot", force=force)
-    src = tokenizer or model
+    if o.plot and Path(o.plot).suffix.lower() not in IMAGE_SUFFIXES:
+        raise FrugalError(f"--plot {o.plot}: end the name in .png, .svg or .pdf")
+    if o.plot:
+        check_target(o.plot, "--plot", force=o.force)
+    src = o.tokenizer or o.model
     if not src:
         raise FrugalError("give --model M (its tokenizer counts the tokens) or --tokenizer DIR")
     tok = load_tokenizer(src, "give --tokenizer DIR, a directory with tokenizer files")
-    if task not in TASKS:
-        raise FrugalError(f"--task {task!r}: use {' or '.join(TASKS)}")
-    if task == "classification":
-        out = classification_summary(file, tok, seq)
+    if o.task not in TASKS:
+        raise FrugalError(f"--task {o.task!r}: use {' or '.join(TASKS)}")
+    if o.task == "classification":
+        out = classification_summary(o.file, tok, o.seq)
     else:
-        out = summarize(file_stats(file, tok, seq, fmt), seq)
-    if plot:
-        write_plot(out, plot)
-        out["wrote_plot"] = plot
-    if json_out:
+        out = summarize(file_stats(o.file, tok, o.seq, o.fmt), o.seq)
+    if o.plot:
+        write_plot(out, o.plot)
+        out["wrote_plot"] = o.plot
+    if o.json_out:
         print_json(out)
     else:
-        render(file, out)
+        render(o.file, out)
 
 
 def histogram(lengths: list[int], bins: int = BINS) -> list[dict[str, int]]:
@@ -136,8 +144,6 @@ def summarize(st: DataStats, seq: int) -> dict[str, Any]:
 def classification_summary(file: str, tok: Any, seq: int) -> dict[str, Any]:
     """A classification file as `frugal train` reads it: its classes and their counts,
     imbalance, repeated and contradictory rows, and texts longer than `seq` tokens."""
-    from frugal.data.labels import label_stats, read_labelled
-
     examples, classes = read_labelled(file)
     lengths = [len(tok(*e.texts)["input_ids"]) for e in examples]
     st = label_stats(examples, classes)
