@@ -161,6 +161,9 @@ def test_the_plan_chooses_the_training_settings_and_writes_what_it_chose(
     got = {s["setting"]: s for s in full["settings"]}
     assert got["training.learning_rate"]["value"] == 2e-5 and "job.lora_r" not in got
     assert got["data.epochs"]["yours"] and full["tokens"] == 2e6
+    # full fine-tuning compared first: the adapters' settings ride on the LoRA plans
+    mixed = run_json(capsys, *argv, "--methods", "full,lora", "--lora-r", "4", "--json")
+    assert mixed["feasible_plans"] > 0
     text = main([*argv])  # the table lists them too
     assert text == 0 and "settings" in capsys.readouterr().out
 

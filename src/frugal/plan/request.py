@@ -125,16 +125,17 @@ class PlanRequest(BaseModel):
     tag: tuple[str, ...] = Field((), description="ledger tags, key=value")
 
     def job(self, chosen: dict[str, Any] | None = None) -> TrainJob:
-        """The step the plan starts from (the first method, the adapters `chosen`), or one
-        line naming the option: every method of --methods and optimizer of --optimizers is
-        checked here too."""
+        """The step the plan starts from (the first adapter method compared, else the first
+        method; the adapters `chosen`), or one line naming the option: every method of
+        --methods and optimizer of --optimizers is checked here too."""
         methods = self.methods or (self.method,)
+        # the adapters' settings ride on the first adapter method compared (a full job has none)
         lora = {k: v for k, v in (chosen or {}).items() if k in LORA_FIELDS} or {
             "lora_r": self.lora_r, "lora_alpha": self.lora_alpha,
             "lora_dropout": self.lora_dropout, "lora_targets": self.lora_targets,
         }  # fmt: skip
         base = make_job(
-            method=methods[0], precision=self.precision, seq=self.seq,
+            method=_adapters_first(methods), precision=self.precision, seq=self.seq,
             attention=self.attention, packing=self.packing, loss=self.loss,
             loss_chunks=self.loss_chunks, offload_activations=self.offload_activations,
             optimizer_in_backward=self.optimizer_in_backward, **lora,
