@@ -18,6 +18,8 @@ from frugal.names import closest
 from frugal.step.job import TrainJob
 from frugal.validation import model_at, problem
 
+Schedule = Literal["cosine", "linear", "constant"]  # the learning rate after warm-up
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -46,9 +48,7 @@ class TrainingConfig(Strict):
         16, ge=1, le=1_048_576, description="sequences per optimizer step, all GPUs"
     )
     learning_rate: float = Field(2e-4, gt=0, description="peak learning rate")
-    schedule: Literal["cosine", "linear", "constant"] = Field(
-        "cosine", description="decay after warmup"
-    )
+    schedule: Schedule = Field("cosine", description="decay after warmup")
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="share of steps spent warming up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping (0: off)")

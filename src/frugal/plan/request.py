@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from frugal import counts
-from frugal.config import DataConfig, RunConfig, TrainingConfig
+from frugal.config import DataConfig, RunConfig, Schedule, TrainingConfig
 from frugal.data.count import count_tokens
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
@@ -98,7 +98,7 @@ class PlanRequest(BaseModel):
     optimizer_in_backward: bool | None = _unset(TrainJob, "optimizer_in_backward")
     # how it learns (None: the plan chooses, with its reason: plan/hyper.py)
     learning_rate: float | None = _unset(TrainingConfig, "learning_rate")
-    schedule: str | None = _unset(TrainingConfig, "schedule")
+    schedule: Schedule | None = _unset(TrainingConfig, "schedule")
     warmup_ratio: float | None = _unset(TrainingConfig, "warmup_ratio")
     effective_batch: int | None = _unset(Constraints, "effective_batch")
     # what the plan must meet (Constraints checks them)
