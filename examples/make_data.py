@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +32,9 @@ SENTIMENT = {
         ["One star.", "A waste of money.", "Never again.", "Fell apart in a week."],
     ),
 }
-TICKERS = ["ACME", "GLOBX", "INITECH", "UMBRL", "STARK", "WAYNE", "HOOLI", "VANDL"]
+TICKERS = ["ACME", "GLOBX", "INITECH", "UMBRL", "STARK", "WAYNE", "HOOLI", "VANDL", "SOYL",
+           "TYRL", "OSCP", "MASSV"]  # fmt: skip
+OPENERS = ["", "IMO ", "Update: ", "Heads up, ", "Note to self: ", "Quick take: "]
 TRADES = {
     "buy": ["beat earnings, adding to my position", "breaking out on volume, going long",
             "oversold after the dip, buying more", "upgraded to outperform, loading up",
@@ -61,9 +64,20 @@ def trades(rng: random.Random, n: int) -> list[dict[str, str]]:
     out = []
     for _ in range(n):
         label = rng.choice(sorted(TRADES))
-        text = f"${rng.choice(TICKERS)} {rng.choice(TRADES[label])}"
+        text = f"{rng.choice(OPENERS)}${rng.choice(TICKERS)} {rng.choice(TRADES[label])}"
         out.append({"text": text, "label": label})
     return out
+
+
+def unique(make: Callable[[random.Random, int], list[dict[str, str]]], rng: random.Random,
+           n: int) -> list[dict[str, str]]:  # fmt: skip
+    """n rows, no text twice: a repeated row would weigh more in training, and a row in
+    both files would leak the validation set into training."""
+    out: dict[str, dict[str, str]] = {}
+    while len(out) < n:
+        for row in make(rng, n - len(out)):
+            out.setdefault(row["text"], row)
+    return list(out.values())
 
 
 def write(where: Path, rows: list[dict[str, str]]) -> None:
@@ -74,8 +88,9 @@ def write(where: Path, rows: list[dict[str, str]]) -> None:
 def main() -> None:
     rng = random.Random(20261126)
     for name, make in (("sentiment", reviews), ("trades", trades)):
-        write(HERE / name / "train.jsonl", make(rng, 240))
-        write(HERE / name / "val.jsonl", make(rng, 60))
+        rows = unique(make, rng, 300)
+        write(HERE / name / "train.jsonl", rows[:240])
+        write(HERE / name / "val.jsonl", rows[240:])
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def parse_tags(items: Iterable[str], where: str = "--tag") -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not value.strip():
-            raise FrugalError(f"{where} {item!r}: write key=value, e.g. --tag project=chatbot")
+            raise FrugalError(f"{where} {item!r}: write key=value, e.g. {where} project=chatbot")
         if len(value.strip()) > 300:
             raise FrugalError(f"{where} {key.strip()}=...: a tag value is at most 300 characters")
         tags[check_key(key.strip(), where)] = value.strip()
