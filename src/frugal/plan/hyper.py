@@ -158,16 +158,19 @@ def _causal(method: str, params: int) -> dict[str, Rule]:
     }  # fmt: skip
 
 
+CLASSIFIER: dict[str, Rule] = {  # every method's
+    "schedule": ("linear", "linear decay after warm-up", "bert"),
+    "warmup_ratio": (0.06, "6% of the steps warm up", "lora"),
+    "effective_batch": (32, "32 examples a step", "bert"),
+    "epochs": (3.0, "3 passes, the middle of BERT's 2 to 4", "bert"),
+}
+
+
 def _classification(method: str) -> dict[str, Rule]:
     """A classifier: BERT's fine-tuning grid, and LoRA's sentiment recipe for adapters."""
     if method == "full":
-        return {
-            "learning_rate": (2e-5, "the low end of BERT's classification grid", "bert"),
-            "schedule": ("linear", "linear decay after warm-up", "bert"),
-            "warmup_ratio": (0.06, "6% of the steps warm up", "lora"),
-            "effective_batch": (32, "32 examples a step", "bert"),
-            "epochs": (3.0, "3 passes, the middle of BERT's 2 to 4", "bert"),
-        }  # fmt: skip
+        return {"learning_rate": (2e-5, "the low end of BERT's classification grid", "bert"),
+                **CLASSIFIER}  # fmt: skip
     return {
         "lora_targets": ("all-linear", "adapters on every linear layer", "qlora"),
         "lora_r": (8, "rank 8 for a sentiment classifier", "lora"),
@@ -175,10 +178,7 @@ def _classification(method: str) -> dict[str, Rule]:
         "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's input "
                          "in memory", "frugal"),
         "learning_rate": (4e-4, "4e-4 for adapters on a classifier", "lora"),
-        "schedule": ("linear", "linear decay after warm-up", "bert"),
-        "warmup_ratio": (0.06, "6% of the steps warm up", "lora"),
-        "effective_batch": (32, "32 examples a step", "bert"),
-        "epochs": (3.0, "3 passes, the middle of BERT's 2 to 4", "bert"),
+        **CLASSIFIER,
     }  # fmt: skip
 
 
