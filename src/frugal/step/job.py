@@ -199,10 +199,12 @@ class TrainJob(BaseModel):
 
     def profile_key(self) -> dict[str, object]:
         """The settings a memory profile depends on (not batch, seq or parallelism; the paged
-        8-bit optimizer's state is the 8-bit one's).
+        8-bit optimizer's state is the 8-bit one's; LoRA's alpha as the number it resolves to:
+        None is 2 x rank, the same adapters as the rank's double written out).
         Accumulation only matters as 1 or more: the simulation runs min(grad_accum, 2)
         micro-steps, since from the second on, every micro-step holds the same buffers."""
         key = self.model_dump(exclude={"batch", "seq", "gpus", "sharding", "bitsandbytes"})
+        key["lora_alpha"] = self.alpha
         key["keeps_4bit_input"] = self.keeps_4bit_input
         if self.optimizer == "paged-adamw-8bit":  # the same state, in unified memory
             key["optimizer"] = "adamw-8bit"
