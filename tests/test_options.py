@@ -110,7 +110,8 @@ def test_a_command_asks_its_apis_request_with_its_defaults(command: str, request
           "--output-len", "9", "--commitment-months", "200"],
          "--commitment-months 200: give a whole number from 1 to 120, e.g. 12,36"),
     ],
-    ids=["plan-model", "estimate-model", "serve-model", "methods", "providers", "schedule", "months"],
+    ids=["plan-model", "estimate-model", "serve-model", "methods", "providers", "schedule",
+         "months"],
 )  # fmt: skip
 def test_a_request_the_options_make_badly_is_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], said: str
