@@ -95,10 +95,19 @@ def histogram(lengths: list[int], bins: int = BINS) -> list[dict[str, int]]:
     ]
 
 
+def spread(ls: list[int]) -> dict[str, Any]:
+    """Min, median, p95 (nearest rank) and max of sorted lengths."""
+    median = statistics.median(ls)
+    return {"min": ls[0], "median": int(median) if float(median).is_integer() else median,
+            "p95": ls[max(0, math.ceil(0.95 * len(ls)) - 1)], "max": ls[-1]}  # fmt: skip
+
+
+def _spread_text(ln: dict[str, Any]) -> str:
+    return f"{ln['min']} / {ln['median']:g} / {ln['p95']} / {ln['max']}"
+
+
 def summarize(st: DataStats, seq: int) -> dict[str, Any]:
     ls = sorted(st.lengths)
-    median = statistics.median(ls)
-    median = int(median) if float(median).is_integer() else median
     warnings: list[str] = []
     share = st.over_length / st.rows
     if cut := st.cut(seq, "--seq"):
@@ -129,12 +138,7 @@ def summarize(st: DataStats, seq: int) -> dict[str, Any]:
         "kept_tokens": st.kept_tokens,
         "lost_tokens": st.tokens - st.kept_tokens,
         "trained_tokens": st.trained_tokens,
-        "length": {
-            "min": ls[0],
-            "median": median,
-            "p95": ls[max(0, math.ceil(0.95 * len(ls)) - 1)],  # nearest rank
-            "max": ls[-1],
-        },
+        "length": spread(ls),
         "histogram": histogram(ls),
         "seq": seq,
         "warnings": warnings,
@@ -166,12 +170,10 @@ def classification_summary(file: str, tok: Any, seq: int) -> dict[str, Any]:
         warnings.append(f"{over} texts ({over / len(lengths):.0%}) are longer than --seq "
                         f"{seq} tokens and are cut to it: raise --seq or shorten them")  # fmt: skip
     ls = sorted(lengths)
-    median = statistics.median(ls)
     return {
         "rows": len(examples), "task": "classification", **st.to_json(),
         "tokens": sum(lengths), "over_length": over, "over_length_share": over / len(ls),
-        "length": {"min": ls[0], "median": int(median) if float(median).is_integer() else median,
-                   "p95": ls[max(0, math.ceil(0.95 * len(ls)) - 1)], "max": ls[-1]},
+        "length": spread(ls),
         "histogram": histogram(ls), "seq": seq, "warnings": warnings,
     }  # fmt: skip
 
@@ -224,9 +226,7 @@ def render(file: str, out: dict[str, Any]) -> None:
         f"longer than {out['seq']}", f"{out['over_length']:,} ({out['over_length_share']:.1%})"
     )
     ln = out["length"]
-    t.add_row(
-        "length min/median/p95/max", f"{ln['min']} / {ln['median']:g} / {ln['p95']} / {ln['max']}"
-    )
+    t.add_row("length min/median/p95/max", _spread_text(ln))
     con.print(t)
     con.print("[bold]tokens per row[/]")
     hist = out["histogram"]
@@ -255,8 +255,7 @@ def render_classes(file: str, out: dict[str, Any]) -> None:
     conflicting = out["conflicting_texts"]
     con.print(f"imbalance (largest / smallest class): {imbalance} · duplicate rows: "
               f"{out['duplicates']:,} · conflicting texts: {conflicting:,}")  # fmt: skip
-    lengths = f"{ln['min']} / {ln['median']:g} / {ln['p95']} / {ln['max']}"
-    con.print(f"tokens per example min/median/p95/max: {lengths} · longer than "
+    con.print(f"tokens per example min/median/p95/max: {_spread_text(ln)} · longer than "
               f"{out['seq']}: {out['over_length']:,}")  # fmt: skip
     for w in out["warnings"]:
         con.print(f"[yellow]warning:[/] {escape(w)}")

@@ -66,8 +66,13 @@ class Classes:
             raise FrugalError(f"{len(out):,} classes: at most {MAX_CLASSES:,}")
         return cls(out)
 
+    @property
+    def numbered(self) -> bool:
+        """Classes given as integer ids (a name is never digits: digits are an id)."""
+        return self.names[0] == "0"
+
     def id_of(self, value: Any, where: str) -> int:
-        if _is_id(value) and int(value) < len(self.names) and self.names[0] == "0":
+        if self.numbered and _is_id(value) and int(value) < len(self.names):
             return int(value)
         name = str(value).strip()
         if name in self.names and not _is_id(value):

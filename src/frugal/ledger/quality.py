@@ -94,9 +94,7 @@ def quality(led: Ledger, scope: Mapping[str, str]) -> QualityReport:
             .order_by(RunRecord.started_at, RunRecord.id)
         ).all()
         runs = [_of(r) for r in rows]
-    ranked = [r for r in runs if r.best_eval_loss is not None]
-    _rank(ranked)
-    ranked.sort(key=lambda r: r.rank or 0)
+    ranked = _ranked([r for r in runs if r.best_eval_loss is not None])
     unranked = [r for r in runs if r.best_eval_loss is None]
     effects, notes = _effects(ranked)
     if unranked:
@@ -121,8 +119,9 @@ def _of(r: RunRecord) -> RunQuality:
                       r.hours, r.outcome or "running")  # fmt: skip
 
 
-def _rank(runs: list[RunQuality]) -> None:
-    """Mark the frontier and number the runs: frontier first, then by loss and dollars."""
+def _ranked(runs: list[RunQuality]) -> list[RunQuality]:
+    """The runs marked on the frontier or not and numbered: frontier first, then by loss
+    and dollars."""
     for r in runs:
         assert r.best_eval_loss is not None
         r.frontier = not any(
@@ -134,6 +133,7 @@ def _rank(runs: list[RunQuality]) -> None:
     order = sorted(runs, key=lambda r: (not r.frontier, r.best_eval_loss, r.cost_usd))
     for i, r in enumerate(order, start=1):
         r.rank = i
+    return order
 
 
 def _effects(runs: list[RunQuality]) -> tuple[list[Effect], list[str]]:
@@ -151,15 +151,14 @@ def _effects(runs: list[RunQuality]) -> tuple[list[Effect], list[str]]:
         by_value = sorted(best.values(), key=lambda x: x[1])
         effects.append(Effect(name, by_value, by_value[-1][1] - by_value[0][1]))
     effects.sort(key=lambda e: -e.moved)
-    notes = []
-    for i, a in enumerate(varied):
-        for b in varied[i + 1 :]:
-            if (
-                len({(_key(r.settings[a]), _key(r.settings[b])) for r in runs})
-                == len({_key(r.settings[a]) for r in runs})
-                == len({_key(r.settings[b]) for r in runs})
-            ):
-                notes.append(f"{a} and {b} changed together: their effects cannot be told apart")
+
+    def values(*names: str) -> set[tuple[str, ...]]:
+        return {tuple(_key(r.settings[n]) for n in names) for r in runs}
+
+    # two settings changed together when each value of one goes with one value of the other
+    notes = [f"{a} and {b} changed together: their effects cannot be told apart"
+             for i, a in enumerate(varied) for b in varied[i + 1 :]
+             if len(values(a, b)) == len(values(a)) == len(values(b))]  # fmt: skip
     return effects, notes
 
 
