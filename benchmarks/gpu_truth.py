@@ -15,8 +15,9 @@ environment (GPU, driver, library versions) in a JSON file beside it.
 
 `--matrix first` is for a short loan of a GPU, most valuable rows first, so a run cut short
 still leaves the rows that matter: on an H200 with --steps 4 --effective-batch 4 a row takes
-10-30 s, the 29 rows about 10 minutes, so a 7-minute call gets two thirds of them (`--start
-N` skips the first N in a second call; `--timeout 60` keeps a slow row from eating it).
+10-30 s, the 32 rows about 11 minutes, so a 7-minute call gets two thirds of them (`--start
+N` skips the first N in a second call; `--timeout 60` keeps a slow row from eating it; the
+rows of minute-long steps carry their own limit).
 Rows with runner "hf" run `frugal plan --emit hf`'s Trainer script of the same run
 (transformers + PEFT + bitsandbytes) on random weights saved where it loads them: a plain
 Trainer beside frugal's own loop. Each config's process is started, and imports, while
@@ -86,6 +87,7 @@ class Config:
     history: bool = False  # print where the memory alive after the first step was allocated
     packing: bool = True  # False: padded rows, no block-diagonal mask (the Trainer's data)
     steps: int | None = None  # dry-run steps (None: --steps); 2 for minute-long steps
+    timeout: float | None = None  # seconds this config may take (None: --timeout)
 
     def job_fields(self) -> dict[str, Any]:
         """The job of this config at its micro-batch (1 when the estimator picks it)."""
@@ -139,18 +141,20 @@ def matrix(name: str) -> list[Config]:
         c, l1, l3, l8 = Config, "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", \
             "meta-llama/Llama-3.1-8B"  # fmt: skip
         return list(dict.fromkeys([  # the long matrix repeats the first row
-            # 2026-11-26: 122 GiB allocated at micro-batch 2 after backing off from 32, 76 GiB
-            # asked for directly (the third row): what the back-off run holds, by line
+            # 2026-11-26 and -27: 122 GiB allocated at micro-batch 2 after backing off from 32,
+            # 76 GiB asked for directly (the second row): what the back-off run holds, by
+            # line, in ID.alive.txt (the third loan's went to the call's cut output)
             c(l1, "full", "bf16-mixed", False, 8192, 32, effective=32, history=True),
-            # pinned host memory held with offloading (4.0 GiB at every step of the second loan)
-            c(l8, "qlora", "bf16-mixed", True, 16384, 1, 32, "adamw-8bit", 16, True, effective=1),
-            # the same step asked for directly (76 GiB on the second loan, 83 estimated)
             c(l1, "full", "bf16-mixed", False, 8192, 2),
+            # frugal beside the Trainer: at micro-batch 1 (0.2 s micro-steps) both followed
+            # the host CPU on the third loan; at 8 the GPU sets the pace
+            c(l1, "lora", "bf16-mixed", True, 2048, 8, effective=8),
+            c(l1, "lora", "bf16-mixed", True, 2048, 8, effective=8, runner="hf"),
+            c(l1, "lora", "bf16-mixed", True, 2048, 8, effective=8, packing=False),
+            c(l1, "qlora", "bf16-mixed", True, 2048, 8, effective=8),
+            c(l1, "qlora", "bf16-mixed", True, 2048, 8, effective=8, runner="hf"),
             c(l1, "lora", "bf16-mixed", True, 2048, 1),
-            c(l1, "lora", "bf16-mixed", True, 2048, 1, runner="hf"),
-            c(l1, "lora", "bf16-mixed", True, 2048, 1, packing=False),  # the Trainer's data
             c(l1, "qlora", "bf16-mixed", True, 2048, 1),
-            c(l1, "qlora", "bf16-mixed", True, 2048, 1, runner="hf"),
             *[x for x in matrix("long") if not x.max_seq_share],
             c(l8, "qlora", "bf16-mixed", True, 2048, 1),
             c(l8, "lora", "bf16-mixed", True, 2048, 1),
@@ -185,7 +189,7 @@ def matrix(name: str) -> list[Config]:
         # peaks are the first step's), and last in the first matrix
         edges = [
             Config(m, q, "bf16-mixed", True, 0, 1, 32, max_seq_share=share, effective=1,
-                   steps=2, **every)
+                   steps=2, timeout=240, **every)
             for share in (0.9, 1.1)
         ]  # fmt: skip
         # full fine-tuning, gradients freed in backward: the same step after backward and in it
@@ -242,8 +246,9 @@ def _data(path: Path, rows: int, seq: int) -> None:
             f.write(json.dumps({"text": text}) + "\n")
 
 
-def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
-    """One config in this (fresh) process; returns its measured and estimated figures."""
+def _run(cfg: Config, steps: int, effective: int, work: Path, out: Path) -> dict[str, Any]:
+    """One config in this (fresh) process; returns its measured and estimated figures (and
+    writes what a `history` config holds after its first step to OUT/ID.alive.txt)."""
     import torch
 
     steps = cfg.steps or steps
@@ -294,8 +299,10 @@ def _run(cfg: Config, steps: int, effective: int, work: Path) -> dict[str, Any]:
         if cuda:
             free, total = torch.cuda.mem_get_info()
             device_peak = max(device_peak, (total - free) / 2**30)
-            if cfg.history and step == 1:
-                _print_live_allocations(cfg.id)
+            if cfg.history and step == 1:  # a file: a call's printed output can be cut
+                alive = "\n".join(_live_allocations(f"{cfg.id} alive after step 1"))
+                (out / f"{cfg.id}.alive.txt").write_text(alive + "\n")
+                print(alive)
             if cfg.offload:  # pinned host memory should not grow from step to step
                 host = {k: v / 2**30 for k, v in torch.cuda.host_memory_stats().items()}
                 active, held = (
@@ -443,7 +450,7 @@ def _train_hf(run_cfg: Any, config: dict[str, Any], work: Path, on_step: Any) ->
     )
 
 
-def _print_live_allocations(name: str, top: int = 10) -> None:
+def _live_allocations(name: str, top: int = 10) -> list[str]:
     """The device memory alive now, by the Python lines that allocated it (largest first):
     what a run holds that its estimate does not, after an OOM back-off for one."""
     import torch
@@ -458,8 +465,8 @@ def _print_live_allocations(name: str, top: int = 10) -> None:
                 f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in frames[:3]
             )
             by_line[where or "?"] = by_line.get(where or "?", 0) + block["size"]
-    for where, size in sorted(by_line.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"{name} alive after step 1: {size / 2**30:7.2f} GiB  {where}")
+    largest = sorted(by_line.items(), key=lambda kv: -kv[1])[:top]
+    return [f"{name}: {size / 2**30:7.2f} GiB  {where}" for where, size in largest]
 
 
 def _pinned_peak_gib() -> float | None:
@@ -476,7 +483,7 @@ def _pinned_peak_gib() -> float | None:
     return round(stats().get("allocated_bytes.peak", 0) / 2**30, 3)
 
 
-def _child(cfg: Config, steps: int, effective: int, queue: Any, go: Any) -> None:
+def _child(cfg: Config, steps: int, effective: int, out: Path, queue: Any, go: Any) -> None:
     """One config in a fresh process, started while the one before runs: it imports, then
     waits for its turn on the GPU (importing touches no CUDA memory)."""
     import torch
@@ -489,7 +496,7 @@ def _child(cfg: Config, steps: int, effective: int, queue: Any, go: Any) -> None
     go.wait()
     try:
         with tempfile.TemporaryDirectory() as d:
-            queue.put(_run(cfg, steps, effective, Path(d)))
+            queue.put(_run(cfg, steps, effective, Path(d), out))
     except BaseException as e:  # a failed config is a row, never the end of the matrix
         last = traceback.format_exc().strip().splitlines()[-1]
         queue.put({"error": f"{type(e).__name__}: {last}"[:300]})
@@ -577,7 +584,7 @@ def main() -> int:
 
     def start(cfg: Config) -> tuple[Any, Any, Any]:
         queue, go = ctx.Queue(), ctx.Event()
-        p = ctx.Process(target=_child, args=(cfg, steps, effective, queue, go))
+        p = ctx.Process(target=_child, args=(cfg, steps, effective, args.out, queue, go))
         p.start()
         return p, queue, go
 
@@ -590,15 +597,16 @@ def main() -> int:
             p, queue, go = nxt
             go.set()
             nxt = start(configs[i + 1]) if i + 1 < len(configs) else None
-            p.join(args.timeout)
+            limit = cfg.timeout or args.timeout
+            p.join(limit)
             if p.is_alive():
                 p.kill()
-                res: dict[str, Any] = {"error": f"timed out after {args.timeout:.0f} s"}
+                res: dict[str, Any] = {"error": f"timed out after {limit:.0f} s"}
             else:
                 res = queue.get() if not queue.empty() else {"error": f"exit {p.exitcode}"}
             row = {"id": cfg.id, **asdict(cfg), **res}
             row["checkpointing"] = cfg.checkpointing
-            for key in ("micro", "max_seq_share", "effective"):
+            for key in ("micro", "max_seq_share", "effective", "timeout"):
                 row.pop(key, None)
             w.writerow({k: row.get(k) for k in FIELDS})
             f.flush()
