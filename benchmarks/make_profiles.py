@@ -48,12 +48,20 @@ def commands(model: str) -> list[list[str]]:
                     for m in METHODS] + SWEEPS.get(model, [])  # fmt: skip
 
 
-# the docs' rank sweep (docs/plan.md, "Many jobs, one bill"): eight LoRA jobs of one model
+EXAMPLES = ROOT / "examples"
+# the docs' rank sweep (docs/plan.md, "Many jobs, one bill"): eight LoRA jobs of one model;
+# the example classifiers' plans (README) and a 7B-class classifier beside its causal LM
 SWEEPS = {
     "meta-llama/Llama-3.1-8B": [
-        ["plan", "--jobs", str(ROOT / "examples" / "jobs.yaml"), "--providers", "aws", "--no-spot"]
-    ]
-}
+        ["plan", "--jobs", str(EXAMPLES / "jobs.yaml"), "--providers", "aws", "--no-spot"],
+        ["estimate", "meta-llama/Llama-3.1-8B", "--task", "classification", "--json"],
+    ],
+    "meta-llama/Llama-3.2-1B": [
+        ["plan", "meta-llama/Llama-3.2-1B", "--task", "classification", "--seq", "128",
+         "--dataset", str(EXAMPLES / name / "train.jsonl"), "--methods", "lora,qlora,full"]
+        for name in ("sentiment", "trades")
+    ],
+}  # fmt: skip
 
 
 def one_model(model: str) -> tuple[list[dict[str, Any]], dict[str, bytes], float]:

@@ -10,7 +10,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import typer
 from rich.markup import escape
@@ -22,7 +22,7 @@ from frugal.data.labels import label_stats, read_labelled
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
-from frugal.step.job import TrainJob
+from frugal.step.job import Task, TrainJob
 
 if TYPE_CHECKING:
     from frugal.data.examples import DataStats
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Check training data before you train.", no_args_is_help=True)
 
 BINS = 10
-TASKS = ("causal", "classification")
+TASKS = get_args(Task)
 IMBALANCED = 3.0  # the largest class over the smallest: warned from here
 
 
@@ -45,9 +45,7 @@ class CheckOptions:
     fmt: str = typer.Option(
         "auto", "--format", help="auto, text, prompt_completion or chat (as data.format)."
     )
-    task: str = typer.Option(
-        "causal", help="causal (next-token) or classification (text or text_a/text_b, label)."
-    )
+    task: str = option(TrainJob, "task")
     plot: str | None = typer.Option(None, help="Write a length histogram: FILE.png/.svg/.pdf.")
     force: bool = typer.Option(False, "--force", help="Replace the --plot file if it exists.")
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP)

@@ -21,6 +21,8 @@ class EstimateOptions:
     """The options of `frugal estimate`, in the order `--help` shows them."""
 
     model: str = typer.Argument(..., help=MODEL_HELP)
+    task: str = option(TrainJob, "task")
+    num_labels: int = option(TrainJob, "num_labels")
     method: str = option(TrainJob, "method")
     precision: str = option(TrainJob, "precision")
     optimizer: str = option(TrainJob, "optimizer")
@@ -119,6 +121,8 @@ def _job_line(d: dict[str, Any]) -> str:
     if j["method"] != "full":
         alpha = j["lora_alpha"] or 2 * j["lora_r"]
         what += f" r{j['lora_r']}/α{alpha} on {j['lora_targets']}"
+    if j["task"] == "classification":
+        what = f"classifier of {j['num_labels']} classes · {what}"
     par = f" · {j['gpus']} GPUs {j['sharding']}" if j["gpus"] > 1 else ""
     return (
         f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']}"

@@ -44,6 +44,10 @@ class PlanOptions:
     dataset: str | None = typer.Option(None, help="Or: a .jsonl/.csv/.parquet file to count.")
     epochs: float | None = option(DataConfig, "epochs", unset=CHOSEN)
     seq: int = option(TrainJob, "seq")
+    task: str = option(TrainJob, "task")
+    num_labels: int | None = option(
+        TrainJob, "num_labels", unset="the classes of --dataset, else 2"
+    )
     effective_batch: int | None = option(Constraints, "effective_batch", unset=CHOSEN)
     method: str = option(TrainJob, "method")
     methods: str | None = option(Constraints, "methods", listed=True, unset="--method")

@@ -339,6 +339,12 @@ def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str],
             "MoE experts are fused 3D parameters in transformers 5; see lora_targets for "
             "what PEFT adapted (memory follows transformers' grouped-GEMM path)"
         )
+    if job.task == "classification":
+        notes.append(
+            f"a classifier's head has {job.num_labels} outputs where the LM head has "
+            f"{spec.vocab_size:,}: no logits over the vocabulary, so logits and loss take "
+            "almost nothing (a causal-LM step of the same batch holds them in fp32 for the loss)"
+        )
     if job.offload_activations:
         notes.append(
             "offloaded layer inputs wait for backward in pinned host memory (host_offload_gib "

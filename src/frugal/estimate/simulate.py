@@ -71,7 +71,8 @@ def simulate(
     targets = sorted(
         {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
     )
-    vocab = int(config["vocab_size"])
+    # the logits' last dimension: the vocabulary, or a classifier's classes
+    vocab = job.num_labels if job.task == "classification" else int(config["vocab_size"])
     traces = []
     mode = PhantomMode() if use_phantom else FakeTensorMode(allow_non_fake_inputs=False)
     with cuda_kernels(), mode, warnings.catch_warnings():
@@ -103,7 +104,7 @@ def _tracked_step(
     """The trainer's optimizer step on `shape` (batch, seq), every allocation tracked; two
     micro-batches where the job accumulates (the second is every later one)."""
     tracker = StepTracker(vocab)
-    micro = [example(*shape, job.packing)] * min(job.grad_accum, 2)
+    micro = [example(*shape, job.packing, job.task == "classification")] * min(job.grad_accum, 2)
     clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
     engine, update = PlainEngine(job.precision), UpdateRule(Loss.of(job), 1.0, 1.0, clip)
     hooks = tracker.watch(model, opt)

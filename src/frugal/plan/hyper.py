@@ -36,11 +36,11 @@ the learning rate and its schedule follow the method the plan recommends.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from frugal.estimate.closed_form import model_params
+from frugal.step.job import Task
 
-Task = Literal["causal", "classification"]
 SOURCES = {  # as an answer names them; the full references: this docstring, docs/train.md
     "qlora": "QLoRA",
     "regret": "LoRA Without Regret",

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from frugal import counts
 from frugal.config import DataConfig, RunConfig, Schedule, TrainingConfig
 from frugal.data.count import count_tokens
+from frugal.data.labels import read_labelled
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.hardware.catalog import PriceBasis, price_basis, select_offers
@@ -43,7 +44,7 @@ from frugal.plan.plot import write_plot
 from frugal.plan.relax import Ask, explain
 from frugal.plan.search import search
 from frugal.plan.transfer import measure_gb, parse_location
-from frugal.step.job import LORA_FIELDS, TrainJob, make_job
+from frugal.step.job import LORA_FIELDS, Task, TrainJob, make_job
 from frugal.validation import Listed
 
 if TYPE_CHECKING:  # SQLAlchemy is imported once there is a plan to record
@@ -80,6 +81,8 @@ class PlanRequest(BaseModel):
     epochs: float | None = _unset(DataConfig, "epochs")
     # the step (TrainJob checks them); None: the search tries what fits
     seq: int = _about(TrainJob, "seq")
+    task: Task = _about(TrainJob, "task")
+    num_labels: int | None = _unset(TrainJob, "num_labels")
     method: str = _about(TrainJob, "method")
     methods: Listed | None = Field(
         None, min_length=1, description="methods to compare [default: --method]"
@@ -135,6 +138,7 @@ class PlanRequest(BaseModel):
             "lora_dropout": self.lora_dropout, "lora_targets": self.lora_targets,
         }  # fmt: skip
         base = make_job(
+            task=self.task, num_labels=self.num_labels,
             method=_adapters_first(methods), precision=self.precision, seq=self.seq,
             attention=self.attention, packing=self.packing, loss=self.loss,
             loss_chunks=self.loss_chunks, offload_activations=self.offload_activations,
@@ -150,7 +154,8 @@ class PlanRequest(BaseModel):
         """What the plan must meet, for `tokens` in all, a dataset of `data_gb` and
         `effective_batch` sequences a step."""
         return Constraints.build(
-            auto_loss_chunks=self.loss_chunks is None,
+            # a classifier has no logits over the vocabulary to chunk
+            auto_loss_chunks=self.loss_chunks is None and self.task != "classification",
             auto_offload=self.offload_activations is None,
             auto_in_backward=self.optimizer_in_backward is None,
             data=self.data, data_gb=data_gb, tokens=tokens,
@@ -166,7 +171,7 @@ class PlanRequest(BaseModel):
         """The training settings of `method` on this request's data, each with its reason:
         what this request gives is kept as the user's."""
         given = {name: getattr(self, name) for name in WHERE}
-        return choose(spec.config, method, "causal", tokens_per_epoch, self.seq, given)
+        return choose(spec.config, method, self.task, tokens_per_epoch, self.seq, given)
 
     def select(self, every_provider: bool = False) -> list[Offer]:
         """The offers this request plans with (all providers': what a change would give)."""
@@ -236,7 +241,10 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     base = q.job()
     spec = load_spec(q.model)
     notes: list[str] = []
-    if q.dataset:
+    if q.dataset and q.task == "classification":
+        q, per_epoch, note = _classifier_data(q)
+        notes.append(note)
+    elif q.dataset:
         tc = count_tokens(q.dataset, q.model, q.seq)
         per_epoch = float(tc.tokens)  # what the run reads: rows cut to --seq
         notes.append(tc.note(q.dataset, q.seq))
@@ -267,6 +275,25 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     out = PlanOutcome(q, spec, k, result, basis, per_epoch, tags, settings)
     _record(out, books)
     return out
+
+
+def _classifier_data(q: PlanRequest) -> tuple[PlanRequest, float, str]:
+    """A classifier's dataset: the request with its classes counted (unless given), the
+    tokens of an epoch as the step computes them, and a note saying how."""
+    assert q.dataset
+    rows, classes = read_labelled(q.dataset)
+    if q.num_labels is None:
+        q = q.model_copy(update={"num_labels": len(classes.names)})
+    elif q.num_labels < len(classes.names):
+        raise FrugalError(
+            f"--num-labels {q.num_labels}: {q.dataset} has {len(classes.names)} classes: "
+            f"give {len(classes.names)} or more, or drop --num-labels"
+        )
+    note = (
+        f"{q.dataset}: {len(rows):,} rows of {len(classes.names)} classes; a classifier pads "
+        f"each row to its micro-batch's longest, priced as --seq {q.seq:,} tokens a row"
+    )
+    return q, float(len(rows) * q.seq), note
 
 
 def _adapters_first(methods: tuple[str, ...]) -> str:

@@ -8,6 +8,7 @@ builds the same-sized (b, 1, s, s) boolean mask for SDPA. With a mask, SDPA also
 key/value heads repeated to the query heads (transformers' `repeat_kv`: its GQA path needs
 no mask) and turns the mask into one in the compute dtype per layer. Either way the loss reads
 `labels` (IGNORE where not trained) and `segment_ids` (1, 2, ... per sample, 0 for padding).
+A classifier's rows are padded, one text each, and its `labels` are one class id per row.
 
 `frugal train` collates real rows through `layout`; the estimate feeds the step
 `example(batch, seq, packing)`, the same keys, dtypes and shapes on fake tensors. Under fake
@@ -30,7 +31,7 @@ def layout(
     positions: torch.Tensor,
     packed: bool,
 ) -> dict[str, torch.Tensor]:
-    """One micro-batch's tensors, all (rows, width) int64."""
+    """One micro-batch's tensors, all (rows, width) int64 (a classifier's labels: (rows,))."""
     batch = {
         "input_ids": input_ids,
         "labels": labels,
@@ -42,11 +43,12 @@ def layout(
     return batch
 
 
-def example(rows: int, seq: int, packed: bool) -> dict[str, torch.Tensor]:
+def example(rows: int, seq: int, packed: bool, classify: bool = False) -> dict[str, torch.Tensor]:
     """A micro-batch of `rows` x `seq` tokens in the layout of `frugal train` (values are
-    irrelevant: the estimate runs it on fake tensors)."""
+    irrelevant: the estimate runs it on fake tensors); `classify`: a class id per row."""
     z = torch.zeros((rows, seq), dtype=torch.long)
-    return layout(z, z.clone(), z.clone(), z.clone(), packed)
+    labels = torch.zeros(rows, dtype=torch.long) if classify else z.clone()
+    return layout(z, labels, z.clone(), z.clone(), packed)
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -22,6 +22,7 @@ Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor
 Attention = Literal["sdpa", "eager"]
 Sharding = Literal["ddp", "fsdp", "zero2", "zero3"]
 Loss = Literal["ce", "ce+contrastive"]
+Task = Literal["causal", "classification"]
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_targets", "lora_dropout")
 FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops its input
@@ -56,10 +57,20 @@ def installed_version(package: str) -> str | None:
 
 
 class TrainJob(BaseModel):
-    """One training step of one model: method, precision, optimizer, shapes, batch layout,
-    loss and parallelism."""
+    """One training step of one model: task, method, precision, optimizer, shapes, batch
+    layout, loss and parallelism."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    task: Task = Field(
+        "causal",
+        description="causal: next-token prediction through the LM head; classification: "
+        "one label per text (rows of text or text_a/text_b, and label) from a new head on the "
+        "last token, no logits over the vocabulary",
+    )
+    num_labels: int = Field(
+        2, ge=2, le=MOST, description="classes of a classification task (its head's outputs)"
+    )
 
     method: Method = Field("lora", description="full fine-tuning, LoRA, or QLoRA (4-bit NF4 base)")
     precision: Precision = Field(
@@ -98,7 +109,7 @@ class TrainJob(BaseModel):
     packing: bool = Field(
         True,
         description="pack samples into full rows (a block-diagonal mask keeps them apart); "
-        "off: one sample per row, padded",
+        "off: one sample per row, padded (always, for a classifier)",
     )
     loss: Loss = Field(
         "ce", description="training loss: cross-entropy, or with SimCTG's contrastive term"
@@ -118,8 +129,18 @@ class TrainJob(BaseModel):
         "also kept its input for backward); default: the installed one, else the newest",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_text_a_row(cls, data: Any) -> Any:
+        """A classifier reads one text per row (its label is the row's): never packed."""
+        if isinstance(data, dict) and data.get("task") == "classification":
+            data = {**data, "packing": False}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> TrainJob:
+        if self.task == "classification":
+            _classifier_check(self)
         if self.bitsandbytes is not None:
             _version(self.bitsandbytes)
         if self.loss_chunks > self.batch * self.seq:
@@ -170,7 +191,8 @@ class TrainJob(BaseModel):
             lora_alpha=self.alpha,
             target_modules=self.target_modules,
             lora_dropout=self.lora_dropout,
-            task_type="CAUSAL_LM",
+            # SEQ_CLS: PEFT trains and saves the new head (`score`) whole, beside the adapters
+            task_type="SEQ_CLS" if self.task == "classification" else "CAUSAL_LM",
         )
 
     @property
@@ -209,7 +231,23 @@ class TrainJob(BaseModel):
         if self.optimizer == "paged-adamw-8bit":  # the same state, in unified memory
             key["optimizer"] = "adamw-8bit"
         key["grad_accum"] = min(self.grad_accum, 2)
+        if self.task == "causal":
+            del key["num_labels"]  # no head of classes
         return key
+
+
+def _classifier_check(job: TrainJob) -> None:
+    """What a classification step cannot be: a loss over next tokens."""
+    if job.loss != "ce":
+        raise ValueError(
+            "--loss ce+contrastive is a next-token loss: a classifier's loss is its "
+            "cross-entropy over classes (--loss ce)"
+        )
+    if job.loss_chunks:
+        raise ValueError(
+            "--loss-chunks splits the logits over the vocabulary, which a classifier does "
+            "not make: use --loss-chunks 0"
+        )
 
 
 def in_backward_refusal(gpus: int, grad_accum: int, precision: str) -> str | None:

@@ -28,7 +28,7 @@ from frugal.step import marks
 from frugal.step.batch import model_inputs
 from frugal.step.chunked_ce import chunked_linear_cross_entropy
 from frugal.step.job import TrainJob
-from frugal.step.loss import causal_lm_loss, contrastive_loss
+from frugal.step.loss import causal_lm_loss, classification_loss, contrastive_loss
 from frugal.step.optim import PerParameter
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
@@ -71,17 +71,25 @@ class PlainEngine:
 class Loss:
     """The training loss: cross-entropy, plus SimCTG's contrastive term when `contrastive`;
     with `chunks`, the cross-entropy is computed from the last hidden states in that many
-    chunks of tokens (`chunked_ce`), so the whole logits tensor never exists."""
+    chunks of tokens (`chunked_ce`), so the whole logits tensor never exists. A classifier's
+    (`classify`) is the cross-entropy over its classes, weighted by `class_weights` if any."""
 
     contrastive: bool = False
     weight: float = 1.0
     margin: float = 0.5
     chunks: int = 0
+    classify: bool = False
+    class_weights: tuple[float, ...] = ()
 
     @classmethod
-    def of(cls, job: TrainJob, weight: float = 1.0, margin: float = 0.5) -> Loss:
+    def of(
+        cls, job: TrainJob, weight: float = 1.0, margin: float = 0.5,
+        class_weights: tuple[float, ...] = (),
+    ) -> Loss:  # fmt: skip
         """The job's loss (the trainer and the estimator build it here)."""
-        return cls(job.loss == "ce+contrastive", weight, margin, job.loss_chunks)
+        classify = job.task == "classification"
+        return cls(job.loss == "ce+contrastive", weight, margin, job.loss_chunks, classify,
+                   class_weights)  # fmt: skip
 
 
 def lm_head(model: Any) -> Any:
@@ -121,6 +129,9 @@ def ce_of(
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The forward and its summed cross-entropy (plain, or chunked from the hidden states);
     with the contrastive term, also the last hidden states."""
+    if loss.classify:
+        weight = torch.tensor(loss.class_weights) if loss.class_weights else None
+        return None, classification_loss(forward(model, b).logits, b["labels"], weight)[0]
     with last_hidden(model, bool(loss.chunks or loss.contrastive)) as box:
         if not loss.chunks:
             ce = causal_lm_loss(forward(model, b).logits, b["labels"])[0]

@@ -40,6 +40,24 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return total, count
 
 
+def classification_loss(
+    logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A classifier's cross-entropy, summed over its rows.
+
+    logits [B, C] (the head's output at each row's last token), labels [B] class ids, `weight`
+    [C] per class or None. With w = weight (else 1), p = softmax(logits[b]):
+
+        sum = sum_b w[labels[b]] * -log p[labels[b]],   count = sum_b w[labels[b]]
+
+    sum / count is torch's weighted mean (`F.cross_entropy(..., weight=w)`), so summing both
+    over micro-batches and dividing once gives the step's exact weighted mean."""
+    w = None if weight is None else weight.to(logits.device, torch.float32)
+    total = F.cross_entropy(logits.float(), labels, weight=w, reduction="sum")
+    count = labels.new_tensor(labels.numel()) if w is None else w[labels].sum()
+    return total, count
+
+
 def contrastive_loss(
     hidden: torch.Tensor,
     labels: torch.Tensor,

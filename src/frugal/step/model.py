@@ -64,14 +64,14 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
     A shallow copy of a model that mixes layer types (sliding and full attention) keeps one
     layer of each kind, so every kind's shared buffers (masks) are there."""
     from transformers import CONFIG_MAPPING, __version__
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     kind = config.get("model_type")
-    if kind not in CONFIG_MAPPING or kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if kind not in CONFIG_MAPPING or kind not in _auto_names(job):
+        what = "sequence classifier" if job.task == "classification" else "causal language model"
         raise FrugalError(
-            f"model_type {kind!r} is not a causal language model this transformers "
-            f"({__version__}) can train: upgrade transformers, or give the config.json of a "
-            "decoder model (Llama, Qwen, Mistral, ...)"
+            f"model_type {kind!r} is not a {what} this transformers ({__version__}) can "
+            "train: upgrade transformers, or give the config.json of a decoder model (Llama, "
+            "Qwen, Mistral, ...)"
         )
     d = copy.deepcopy(config)
     if n_layers is not None:
@@ -83,6 +83,13 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
             d["layer_types"] = (order + [common] * n_layers)[:n_layers]
         if d.get("mlp_only_layers"):
             d["mlp_only_layers"] = [i for i in d["mlp_only_layers"] if i < n_layers]
+    if job.task == "classification":
+        d["num_labels"] = job.num_labels
+        for names in ("id2label", "label2id"):  # a causal model's, if any
+            d.pop(names, None)
+        # the head reads the last token that is not padding, found by the pad id (the
+        # trainer sets its tokenizer's; without one, a micro-batch of 2 rows is refused)
+        d["pad_token_id"] = d.get("pad_token_id") if d.get("pad_token_id") is not None else 0
     cfg = CONFIG_MAPPING[d["model_type"]](**d)
     cfg.use_cache = False
     cfg._attn_implementation = attention_kernel(config, job)
@@ -90,6 +97,24 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
         # transformers' grouped-GEMM experts: static shapes, as fast MoE kernels allocate
         cfg._experts_implementation = "grouped_mm"
     return cfg
+
+
+def _auto_names(job: TrainJob) -> Any:
+    """transformers' model types for the task: causal LMs, or their sequence classifiers
+    (the decoder and a linear head of `num_labels` outputs on the last token)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    if job.task == "classification":
+        return auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+    return auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _auto_class(job: TrainJob) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    if job.task == "classification":
+        return AutoModelForSequenceClassification
+    return AutoModelForCausalLM
 
 
 def _check_targets(model: torch.nn.Module, job: TrainJob) -> None:
@@ -104,7 +129,7 @@ def _check_targets(model: torch.nn.Module, job: TrainJob) -> None:
     if missing:
         linear = sorted(
             {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-             if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")}
+             if isinstance(m, torch.nn.Linear) and not n.endswith(("lm_head", "score"))}
         )  # fmt: skip
         raise FrugalError(
             f"--lora-targets: no module {', '.join(missing)} in this model; its linear "
@@ -144,9 +169,8 @@ def build_model(
 
 
 def _pretrained(config: dict[str, Any], cfg: Any, job: TrainJob, path: str | None) -> Any:
-    """The checkpoint's weights, in 4 bits for QLoRA (bitsandbytes quantizes as it loads)."""
-    from transformers import AutoModelForCausalLM
-
+    """The checkpoint's weights, in 4 bits for QLoRA (bitsandbytes quantizes as it loads);
+    a classifier's new head initialized at random."""
     from frugal.step.qlora import bnb_config
 
     if path is None:
@@ -156,17 +180,15 @@ def _pretrained(config: dict[str, Any], cfg: Any, job: TrainJob, path: str | Non
         extra["experts_implementation"] = cfg._experts_implementation
     if job.method == "qlora":
         extra["quantization_config"] = bnb_config(compute_dtype(job))
+    if job.task == "classification":
+        extra.update(num_labels=job.num_labels, pad_token_id=cfg.pad_token_id)
     base_dtype, _ = weight_dtypes(job)
-    return AutoModelForCausalLM.from_pretrained(
-        path, dtype=base_dtype, local_files_only=True, **extra
-    )
+    return _auto_class(job).from_pretrained(path, dtype=base_dtype, local_files_only=True, **extra)
 
 
 def _from_config(cfg: Any, job: TrainJob, weights: Weights) -> Any:
     """A model made from its config: random weights, empty ones (on meta, buffers real) or
     all on meta; QLoRA's linear layers then quantized (on meta: 4-bit stand-ins)."""
-    from transformers import AutoModelForCausalLM
-
     if weights == "meta":
         where: Any = torch.device("meta")
     elif weights == "empty":
@@ -178,7 +200,7 @@ def _from_config(cfg: Any, job: TrainJob, weights: Weights) -> Any:
     base_dtype, _ = weight_dtypes(job)
     with where, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # init warnings of weights nobody reads
-        model = AutoModelForCausalLM.from_config(cfg, dtype=base_dtype)
+        model = _auto_class(job).from_config(cfg, dtype=base_dtype)
     if weights == "empty":
         model.tie_weights()  # the meta patch unties them; the main process's are tied
     if job.method != "qlora":

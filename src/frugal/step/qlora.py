@@ -33,7 +33,8 @@ from frugal.step import marks
 BLOCK = 64  # values per absmax block
 DQ_BLOCK = 256  # absmax values per second-level scale (double quantization)
 CODE_BYTES = 4 * 16 + 4 * 256  # the NF4 code and the absmax code, fp32, per layer
-SKIP = frozenset({"lm_head"})  # kept in the compute dtype, as transformers' quantizer does
+# kept in the compute dtype, as transformers' quantizer does: the LM head, a classifier's head
+SKIP = frozenset({"lm_head", "score"})
 
 
 def packed_bytes(numel: int, double_quant: bool = True) -> int:
