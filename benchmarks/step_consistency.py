@@ -113,6 +113,7 @@ class Case:
     loss_chunks: int = 0
     offload: bool = False
     in_backward: bool = False
+    classify: bool = False  # a sequence classifier of 3 classes (padded rows, no LM head)
 
     @property
     def id(self) -> str:
@@ -126,6 +127,7 @@ class Case:
         bits += [f"chunks{self.loss_chunks}"] if self.loss_chunks else []
         bits += ["offload"] if self.offload else []
         bits += ["in-backward"] if self.in_backward else []
+        bits += ["classifier"] if self.classify else []
         return "-".join(bits)
 
 
@@ -149,6 +151,9 @@ CASES = [
     Case("llama", "full", "bf16-mixed", "adamw", True, accum=2, contrastive=True, offload=True),
     Case("llama", "full", "bf16-mixed", "adamw", True, in_backward=True),
     Case("moe", "full", "fp32", "adafactor", False, loss_chunks=2, in_backward=True),
+    # issue 31: a classifier's head on the last token, LoRA with PEFT's saved head, and full
+    Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, packing=False, classify=True),
+    Case("llama", "full", "fp32", "adamw", False, packing=False, accum=2, classify=True),
 ]
 MICRO, SEQ = 2, 96
 
@@ -166,15 +171,28 @@ def make_workdir(d: Path) -> Path:
     (d / "padded.jsonl").write_text(
         json.dumps({"text": "x" * 3 * SEQ}) + "\n" + json.dumps({"text": "short row"}) + "\n"
     )
+    # a classifier's rows, laid out the same way, of three classes
+    (d / "labelled.jsonl").write_text("".join(
+        json.dumps({"text": t, "label": c}) + "\n"
+        for t, c in [("x" * 3 * SEQ, "a"), ("short row", "b"), ("y" * 3 * SEQ, "c"),
+                     ("another", "a")]
+    ))  # fmt: skip
     return d
+
+
+CLASSES = 3
 
 
 def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
     data = SPELL if case.packing else workdir / "padded.jsonl"
+    if case.classify:
+        data = workdir / "labelled.jsonl"
     base: dict[str, Any] = {
         "model": str(workdir / case.model),
         "init": "random",
         "job": {
+            "task": "classification" if case.classify else "causal",
+            "num_labels": CLASSES,
             "method": case.method,
             "precision": case.precision,
             "optimizer": case.optimizer,
@@ -242,7 +260,10 @@ def _measure(cfg: RunConfig) -> Measured:
     widths = {b["input_ids"].shape[1] for b in inp.batches}
     if widths != {SEQ}:  # the data is laid out so that every row is SEQ wide
         raise AssertionError(f"rows of {widths} tokens, not {SEQ}")
-    tracker = StepTracker(load_spec(cfg.model).vocab_size)
+    job = cfg.job  # the logits' last dimension: the vocabulary, or the classes
+    tracker = StepTracker(
+        job.num_labels if job.task == "classification" else load_spec(cfg.model).vocab_size
+    )
     hooks = tracker.watch(run.model, run.optimizer)
     try:
         with cuda_kernels(), tracking(tracker):

@@ -85,5 +85,5 @@ def test_a_run_that_reached_no_evaluation_is_listed_not_ranked(
     ranked = [r for r in rep.runs if r.rank is not None]
     assert [r.run_id for r in rep.runs if r.rank is None] == [rid]
     assert len(ranked) == 1 and ranked[0].frontier
-    assert any("reached no evaluation" in n for n in rep.notes)
+    assert any("have no loss (no evaluation reached" in n for n in rep.notes)
     assert quality(books, {"sweep": "nobody"}).notes == ["no runs in this scope on the books"]

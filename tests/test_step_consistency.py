@@ -40,7 +40,7 @@ def test_the_matrix_covers_what_the_step_varies() -> None:
     assert seen["method"] == {"full", "lora"}
     assert seen["precision"] == {"fp32", "bf16-true", "bf16-mixed"}
     assert seen["optimizer"] == {"adamw", "sgd", "adafactor"}
-    for flag in ("checkpointing", "packing", "contrastive", "offload", "in_backward"):
+    for flag in ("checkpointing", "packing", "contrastive", "offload", "in_backward", "classify"):
         assert seen[flag] == {True, False}, flag
     assert seen["accum"] == {1, 2}
     assert 0 in seen["loss_chunks"] and len(seen["loss_chunks"]) > 1

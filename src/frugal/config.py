@@ -60,6 +60,16 @@ class TrainingConfig(Strict):
     early_stopping_patience: int | None = Field(
         None, ge=1, description="stop after N evaluations without improvement"
     )
+    best_metric: Literal["eval_loss", "accuracy", "macro_f1"] = Field(
+        "eval_loss",
+        description="what the best checkpoint and early stopping follow: the evaluation loss, "
+        "or a classifier's accuracy or macro-F1",
+    )
+    class_weights: Literal["none", "balanced"] = Field(
+        "none",
+        description="a classifier's loss per class: equal, or balanced (n / (classes x the "
+        "class's count), so a rare class weighs as much as a common one)",
+    )
     save_every_min: Minutes = Field(
         None,
         description="checkpoint interval: minutes, or a duration such as 1h (default: the "
@@ -169,6 +179,16 @@ class RunConfig(Strict):
             raise ValueError(
                 "QLoRA with FSDP is not supported by frugal train: use job.sharding=ddp "
                 "(the 4-bit model on every GPU), or job.method=lora with fsdp"
+            )
+        if job.task != "classification" and self.training.best_metric != "eval_loss":
+            raise ValueError(
+                f"training.best_metric={self.training.best_metric} is a classifier's: set "
+                "job.task=classification, or best_metric=eval_loss"
+            )
+        if job.task != "classification" and self.training.class_weights != "none":
+            raise ValueError(
+                "training.class_weights weighs a classifier's classes: set "
+                "job.task=classification, or class_weights=none"
             )
         if job.sharding == "fsdp" and job.gpus > 1 and self.training.merge:
             raise ValueError(

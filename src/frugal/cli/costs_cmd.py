@@ -290,24 +290,29 @@ def quality_cmd(
     scope: list[str] | None = typer.Option(
         None, help="Runs with this tag key=value (a sweep's, a project's); repeat for more."
     ),
+    metric: str = typer.Option(
+        "eval_loss", help="What ranks them: eval_loss, or a classifier's accuracy or macro_f1."
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Quality beside cost: each run's best eval loss against its dollars and hours, the
-    quality-per-dollar frontier, and which setting moved the loss."""
+    """Quality beside cost: each run's best eval loss (or a classifier's accuracy or
+    macro-F1) against its dollars and hours, the quality-per-dollar frontier, and which
+    setting moved it."""
     from frugal.ledger.quality import quality
     from frugal.ledger.store import Ledger
 
-    rep = quality(Ledger(), parse_tags(scope or [], "--scope"))
+    rep = quality(Ledger(), parse_tags(scope or [], "--scope"), metric.replace("-", "_"))
     if json_out:
         print_json(rep.to_json())
         return
     con = console()
     t = Table(title="runs by quality per dollar (* on the frontier: nothing cheaper did better)")
-    for col in ("rank", "run", "best eval loss", "USD", "hours", "model", "method", "settings"):
-        t.add_column(col, justify="right" if col in ("rank", "best eval loss", "USD", "hours")
+    best = f"best {rep.label}"
+    for col in ("rank", "run", best, "USD", "hours", "model", "method", "settings"):
+        t.add_column(col, justify="right" if col in ("rank", best, "USD", "hours")
                      else "left")  # fmt: skip
     for r in rep.runs:
-        loss = "-" if r.best_eval_loss is None else f"{r.best_eval_loss:.4f}"
+        loss = "-" if r.value is None else f"{r.value:.4f}"
         rank = "-" if r.rank is None else f"{r.rank}{' *' if r.frontier else ''}"
         rest = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                          for k, v in r.settings.items()
@@ -316,7 +321,7 @@ def quality_cmd(
                   str(r.settings["model"]), str(r.settings["method"]), escape(rest))  # fmt: skip
     con.print(t)
     for e in rep.effects:
-        values = "; ".join(f"{v} -> {loss:.4f} ({n} runs)" for v, loss, n in e.best_by_value)
-        con.print(escape(f"{e.setting} moved the best loss by {e.moved:.4f}: {values}"))
+        values = "; ".join(f"{v} -> {x:.4f} ({n} runs)" for v, x, n in e.best_by_value)
+        con.print(escape(f"{e.setting} moved the best {rep.label} by {e.moved:.4f}: {values}"))
     for n in rep.notes:
         con.print(f"[dim]note: {escape(n)}[/]")

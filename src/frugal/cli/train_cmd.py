@@ -174,7 +174,10 @@ def render(s: RunSummary, dry: bool) -> None:
             t.add_row(label, _fmt(p.get(key)), _fmt(a.get(key)))
     c.print(t)
     if s.best_eval_loss is not None:
-        c.print(f"best eval loss {s.best_eval_loss:.4f} at step {s.best_step}")
+        m = s.best_metrics
+        also = (f", accuracy {m['accuracy']:.3f}, macro-F1 {m['macro_f1']:.3f}"
+                if "accuracy" in m else "")  # fmt: skip
+        c.print(f"best eval loss {s.best_eval_loss:.4f}{also} at step {s.best_step}")
     for k, v in s.outputs.items():
         c.print(f"{k}: {v}")
     if s.interrupted:

@@ -36,6 +36,7 @@ from typing import Any, overload
 import numpy as np
 import torch
 
+from frugal.data.labels import LabelledRows
 from frugal.data.rows import detect_format as detect_format  # part of this module's API
 from frugal.data.tokens import (
     DataStats,
@@ -257,19 +258,38 @@ def collate(rows: Sequence[Row], pad_id: int, packed: bool) -> dict[str, torch.T
     )
 
 
+def collate_labelled(
+    rows: LabelledRows, indices: list[int], pad_id: int
+) -> dict[str, torch.Tensor]:
+    """A classifier's micro-batch: its rows' tokens right-padded to the longest, and one
+    class id a row (`frugal.step.batch.layout`)."""
+    ids = [rows.input_ids[i] for i in indices]
+    width = max(len(t) for t in ids)
+    tokens = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    segments = torch.zeros((len(ids), width), dtype=torch.long)
+    for r, t in enumerate(ids):
+        tokens[r, : len(t)] = torch.tensor(t)
+        segments[r, : len(t)] = 1
+    positions = torch.arange(width).expand(len(ids), width).clone()
+    labels = torch.tensor([rows.labels[i] for i in indices])
+    return layout(tokens, labels, segments, positions, packed=False)
+
+
 class Batcher:
     """Batches of rows by index. Packed rows all have the same length: their arrays become
-    tensors once and a batch is an index_select; unpacked rows are collated (right-padded)
-    per batch."""
+    tensors once and a batch is an index_select; unpacked rows (and a classifier's) are
+    collated (right-padded) per batch."""
 
-    def __init__(self, rows: Rows | Sequence[Row], pad_id: int, packed: bool) -> None:
+    def __init__(
+        self, rows: Rows | LabelledRows | Sequence[Row], pad_id: int, packed: bool
+    ) -> None:
         self.rows, self.pad_id, self.packed = rows, pad_id, packed
         self.tensors: dict[str, torch.Tensor] = {}
         if isinstance(rows, PackedRows) and len(rows):
             tensor = lambda a: torch.from_numpy(a).long()  # noqa: E731
             self.tensors = layout(tensor(rows.input_ids), tensor(rows.labels),
                                   tensor(rows.segments), tensor(rows.positions), True)  # fmt: skip
-        elif packed and len(rows):
+        elif packed and len(rows) and not isinstance(rows, LabelledRows):
             self.tensors = collate(list(rows), pad_id, packed=True)
 
     def __len__(self) -> int:
@@ -279,7 +299,10 @@ class Batcher:
         if self.tensors:
             idx = torch.tensor(indices)
             return {k: v.index_select(0, idx) for k, v in self.tensors.items()}
-        return collate([self.rows[i] for i in indices], self.pad_id, self.packed)
+        if isinstance(self.rows, LabelledRows):
+            return collate_labelled(self.rows, indices, self.pad_id)
+        rows = self.rows
+        return collate([rows[i] for i in indices], self.pad_id, self.packed)
 
 
 def split(examples: Any, ratio: float, seed: int) -> tuple[Any, Any]:

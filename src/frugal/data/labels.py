@@ -154,3 +154,58 @@ def label_stats(examples: list[Labelled], classes: Classes) -> LabelStats:
                  for k, ls in by_text.items() if len(ls) > 1]  # fmt: skip
     return LabelStats({n: counts.get(i, 0) for i, n in enumerate(classes.names)},
                       duplicates, conflicts)  # fmt: skip
+
+
+@dataclass
+class LabelledRows:
+    """A classifier's rows as `frugal train` reads them: each example's tokens (cut to the
+    sequence length) and class id, with the examples they came from (for predictions)."""
+
+    input_ids: list[list[int]]
+    labels: list[int]
+    examples: list[Labelled]
+    classes: Classes | None = None  # the training file's
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def tokenize_labelled(examples: list[Labelled], tok: Any, seq: int) -> tuple[LabelledRows, int]:
+    """The examples' tokens as the model reads them (a pair joined by the tokenizer's own
+    pair template; no EOS, so each row's last token is its text's), each cut to `seq`; and
+    how many were cut."""
+    whole = [tok(*e.texts)["input_ids"] for e in examples]
+    cut = sum(len(t) > seq for t in whole)
+    return LabelledRows([t[:seq] for t in whole], [e.label for e in examples], examples), cut
+
+
+def balanced_weights(labels: Iterable[int], n_classes: int) -> tuple[float, ...]:
+    """Class weights n / (k * n_c) (scikit-learn's "balanced"): each class then weighs as
+    much in the loss as every other, whatever its count; a class with no example gets 0."""
+    counts = Counter(labels)
+    n = sum(counts.values())
+    return tuple(n / (n_classes * counts[c]) if counts[c] else 0.0 for c in range(n_classes))
+
+
+def class_metrics(confusion: list[list[float]], names: tuple[str, ...]) -> dict[str, float]:
+    """A classifier's evaluation from its confusion matrix (`confusion[true][predicted]`):
+    accuracy; each class's precision, recall and F1; macro-F1, the mean of the classes' F1
+    over the classes the data holds (a class with no true and no predicted row has none).
+    A class never predicted has precision 0, as scikit-learn's `zero_division=0` gives."""
+    k = len(names)
+    total = sum(sum(row) for row in confusion)
+    right = sum(confusion[c][c] for c in range(k))
+    out = {"accuracy": right / total if total else 0.0}
+    f1s = []
+    for c, name in enumerate(names):
+        true = sum(confusion[c])
+        said = sum(confusion[r][c] for r in range(k))
+        if not true and not said:
+            continue
+        p = confusion[c][c] / said if said else 0.0
+        r = confusion[c][c] / true if true else 0.0
+        f1 = 2 * p * r / (p + r) if p + r else 0.0
+        out |= {f"precision/{name}": p, f"recall/{name}": r, f"f1/{name}": f1}
+        f1s.append(f1)
+    out["macro_f1"] = sum(f1s) / len(f1s) if f1s else 0.0
+    return out

@@ -1,17 +1,19 @@
 """Quality beside cost: what each run of one task bought, for the runs of a scope of tags
 (a `--jobs` sweep's, or any runs sharing a tag).
 
-Each run's quality is the best evaluation loss it reached (lower is better), beside its
-dollars and hours. A run is on the **frontier** when no other run reached a loss as low
-or lower for as few dollars or fewer (one of the two strictly): the runs a cost-minded
-choice picks from. The runs are **ranked** frontier first, then each group by its loss
-and then its dollars; a run that reached no evaluation (stopped before its first) is
-listed apart and never ranked; dry runs are left out.
+Each run's quality is a metric at its best evaluation, beside its dollars and hours: the
+evaluation loss (lower is better), or a classifier's accuracy or macro-F1 (higher is
+better; `frugal train` records them at the best step). A run is on the **frontier** when
+no other run did as well or better for as few dollars or fewer (one of the two strictly):
+the runs a cost-minded choice picks from. The runs are **ranked** frontier first, then
+each group by its metric and then its dollars; a run without the metric (stopped before
+its first evaluation, or not a classifier) is listed apart and never ranked; dry runs are
+left out.
 
 **Which setting moved it**: for each setting that differs between the ranked runs (the
 model, the method, the LoRA rank, the learning rate, the effective batch, the epochs),
-the best loss reached with each of its values; the gap between the best and the worst of
-those is how far that setting moved the loss over these runs. It is a comparison of what
+the best metric reached with each of its values; the gap between the best and the worst of
+those is how far that setting moved it over these runs. It is a comparison of what
 was run, not a controlled experiment: where two settings changed together across the
 runs, a note says their effects cannot be told apart.
 """
@@ -24,10 +26,17 @@ from typing import Any
 
 from sqlalchemy import select
 
+from frugal.errors import FrugalError
 from frugal.ledger.budgets import tagged
 from frugal.ledger.schema import RunRecord
 from frugal.ledger.store import Ledger
 
+# a metric: where a run's end keeps it, what it is called, and whether higher is better
+METRICS = {
+    "eval_loss": ("best_eval_loss", "loss", False),
+    "accuracy": ("accuracy", "accuracy", True),
+    "macro_f1": ("macro_f1", "macro-F1", True),
+}
 # a setting of a run: where the run config keeps it
 SETTINGS = {
     "model": ("model",),
@@ -49,62 +58,77 @@ class RunQuality:
     cost_usd: float
     hours: float
     outcome: str
+    value: float | None = None  # the report's metric at the run's best evaluation
     frontier: bool = False
     rank: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "rank": self.rank, "frontier": self.frontier,
-                "best_eval_loss": self.best_eval_loss, "cost_usd": round(self.cost_usd, 4),
+                "value": self.value, "best_eval_loss": self.best_eval_loss,
+                "cost_usd": round(self.cost_usd, 4),
                 "hours": round(self.hours, 4), "outcome": self.outcome,
                 "settings": self.settings}  # fmt: skip
 
 
 @dataclass
 class Effect:
-    """How far one setting moved the best loss over the runs: its values' best losses."""
+    """How far one setting moved the metric over the runs: its values' best."""
 
     setting: str
-    best_by_value: list[tuple[Any, float, int]]  # value, best loss with it, runs
-    moved: float  # the worst value's best loss less the best value's
+    best_by_value: list[tuple[Any, float, int]]  # value, best metric with it, runs
+    moved: float  # the gap between the best value's best and the worst value's
 
     def to_json(self) -> dict[str, Any]:
         return {"setting": self.setting, "moved": round(self.moved, 6),
-                "by_value": [{"value": v, "best_eval_loss": loss, "runs": n}
-                             for v, loss, n in self.best_by_value]}  # fmt: skip
+                "by_value": [{"value": v, "best": best, "runs": n}
+                             for v, best, n in self.best_by_value]}  # fmt: skip
 
 
 @dataclass
 class QualityReport:
     scope: dict[str, str]
-    runs: list[RunQuality]  # ranked first, then those without an evaluation
-    effects: list[Effect]  # the settings that moved the loss most first
+    metric: str  # a key of METRICS
+    runs: list[RunQuality]  # ranked first, then those without the metric
+    effects: list[Effect]  # the settings that moved the metric most first
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def label(self) -> str:
+        return METRICS[self.metric][1]
+
     def to_json(self) -> dict[str, Any]:
-        return {"scope": self.scope, "runs": [r.to_json() for r in self.runs],
+        return {"scope": self.scope, "metric": self.metric, "label": self.label,
+                "higher_is_better": METRICS[self.metric][2],
+                "runs": [r.to_json() for r in self.runs],
                 "effects": [e.to_json() for e in self.effects], "notes": self.notes}  # fmt: skip
 
 
-def quality(led: Ledger, scope: Mapping[str, str]) -> QualityReport:
-    """The runs of `scope` (every run when empty), dry runs aside, as the module says."""
+def quality(led: Ledger, scope: Mapping[str, str], metric: str = "eval_loss") -> QualityReport:
+    """The runs of `scope` (every run when empty), dry runs aside, by `metric` (a key of
+    METRICS), as the module says."""
+    if metric not in METRICS:
+        raise FrugalError(f"metric {metric!r}: use {', '.join(METRICS)}")
+    key, _, higher = METRICS[metric]
     with led.session() as s:
         rows = s.scalars(
             select(RunRecord)
             .where(RunRecord.dry_run.is_(False), *tagged("run", RunRecord.id, dict(scope)))
             .order_by(RunRecord.started_at, RunRecord.id)
         ).all()
-        runs = [_of(r) for r in rows]
-    ranked = _ranked([r for r in runs if r.best_eval_loss is not None])
-    unranked = [r for r in runs if r.best_eval_loss is None]
-    effects, notes = _effects(ranked)
+        runs = [_of(r, key) for r in rows]
+    sign = -1.0 if higher else 1.0  # scores: lower is better
+    ranked = _ranked([r for r in runs if r.value is not None], sign)
+    unranked = [r for r in runs if r.value is None]
+    effects, notes = _effects(ranked, sign)
     if unranked:
-        notes.append(f"{len(unranked)} run(s) reached no evaluation: listed, not ranked")
+        notes.append(f"{len(unranked)} run(s) have no {METRICS[metric][1]} (no evaluation "
+                     "reached, or not a classifier): listed, not ranked")  # fmt: skip
     if not runs:
         notes.append("no runs in this scope on the books")
-    return QualityReport(dict(scope), ranked + unranked, effects, notes)
+    return QualityReport(dict(scope), metric, ranked + unranked, effects, notes)
 
 
-def _of(r: RunRecord) -> RunQuality:
+def _of(r: RunRecord, metric_key: str) -> RunQuality:
     config, actual = r.config or {}, r.actual or {}
     settings = {}
     for name, path in SETTINGS.items():
@@ -114,42 +138,47 @@ def _of(r: RunRecord) -> RunQuality:
         settings[name] = value
     if settings["method"] == "full":
         settings["lora_r"] = None  # no adapters: the rank does not apply
-    loss = actual.get("best_eval_loss")
+    loss, value = actual.get("best_eval_loss"), actual.get(metric_key)
     return RunQuality(r.id, settings, None if loss is None else float(loss), r.cost_usd,
-                      r.hours, r.outcome or "running")  # fmt: skip
+                      r.hours, r.outcome or "running",
+                      None if value is None else float(value))  # fmt: skip
 
 
-def _ranked(runs: list[RunQuality]) -> list[RunQuality]:
-    """The runs marked on the frontier or not and numbered: frontier first, then by loss
-    and dollars."""
+def _score(r: RunQuality, sign: float) -> float:
+    assert r.value is not None
+    return sign * r.value
+
+
+def _ranked(runs: list[RunQuality], sign: float) -> list[RunQuality]:
+    """The runs marked on the frontier or not and numbered: frontier first, then by their
+    score (`sign` x the metric: lower is better) and dollars."""
     for r in runs:
-        assert r.best_eval_loss is not None
+        s = _score(r, sign)
         r.frontier = not any(
-            o is not r and o.best_eval_loss is not None
-            and o.best_eval_loss <= r.best_eval_loss and o.cost_usd <= r.cost_usd
-            and (o.best_eval_loss < r.best_eval_loss or o.cost_usd < r.cost_usd)
+            o is not r and _score(o, sign) <= s and o.cost_usd <= r.cost_usd
+            and (_score(o, sign) < s or o.cost_usd < r.cost_usd)
             for o in runs
         )  # fmt: skip
-    order = sorted(runs, key=lambda r: (not r.frontier, r.best_eval_loss, r.cost_usd))
+    order = sorted(runs, key=lambda r: (not r.frontier, _score(r, sign), r.cost_usd))
     for i, r in enumerate(order, start=1):
         r.rank = i
     return order
 
 
-def _effects(runs: list[RunQuality]) -> tuple[list[Effect], list[str]]:
-    """Each varied setting's best loss by value, the largest gap first; a note for the
+def _effects(runs: list[RunQuality], sign: float) -> tuple[list[Effect], list[str]]:
+    """Each varied setting's best metric by value, the largest gap first; a note for the
     settings that always changed together."""
     varied = [n for n in SETTINGS if len({_key(r.settings[n]) for r in runs}) > 1]
     effects = []
     for name in varied:
-        best: dict[str, tuple[Any, float, int]] = {}
+        best: dict[str, tuple[Any, float, int]] = {}  # its best score, in sign x metric
         for r in runs:
-            assert r.best_eval_loss is not None
             v = r.settings[name]
-            _, loss, n = best.get(_key(v), (v, float("inf"), 0))
-            best[_key(v)] = (v, min(loss, r.best_eval_loss), n + 1)
-        by_value = sorted(best.values(), key=lambda x: x[1])
-        effects.append(Effect(name, by_value, by_value[-1][1] - by_value[0][1]))
+            _, score, n = best.get(_key(v), (v, float("inf"), 0))
+            best[_key(v)] = (v, min(score, _score(r, sign)), n + 1)
+        by_score = sorted(best.values(), key=lambda x: x[1])
+        by_value = [(v, sign * score, n) for v, score, n in by_score]
+        effects.append(Effect(name, by_value, by_score[-1][1] - by_score[0][1]))
     effects.sort(key=lambda e: -e.moved)
 
     def values(*names: str) -> set[tuple[str, ...]]:

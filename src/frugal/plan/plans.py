@@ -106,7 +106,9 @@ class Plan:
     def _setup(self) -> dict[str, Any]:
         """The training set-up of the step on them."""
         j = self.job
+        task = {"task": j.task, "num_labels": j.num_labels} if j.task == "classification" else {}
         return {
+            **task,
             "method": j.method,
             "precision": j.precision,
             "sharding": j.sharding if j.gpus > 1 else None,

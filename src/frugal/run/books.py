@@ -206,7 +206,8 @@ class RunBooks:
 
     def end(self, s: RunSummary) -> None:
         a = s.actual
-        extra = {"best_eval_loss": s.best_eval_loss, "best_step": s.best_step, "steps": s.steps,
+        extra = {"best_eval_loss": s.best_eval_loss, "best_step": s.best_step,
+                 **{k: v for k, v in s.best_metrics.items() if "/" not in k}, "steps": s.steps,
                  "total_steps": s.total_steps, "micro_batch": s.micro_batch,
                  "grad_accum": s.grad_accum, "reason": s.reason}  # fmt: skip
         self.recorder.send(

@@ -41,8 +41,12 @@ class TrainState(Strict):
     micro_batch: int  # after any OOM back-off, kept across a restart
     world: int  # processes that wrote it (RNG streams are per process)
     run_key: dict[str, Any]  # what the weights, optimizer state and data position depend on
-    best_eval: float | None
+    best_eval: float | None  # the evaluation loss at the best step
     best_step: int | None
+    # the best value of training.best_metric (the loss, or a classifier's metric), and the
+    # classifier's metrics at that step
+    best_score: float | None = None
+    best_metrics: dict[str, float] = {}
     bad_evals: int  # evaluations since the best (early stopping)
     tokens: float  # trained tokens, all steps
     train_tokens: float  # trained tokens of steps after each session's first (warm-up)

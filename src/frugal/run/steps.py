@@ -5,6 +5,7 @@ agrees on; and the evaluation."""
 from __future__ import annotations
 
 import gc
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,13 @@ from frugal.data.examples import (
     Batcher,
     Schedule,
 )
+from frugal.data.labels import PAIR, Classes, LabelledRows, class_metrics
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
+from frugal.files import write_text_atomic
 from frugal.run import checkpoint as ckpt
 from frugal.step.loop import Loss, Sums, UpdateRule, forward, optimizer_step
-from frugal.step.loss import IGNORE, causal_lm_loss
+from frugal.step.loss import IGNORE, causal_lm_loss, classification_loss
 
 
 @dataclass
@@ -46,6 +49,8 @@ class TrainingRun:
     params: list[Any]  # the trainable parameters
     sharded: bool  # FSDP: every process holds a shard of each weight
     notes: list[str] = field(default_factory=list)
+    classes: Classes | None = None  # a classifier's, from its training data
+    class_weights: tuple[float, ...] = ()  # the loss's weight of each class (none: equal)
 
     @property
     def world(self) -> int:
@@ -104,11 +109,21 @@ class StepInput:
     real_tokens: int  # this process's tokens that are not padding
 
 
+def _trained(run: TrainingRun, labels: torch.Tensor) -> float:
+    """What a micro-batch's summed loss is divided by: its predicted tokens, or a
+    classifier's rows (each weighted by its class's weight, when weighted)."""
+    if run.classes is None:
+        return float((labels[:, 1:] != IGNORE).sum())
+    if not run.class_weights:
+        return float(labels.numel())
+    return float(torch.tensor(run.class_weights)[labels].sum())
+
+
 def step_input(run: TrainingRun, step: int) -> StepInput:
     contrastive = run.cfg.job.loss == "ce+contrastive"
     ids = run.schedule.micro_batches(step, run.acc.process_index, run.world, run.micro)
     batches = [run.batches(b) for b in ids]
-    local_tok = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
+    local_tok = sum(_trained(run, b["labels"]) for b in batches)
     local_seg = (
         sum(_segments_with_pairs(b["labels"], b["segment_ids"]) for b in batches)
         if contrastive
@@ -131,7 +146,7 @@ def device_step(run: TrainingRun, inp: StepInput) -> Sums:
         inp.batches,
         run.acc,
         UpdateRule(
-            Loss.of(run.cfg.job, t.contrastive_weight, t.contrastive_margin),
+            Loss.of(run.cfg.job, t.contrastive_weight, t.contrastive_margin, run.class_weights),
             ce_scale=run.world / max(inp.tokens, 1.0),
             cl_scale=run.world / max(inp.segments, 1.0),
             max_grad_norm=t.max_grad_norm,
@@ -179,34 +194,33 @@ def _free_memory(run: TrainingRun) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def evaluate(run: TrainingRun) -> float | None:
-    """Mean token loss on the validation rows; an OOM halves only the evaluation batch."""
+@dataclass
+class Evaluation:
+    """One evaluation: the mean loss of the validation rows (a classifier's unweighted, per
+    row) and a classifier's metrics (`data.labels.class_metrics`)."""
+
+    loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def value(self, metric: str) -> float:
+        return self.loss if metric == "eval_loss" else self.metrics[metric]
+
+    def better(self, than: float | None, metric: str) -> bool:
+        """Whether this evaluation beats `than` (a value of `metric`; None: nothing yet)."""
+        if than is None:
+            return True
+        v = self.value(metric)
+        return v < than if metric == "eval_loss" else v > than
+
+
+def evaluate(run: TrainingRun) -> Evaluation | None:
+    """The validation rows' mean loss (and a classifier's metrics); an OOM halves only the
+    evaluation batch."""
     if not len(run.val_batches):
         return None
-    # the unwrapped model: DDP's forward would wait for processes that have no rows left.
-    # FSDP gathers each layer from all processes, so all run the same number of forwards:
-    # a process out of rows runs one on row 0 and does not count it.
-    model, acc = run.unwrapped, run.acc
-    n_rows = len(run.val_batches)
-    mine = list(range(acc.process_index, n_rows, run.world))
     while True:
         try:
-            model.eval()
-            total = count = 0.0
-            m = run.eval_micro
-            chunks = [mine[i : i + m] for i in range(0, len(mine), m)]
-            if run.sharded:
-                chunks += [[]] * (math.ceil(math.ceil(n_rows / run.world) / m) - len(chunks))
-            with torch.no_grad():
-                for rows in chunks:
-                    b = run.val_batches(rows or [0])
-                    b = {k: v.to(acc.device) for k, v in b.items()}
-                    with acc.autocast():
-                        s, n = causal_lm_loss(forward(model, b).logits, b["labels"])
-                    if rows:
-                        total, count = total + float(s), count + float(n)
-            total, count = _global_sum(run, total, count)
-            return total / max(count, 1.0)
+            return _evaluate(run)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not _is_oom(e):
                 raise
@@ -218,6 +232,72 @@ def evaluate(run: TrainingRun) -> float | None:
         _free_memory(run)  # out of the except block: its traceback held the attempt's tensors
         run.eval_micro //= 2
         run.notes.append(f"evaluation OOM: evaluation batch now {run.eval_micro}")
+
+
+def _evaluate(run: TrainingRun) -> Evaluation:
+    # the unwrapped model: DDP's forward would wait for processes that have no rows left.
+    # FSDP gathers each layer from all processes, so all run the same number of forwards:
+    # a process out of rows runs one on row 0 and does not count it.
+    model, acc = run.unwrapped, run.acc
+    n_rows = len(run.val_batches)
+    mine = list(range(acc.process_index, n_rows, run.world))
+    k = len(run.classes.names) if run.classes else 0
+    sums = torch.zeros(2 + k * k, dtype=torch.float64)  # loss, count, confusion[true][said]
+    m = run.eval_micro
+    chunks = [mine[i : i + m] for i in range(0, len(mine), m)]
+    if run.sharded:
+        chunks += [[]] * (math.ceil(math.ceil(n_rows / run.world) / m) - len(chunks))
+    model.eval()
+    with torch.no_grad():
+        for rows in chunks:
+            b = run.val_batches(rows or [0])
+            b = {key: v.to(acc.device) for key, v in b.items()}
+            with acc.autocast():
+                logits = forward(model, b).logits
+                if run.classes is None:
+                    s, n = causal_lm_loss(logits, b["labels"])
+                else:
+                    s, n = classification_loss(logits, b["labels"])
+            if not rows:
+                continue
+            sums[:2] += torch.tensor([float(s), float(n)], dtype=torch.float64)
+            if k:
+                pairs = (b["labels"] * k + logits.argmax(-1)).cpu()
+                sums[2:] += torch.bincount(pairs, minlength=k * k).to(torch.float64)
+    total = _global_sum(run, sums.to(acc.device))
+    loss = total[0] / max(total[1], 1.0)
+    if run.classes is None:
+        return Evaluation(loss)
+    confusion = [total[2 + r * k : 2 + (r + 1) * k] for r in range(k)]
+    return Evaluation(loss, class_metrics(confusion, run.classes.names))
+
+
+def write_predictions(run: TrainingRun) -> Path:
+    """A classifier's predictions of its validation rows, one JSON line each (its text or
+    texts, the true class, the predicted one and every class's probability), from the
+    weights the model holds now: `predictions.jsonl` in the output directory."""
+    assert run.classes is not None and isinstance(run.val_batches.rows, LabelledRows)
+    names, rows = run.classes.names, run.val_batches.rows
+    model, acc = run.unwrapped, run.acc
+    model.eval()
+    lines = []
+    with torch.no_grad():
+        for start in range(0, len(rows), run.eval_micro):
+            idx = list(range(start, min(start + run.eval_micro, len(rows))))
+            b = {k: v.to(acc.device) for k, v in run.val_batches(idx).items()}
+            with acc.autocast():
+                probs = forward(model, b).logits.float().softmax(-1).cpu()
+            for i, p in zip(idx, probs.tolist(), strict=True):
+                e = rows.examples[i]
+                texts = dict(zip(("text",) if len(e.texts) == 1 else PAIR, e.texts, strict=True))
+                lines.append(json.dumps({
+                    **texts, "label": names[e.label], "predicted": names[max(range(len(p)),
+                    key=p.__getitem__)], "probabilities": {n: round(x, 6)
+                    for n, x in zip(names, p, strict=True)},
+                }))  # fmt: skip
+    path = run.out / "predictions.jsonl"
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    return path
 
 
 def _parts(run: TrainingRun) -> ckpt.Parts:

@@ -46,6 +46,7 @@ class RunSummary(BaseModel):
     budget_usd: float | None
     best_eval_loss: float | None
     best_step: int | None
+    best_metrics: dict[str, float] = {}  # a classifier's, at the best step
     outputs: dict[str, str]  # "adapter" / "model" / "merged": directory
     diagnostics: list[FindingRecord]
     notes: list[str]

@@ -35,6 +35,7 @@ from frugal.run.steps import (
     _parts,
     evaluate,
     train_step,
+    write_predictions,
 )
 from frugal.run.summary import Actual, Outcome, RunSummary
 
@@ -274,14 +275,19 @@ class Loop:
         self.eval_s = self.clock() - t0
         if ev is None:
             return
-        self._report(self.diag.on_eval(st.step, ev, None))
-        if st.best_eval is None or ev < st.best_eval:
-            st.best_eval, st.best_step, st.bad_evals = ev, st.step, 0
+        self._report(self.diag.on_eval(st.step, ev.loss, None))
+        best = st.best_score
+        if best is None and t.best_metric == "eval_loss":
+            best = st.best_eval  # a state saved before best_score was kept
+        if ev.better(best, t.best_metric):
+            st.best_eval, st.best_step, st.bad_evals = ev.loss, st.step, 0
+            st.best_score, st.best_metrics = ev.value(t.best_metric), ev.metrics
             ckpt.save_best(run.out, run.unwrapped, st.step, run.main)
         else:
             st.bad_evals += 1
         if self.sinks:
-            self.sinks.log(st.step, {"eval_loss": ev, "eval_time_s": self.eval_s})
+            metrics = {f"eval_{k}": v for k, v in ev.metrics.items() if "/" not in k}
+            self.sinks.log(st.step, {"eval_loss": ev.loss, **metrics, "eval_time_s": self.eval_s})
         patience = t.early_stopping_patience
         if patience and st.bad_evals >= patience:
             self._stop("completed", f"early stopping: {patience} evaluations without improvement")
@@ -407,6 +413,8 @@ def _summary(loop: Loop) -> RunSummary:
     outputs: dict[str, str] = {}
     if not loop.dry_run and loop.outcome in ("completed", "budget-stopped"):
         outputs = _export(run, st.best_step)
+        if run.classes is not None and len(run.val_batches) and run.main and not run.sharded:
+            outputs["predictions"] = str(write_predictions(run))  # by the exported weights
     times = st.step_times
     if st.train_time_s > 0:  # steps after each session's first (warm-up) step
         tokens_per_s: float | None = st.train_tokens / st.train_time_s
@@ -441,6 +449,7 @@ def _summary(loop: Loop) -> RunSummary:
         budget_usd=cfg.budget_usd,
         best_eval_loss=st.best_eval,
         best_step=st.best_step,
+        best_metrics={k: round(v, 6) for k, v in st.best_metrics.items()},
         outputs=outputs,
         diagnostics=st.findings,
         notes=run.notes,

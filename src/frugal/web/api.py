@@ -268,12 +268,13 @@ def new_plan(request: Request, asked: Annotated[Any, Body()]) -> dict[str, Any]:
 def quality_report(
     request: Request,
     scope: Annotated[list[str] | None, Query(description="tag key=value; repeat for more")] = None,
+    metric: Annotated[str, Query(description="eval_loss, accuracy or macro_f1")] = "eval_loss",
 ) -> dict[str, Any]:
-    """Quality beside cost for the runs of a tag scope: each run's best eval loss against
-    its dollars, the quality-per-dollar frontier, and which setting moved the loss (what
-    `frugal costs quality --json` prints)."""
+    """Quality beside cost for the runs of a tag scope: each run's best eval loss (or a
+    classifier's accuracy or macro-F1) against its dollars, the quality-per-dollar frontier,
+    and which setting moved it (what `frugal costs quality --json` prints)."""
     try:
-        return quality(ledger(request), parse_tags(scope or [], "scope")).to_json()
+        return quality(ledger(request), parse_tags(scope or [], "scope"), metric).to_json()
     except FrugalError as e:
         raise _bad(e) from None
 

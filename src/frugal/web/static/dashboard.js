@@ -235,26 +235,29 @@ const frugal = {
   async quality() {  // ?scope=k=v (repeatable): the runs of a sweep, quality beside cost
     const form = document.getElementById("scope"), here = new URLSearchParams(location.search);
     form.elements.scope.value = here.getAll("scope").join(" ");
+    form.elements.metric.value = here.get("metric") || "eval_loss";
     form.addEventListener("submit", ev => {
       ev.preventDefault();
       const q = new URLSearchParams();
       form.elements.scope.value.split(/[\s,]+/).filter(Boolean).forEach(t => q.append("scope", t));
+      q.set("metric", form.elements.metric.value);
       location.search = q.toString();
     });
     try {
       const data = await frugal.get("/api/quality?" + here.toString());
       const ranked = data.runs.filter(r => r.rank !== null);
       const front = ranked.filter(r => r.frontier).sort((a, b) => a.cost_usd - b.cost_usd);
+      frugal.text("best", `best ${data.label}`);
       const label = r => `${r.run_id.slice(0, 8)} lr ${r.settings.learning_rate}`;
       Plotly.newPlot("quality", [
-        { name: "runs", mode: "markers", x: ranked.map(r => r.cost_usd), y: ranked.map(r => r.best_eval_loss), text: ranked.map(label) },
-        { name: "frontier", mode: "lines+markers", x: front.map(r => r.cost_usd), y: front.map(r => r.best_eval_loss), text: front.map(label) },
-      ], { margin: { t: 10 }, xaxis: { title: "USD" }, yaxis: { title: "best eval loss" } }, { displayModeBar: false });
+        { name: "runs", mode: "markers", x: ranked.map(r => r.cost_usd), y: ranked.map(r => r.value), text: ranked.map(label) },
+        { name: "frontier", mode: "lines+markers", x: front.map(r => r.cost_usd), y: front.map(r => r.value), text: front.map(label) },
+      ], { margin: { t: 10 }, xaxis: { title: "USD" }, yaxis: { title: `best ${data.label}` } }, { displayModeBar: false });
       frugal.rows("#ranked", data.runs, r => [r.rank === null ? "-" : `${r.rank}${r.frontier ? " *" : ""}`,
-        r.run_id.slice(0, 8), r.best_eval_loss === null ? "-" : r.best_eval_loss.toFixed(4), "$" + r.cost_usd.toFixed(4),
+        r.run_id.slice(0, 8), r.value === null ? "-" : r.value.toFixed(4), "$" + r.cost_usd.toFixed(4),
         r.hours.toFixed(3), r.settings.model, r.settings.method, r.settings.learning_rate ?? "-", r.settings.lora_r ?? "-"]);
-      frugal.items("effects", data.effects, e => `${e.setting} moved the best loss by ${e.moved.toFixed(4)}: ` +
-        e.by_value.map(v => `${v.value} -> ${v.best_eval_loss.toFixed(4)} (${v.runs} runs)`).join("; "));
+      frugal.items("effects", data.effects, e => `${e.setting} moved the best ${data.label} by ${e.moved.toFixed(4)}: ` +
+        e.by_value.map(v => `${v.value} -> ${v.best.toFixed(4)} (${v.runs} runs)`).join("; "));
       frugal.items("notes", data.notes, x => x);
       frugal.text("status", `${data.runs.length} runs, ${front.length} on the frontier (* in the table)`);
       document.body.dataset.ready = "1";
