@@ -26,6 +26,7 @@ from frugal.cli import (
     dashboard_cmd,
     data_cmd,
     estimate_cmd,
+    init_cmd,
     models_cmd,
     plan_cmd,
     serve_cmd,
@@ -43,6 +44,7 @@ app = typer.Typer(
 app.command("estimate")(estimate_cmd.estimate)
 app.command("models")(models_cmd.models)
 app.command("plan")(plan_cmd.plan)
+app.command("init")(init_cmd.init)
 app.command("gpus")(catalog_cmd.gpus)
 app.command("train")(train_cmd.train)
 app.command("calibrate")(calibrate_cmd.calibrate)
