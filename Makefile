@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/frugal plan meta-llama/Llama-3.1-8B --tokens 20M --methods lora,qlora --deadline 24 --tag project=demo --write frugal.yaml --force
 	$(BIN)/frugal estimate meta-llama/Llama-3.1-8B --method qlora --gpu "RTX 4090"
 	$(BIN)/frugal train examples/tiny-train.yaml --output-dir runs/demo --tag project=demo
-	$(BIN)/frugal train examples/sentiment/frugal.yaml --output-dir runs/demo-sentiment --tag project=demo
+	$(BIN)/frugal train examples/sentiment/run.yaml --output-dir runs/demo-sentiment --tag project=demo
 	$(BIN)/frugal costs report --by project
 	$(BIN)/frugal serve plan meta-llama/Llama-3.1-8B --rate 20 --input-len 1000 --output-len 200 --ttft-ms 500
 	@echo "the books in a browser: $(BIN)/frugal dashboard  (then open http://localhost:8050/api/docs)"

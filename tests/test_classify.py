@@ -30,7 +30,7 @@ EXAMPLES = ROOT / "examples"
 
 
 def example_cfg(name: str, out: Path, **training: Any) -> Any:
-    raw = yaml.safe_load((EXAMPLES / name / "frugal.yaml").read_text())
+    raw = yaml.safe_load((EXAMPLES / name / "run.yaml").read_text())
     for key in ("model",):
         raw[key] = str(ROOT / raw[key])
     for key in ("path", "val_path"):

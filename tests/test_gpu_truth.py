@@ -29,7 +29,7 @@ def test_the_hf_runner_trains_the_emitted_trainer_script(tmp_path: Path) -> None
     """`runner="hf"` runs `frugal plan --emit hf`'s script of the same run on saved random
     weights and times its optimizer steps: the row frugal's own loop is compared with."""
     cfg = gt.Config(str(TINY), "lora", "fp32", True, 64, 2, runner="hf")
-    row = gt._run(cfg, steps=2, effective=4, work=tmp_path)
+    row = gt._run(cfg, steps=2, effective=4, work=tmp_path, out=tmp_path)
     assert (row["micro_batch"], row["grad_accum"]) == (2, 2)
     assert row["measured_tokens_per_s"] > 0 and row["error"] is None
     assert (tmp_path / "train_hf.py").exists() and (tmp_path / "weights").is_dir()

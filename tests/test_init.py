@@ -118,11 +118,11 @@ def test_init_without_a_terminal_needs_yes(
     assert main(["init"]) == 2
     assert "answer with --yes and flags" in capsys.readouterr().err
     assert main(["init", "--yes"]) == 2  # the data has no default
-    assert "--yes: give --data" in capsys.readouterr().err
-    assert main(["init", "--yes", "--data", str(SENTIMENT), "--task", "classification",
+    assert "--yes: give --dataset" in capsys.readouterr().err
+    assert main(["init", "--yes", "--dataset", str(SENTIMENT), "--task", "classification",
                  "--budget", "abc"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "give dollars" in err[0]
+    assert len(err) == 1 and "is not a number: give a number above 0" in err[0]
     assert not (tmp_path / "frugal.yaml").exists()
 
 
@@ -132,11 +132,11 @@ def test_init_yes_takes_flags_and_a_model_size(
     from frugal.cli.main import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["init", "--yes", "--data", str(ROOT / "examples" / "data" / "spell.jsonl"),
+    assert main(["init", "--yes", "--dataset", str(ROOT / "examples" / "data" / "spell.jsonl"),
                  "--model", "8B", "--priority", "cost"]) == 0  # fmt: skip
     cfg = yaml.safe_load((tmp_path / "frugal.yaml").read_text())
     assert cfg["model"] == "meta-llama/Llama-3.1-8B" and cfg["job"]["task"] == "causal"
     assert cfg["job"]["method"] in ("qlora", "lora")
     # an existing config is not replaced without --force, before anything is asked
-    assert main(["init", "--yes", "--data", "x.jsonl"]) == 2
+    assert main(["init", "--yes", "--dataset", "x.jsonl"]) == 2
     assert "exists" in capsys.readouterr().err

@@ -25,7 +25,7 @@ from typing import Any
 import typer
 
 from frugal.cli import console
-from frugal.cli.options import takes
+from frugal.cli.options import option, takes
 from frugal.cli.plan_cmd import render
 from frugal.data.count import CHARS_PER_TOKEN
 from frugal.data.labels import read_labelled
@@ -36,7 +36,9 @@ from frugal.estimate.closed_form import model_params
 from frugal.files import check_target
 from frugal.hardware.catalog import local_offer
 from frugal.models.specs import bundled_model_ids, load_spec
+from frugal.plan.constraints import Constraints
 from frugal.plan.request import PlanRequest, files, make_plan
+from frugal.step.job import TrainJob
 
 METHODS = {"cost": ("qlora", "lora"), "quality": ("lora", "full")}
 DEFAULT_MODEL = {"causal": "meta-llama/Llama-3.1-8B", "classification": "meta-llama/Llama-3.2-1B"}
@@ -47,15 +49,13 @@ SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bBmM])\s*$")  # 8B, 0.5b, 360M
 class InitOptions:
     """The options of `frugal init`: each answers its question without asking."""
 
-    task: str | None = typer.Option(None, help="causal (next-token) or classification.")
-    data: str | None = typer.Option(None, help="The training file (.jsonl, .csv, .parquet).")
+    task: str | None = option(TrainJob, "task", unset="asked")
+    dataset: str | None = typer.Option(None, help="The training file (.jsonl, .csv, .parquet).")
     model: str | None = typer.Option(
         None, help="A hub id, a local dir with config.json, or a size such as 8B."
     )
-    budget: str | None = typer.Option(None, help="Most you will spend, USD (none: no cap).")
-    deadline: str | None = typer.Option(
-        None, help="When it must be done: hours, or a duration such as 2d (none: no deadline)."
-    )
+    budget: float | None = option(Constraints, "budget_usd", unset="asked (none: no cap)")
+    deadline: str | None = option(Constraints, "deadline_h", unset="asked (none: no deadline)")
     hardware: str | None = typer.Option(
         None, help="cloud (rent the cheapest), or your own GPUs, e.g. '2x RTX 4090'."
     )
@@ -144,7 +144,7 @@ def _priority(text: str, got: dict[str, Any]) -> str:
 
 QUESTIONS = [
     Question("task", "Task: causal (next-token) or classification", lambda g: "causal", _task),
-    Question("data", "Training data file", lambda g: None, _data),
+    Question("dataset", "Training data file", lambda g: None, _data),
     Question("model", "Model: hub id, local dir, or a size such as 8B",
              lambda g: DEFAULT_MODEL[g["task"]], _model),
     Question("budget", "Budget in USD (none: no cap)", lambda g: "none", _money),
@@ -166,7 +166,7 @@ def ask(o: InitOptions) -> dict[str, Any]:
             text = given if given is not None else default
             if text is None:
                 raise FrugalError(f"--yes: give --{q.name} (it has no default)")
-            got[q.name] = q.check(text, got)  # a bad flag is an error, not a question
+            got[q.name] = q.check(str(text), got)  # a bad flag is an error, not a question
             continue
         while True:
             text = typer.prompt(q.text, default=default, show_default=default is not None)
@@ -184,7 +184,7 @@ def seq_for(got: dict[str, Any]) -> int:
     64 to 2,048 (a longer text is cut to it)."""
     if got["task"] != "classification":
         return 2048
-    examples, _ = read_labelled(got["data"])
+    examples, _ = read_labelled(got["dataset"])
     longest = max(sum(len(t) for t in e.texts) for e in examples) / CHARS_PER_TOKEN
     return int(min(2048, max(64, 2 ** math.ceil(math.log2(max(longest, 1))))))
 
@@ -192,11 +192,11 @@ def seq_for(got: dict[str, Any]) -> int:
 def request(got: dict[str, Any]) -> PlanRequest:
     """The plan these answers ask for."""
     local = (got["hardware"],) if got["hardware"] else ()
-    return PlanRequest(
-        model=got["model"], dataset=got["data"], task=got["task"], seq=seq_for(got),
-        methods=METHODS[got["priority"]], budget=got["budget"], deadline=got["deadline"],
-        local=local, providers=("local",) if local else None,
-    )  # fmt: skip
+    return PlanRequest.model_validate({
+        "model": got["model"], "dataset": got["dataset"], "task": got["task"],
+        "seq": seq_for(got), "methods": METHODS[got["priority"]], "budget": got["budget"],
+        "deadline": got["deadline"], "local": local, "providers": ("local",) if local else None,
+    })  # fmt: skip
 
 
 @takes(InitOptions)

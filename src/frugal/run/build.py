@@ -13,6 +13,14 @@ from typing import Any
 import torch
 
 from frugal.config import RunConfig
+from frugal.data.examples import split
+from frugal.data.labels import (
+    Classes,
+    LabelledRows,
+    balanced_weights,
+    read_labelled,
+    tokenize_labelled,
+)
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile, largest_micro_batch
 from frugal.hardware.gpus import memory_budget
@@ -238,3 +246,43 @@ def refuse_unsupported(cfg: RunConfig) -> None:
             "a budget needs the machine's price: run a plan's config, or give "
             "--price-per-hour USD (price_per_hour_usd=...)"
         )
+
+
+# -- a classifier's data and model ---------------------------------------------------------
+
+
+def labelled_rows(cfg: RunConfig, tok: Any) -> tuple[LabelledRows, LabelledRows, list[str]]:
+    """A classifier's training and validation rows (the validation file's labels must be
+    classes of the training file's), and a note on the texts cut to the sequence length."""
+    assert cfg.data.path
+    train, classes = read_labelled(cfg.data.path)
+    if cfg.data.val_path:
+        val = read_labelled(cfg.data.val_path, classes)[0]
+    else:
+        train, val = split(train, cfg.data.val_ratio, cfg.training.seed)
+    seq = cfg.job.seq
+    (rows, cut), (val_rows, val_cut) = (tokenize_labelled(x, tok, seq) for x in (train, val))
+    notes = [f"{cut + val_cut:,} texts longer than job.seq={seq} were cut to it"]
+    rows.classes = val_rows.classes = classes
+    return rows, val_rows, notes if cut + val_cut else []
+
+
+def classifier(
+    cfg: RunConfig, model: Any, tok: Any, rows: LabelledRows
+) -> tuple[Classes, tuple[float, ...]]:
+    """The classes the data holds, told to the model (their names, saved with it, and the
+    pad id its head finds each row's last token by); and the loss's class weights."""
+    classes = rows.classes
+    assert classes is not None
+    n = len(classes.names)
+    if n != cfg.job.num_labels:
+        raise FrugalError(
+            f"job.num_labels={cfg.job.num_labels} but {cfg.data.path} has {n} classes "
+            f"({', '.join(classes.names[:6])}{', ...' if n > 6 else ''}): set job.num_labels={n}"
+        )
+    config = model.config
+    config.id2label = dict(enumerate(classes.names))
+    config.label2id = {name: i for i, name in enumerate(classes.names)}
+    config.pad_token_id = tok.pad_token_id
+    weights = balanced_weights(rows.labels, n) if cfg.training.class_weights == "balanced" else ()
+    return classes, weights

@@ -48,13 +48,7 @@ from frugal.data.examples import (
     split,
     unpacked,
 )
-from frugal.data.labels import (
-    Classes,
-    LabelledRows,
-    balanced_weights,
-    read_labelled,
-    tokenize_labelled,
-)
+from frugal.data.labels import Classes, LabelledRows
 from frugal.data.stats import DataStats
 from frugal.data.tokens import Examples
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
@@ -66,6 +60,8 @@ from frugal.run.books import Preflight, RunBooks, Watchdog, is_main_process, pre
 from frugal.run.build import (
     auto_micro_batch,
     choose_precision,
+    classifier,
+    labelled_rows,
     load_model,
     make_optimizer,
     refuse_unsupported,
@@ -108,7 +104,7 @@ def setup(cfg: RunConfig) -> TrainingRun:
     classes: Classes | None = None
     weights: tuple[float, ...] = ()
     if isinstance(rows, LabelledRows):
-        classes, weights = _classifier(cfg, model, tok, rows)
+        classes, weights = classifier(cfg, model, tok, rows)
     sched_data = Schedule(
         len(rows), cfg.training.effective_batch, cfg.data.epochs, cfg.training.seed
     )
@@ -160,7 +156,7 @@ def _rows(cfg: RunConfig, tok: Any) -> tuple[Rows | LabelledRows, Rows | Labelle
     job = cfg.job
     assert cfg.data.path  # refuse_unsupported checked it
     if job.task == "classification":
-        return _labelled_rows(cfg, tok)
+        return labelled_rows(cfg, tok)
     st = DataStats()
     examples = load_examples(cfg.data.path, tok, job.seq, cfg.data.format, st)
     notes = [cut] if (cut := st.cut(job.seq, "job.seq")) else []
@@ -173,43 +169,6 @@ def _rows(cfg: RunConfig, tok: Any) -> tuple[Rows | LabelledRows, Rows | Labelle
         return pack(ex, job.seq, tok.pad_token_id) if job.packing else unpacked(ex)
 
     return to_rows(train_ex), to_rows(val_ex), notes
-
-
-def _labelled_rows(cfg: RunConfig, tok: Any) -> tuple[LabelledRows, LabelledRows, list[str]]:
-    """A classifier's training and validation rows (the validation file's labels must be
-    classes of the training file's), and a note on the texts cut to the sequence length."""
-    assert cfg.data.path
-    train, classes = read_labelled(cfg.data.path)
-    if cfg.data.val_path:
-        val = read_labelled(cfg.data.val_path, classes)[0]
-    else:
-        train, val = split(train, cfg.data.val_ratio, cfg.training.seed)
-    seq = cfg.job.seq
-    (rows, cut), (val_rows, val_cut) = (tokenize_labelled(x, tok, seq) for x in (train, val))
-    notes = [f"{cut + val_cut:,} texts longer than job.seq={seq} were cut to it"]
-    rows.classes = val_rows.classes = classes
-    return rows, val_rows, notes if cut + val_cut else []
-
-
-def _classifier(
-    cfg: RunConfig, model: Any, tok: Any, rows: LabelledRows
-) -> tuple[Classes, tuple[float, ...]]:
-    """The classes the data holds, told to the model (their names, saved with it, and the
-    pad id its head finds each row's last token by); and the loss's class weights."""
-    classes = rows.classes
-    assert classes is not None
-    n = len(classes.names)
-    if n != cfg.job.num_labels:
-        raise FrugalError(
-            f"job.num_labels={cfg.job.num_labels} but {cfg.data.path} has {n} classes "
-            f"({', '.join(classes.names[:6])}{', ...' if n > 6 else ''}): set job.num_labels={n}"
-        )
-    config = model.config
-    config.id2label = dict(enumerate(classes.names))
-    config.label2id = {name: i for i, name in enumerate(classes.names)}
-    config.pad_token_id = tok.pad_token_id
-    weights = balanced_weights(rows.labels, n) if cfg.training.class_weights == "balanced" else ()
-    return classes, weights
 
 
 def _optimizer(
