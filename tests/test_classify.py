@@ -176,7 +176,7 @@ def test_the_quality_report_ranks_classifiers_by_their_metric(
             tmp_path / f"lr{lr}", "job.task=classification", "job.num_labels=3",
             "job.seq=64", "job.method=full", f"training.learning_rate={lr}",
             f"data.path={EXAMPLES / 'trades' / 'train.jsonl'}", "data.val_ratio=0.2",
-            "training.max_steps=12", "training.eval_every=6", "training.best_metric=macro_f1",
+            "training.max_steps=8", "training.eval_every=4", "training.best_metric=macro_f1",
             "tags={sweep: cls}",
         )  # fmt: skip
         got[lr] = recipe.train(cfg, quiet=True).best_metrics

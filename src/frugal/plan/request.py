@@ -250,6 +250,13 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
         notes.append(tc.note(q.dataset, q.seq))
     else:
         per_epoch = q.tokens or 0.0
+    if q.task == "classification":
+        classes = q.num_labels or base.num_labels
+        notes.append(
+            f"a classifier: its head has {classes} outputs where the LM head has "
+            f"{spec.vocab_size:,}, so no logits over the vocabulary take memory or time "
+            f"(frugal estimate {spec.id} --task classification shows the breakdown)"
+        )
     if spec.max_positions and q.seq > spec.max_positions:
         notes.append(f"--seq {q.seq} is beyond {spec.id}'s {spec.max_positions} positions")
     try:
