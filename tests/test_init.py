@@ -140,3 +140,14 @@ def test_init_yes_takes_flags_and_a_model_size(
     # an existing config is not replaced without --force, before anything is asked
     assert main(["init", "--yes", "--dataset", "x.jsonl"]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_init_ended_at_a_question_says_so_and_writes_nothing(tmp_path: Path) -> None:
+    t = Terminal([*FRUGAL, "init"], tmp_path)
+    t.expect("Task")
+    t.type("classification")
+    t.expect("Training data file")
+    os.write(t.fd, b"\x04")  # Ctrl-D: the input ends
+    assert t.finish(60) == 2
+    assert "no answer to 'Training data file' (the input ended)" in t.seen
+    assert list(tmp_path.iterdir()) == []

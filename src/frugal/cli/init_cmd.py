@@ -169,7 +169,13 @@ def ask(o: InitOptions) -> dict[str, Any]:
             got[q.name] = q.check(str(text), got)  # a bad flag is an error, not a question
             continue
         while True:
-            text = typer.prompt(q.text, default=default, show_default=default is not None)
+            try:
+                text = typer.prompt(q.text, default=default, show_default=default is not None)
+            except (EOFError, typer.Abort):  # Ctrl-D, or input that ran out
+                raise FrugalError(
+                    f"no answer to {q.text.split(':')[0]!r} (the input ended): run frugal init "
+                    "again, or answer with --yes and flags; nothing was written"
+                ) from None
             try:
                 got[q.name] = q.check(text, got)
                 break
