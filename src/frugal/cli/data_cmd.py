@@ -18,7 +18,7 @@ from rich.table import Table
 
 from frugal.cli import console, print_json
 from frugal.cli.options import JSON_HELP, option, takes
-from frugal.data.labels import label_stats, read_labelled
+from frugal.data.labels import label_stats, read_labelled, tokenize_labelled
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
@@ -147,7 +147,7 @@ def classification_summary(file: str, tok: Any, seq: int) -> dict[str, Any]:
     """A classification file as `frugal train` reads it: its classes and their counts,
     imbalance, repeated and contradictory rows, and texts longer than `seq` tokens."""
     examples, classes = read_labelled(file)
-    lengths = [len(tok(*e.texts)["input_ids"]) for e in examples]
+    lengths = tokenize_labelled(examples, classes, tok, seq).lengths
     st = label_stats(examples, classes)
     over = sum(n > seq for n in lengths)
     warnings = []

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import typer
 
@@ -38,7 +38,7 @@ from frugal.hardware.catalog import local_offer
 from frugal.models.specs import bundled_model_ids, load_spec
 from frugal.plan.constraints import Constraints
 from frugal.plan.request import PlanRequest, files, make_plan
-from frugal.step.job import TrainJob
+from frugal.step.job import Task, TrainJob
 
 METHODS = {"cost": ("qlora", "lora"), "quality": ("lora", "full")}
 DEFAULT_MODEL = {"causal": "meta-llama/Llama-3.1-8B", "classification": "meta-llama/Llama-3.2-1B"}
@@ -75,17 +75,24 @@ class Question:
 
 def _task(text: str, got: dict[str, Any]) -> str:
     t = text.strip().lower()
-    if t in ("causal", "classification"):
+    if t in get_args(Task):
         return t
     raise FrugalError("answer causal (next-token: chat, completion, text) or classification")
 
 
 def _data(text: str, got: dict[str, Any]) -> str:
+    """The training file, read as `frugal train` reads it (a bad row is named); its
+    sequence length in `got["seq"]`: a causal model's packed rows take 2,048 tokens; a
+    classifier's row is one text, so its longest text (characters / 4) rounded up to a power
+    of two, from 64 to 2,048 (a longer text is cut to it)."""
     path = text.strip()
     if not path or not Path(path).is_file():
         raise FrugalError(f"{path or 'nothing'}: no such file: give the training file's path")
+    got["seq"] = 2048
     if got["task"] == "classification":
-        read_labelled(path)  # each row and label checked; a bad one is named
+        examples, _ = read_labelled(path)
+        longest = max(sum(len(t) for t in e.texts) for e in examples) / CHARS_PER_TOKEN
+        got["seq"] = int(min(2048, max(64, 2 ** math.ceil(math.log2(max(longest, 1))))))
         return path
     first = next(iter(read_rows(path)), None)
     if first is None:
@@ -184,23 +191,12 @@ def ask(o: InitOptions) -> dict[str, Any]:
     return got
 
 
-def seq_for(got: dict[str, Any]) -> int:
-    """The sequence length: a causal model's packed rows take 2,048 tokens; a classifier's
-    row is one text, so its longest text (characters / 4) rounded up to a power of two, from
-    64 to 2,048 (a longer text is cut to it)."""
-    if got["task"] != "classification":
-        return 2048
-    examples, _ = read_labelled(got["dataset"])
-    longest = max(sum(len(t) for t in e.texts) for e in examples) / CHARS_PER_TOKEN
-    return int(min(2048, max(64, 2 ** math.ceil(math.log2(max(longest, 1))))))
-
-
 def request(got: dict[str, Any]) -> PlanRequest:
     """The plan these answers ask for."""
     local = (got["hardware"],) if got["hardware"] else ()
     return PlanRequest.model_validate({
         "model": got["model"], "dataset": got["dataset"], "task": got["task"],
-        "seq": seq_for(got), "methods": METHODS[got["priority"]], "budget": got["budget"],
+        "seq": got["seq"], "methods": METHODS[got["priority"]], "budget": got["budget"],
         "deadline": got["deadline"], "local": local, "providers": ("local",) if local else None,
     })  # fmt: skip
 

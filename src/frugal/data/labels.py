@@ -159,24 +159,32 @@ def label_stats(examples: list[Labelled], classes: Classes) -> LabelStats:
 @dataclass
 class LabelledRows:
     """A classifier's rows as `frugal train` reads them: each example's tokens (cut to the
-    sequence length) and class id, with the examples they came from (for predictions)."""
+    sequence length), their count before the cut, and its class id; the examples they came
+    from (for predictions) and the classes (the training file's)."""
 
     input_ids: list[list[int]]
+    lengths: list[int]  # tokens of each text before the cut
     labels: list[int]
     examples: list[Labelled]
-    classes: Classes | None = None  # the training file's
+    classes: Classes
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def cut(self) -> int:
+        """Texts longer than the sequence length, cut to it."""
+        return sum(n > len(ids) for n, ids in zip(self.lengths, self.input_ids, strict=True))
 
-def tokenize_labelled(examples: list[Labelled], tok: Any, seq: int) -> tuple[LabelledRows, int]:
+
+def tokenize_labelled(
+    examples: list[Labelled], classes: Classes, tok: Any, seq: int
+) -> LabelledRows:
     """The examples' tokens as the model reads them (a pair joined by the tokenizer's own
-    pair template; no EOS, so each row's last token is its text's), each cut to `seq`; and
-    how many were cut."""
+    pair template; no EOS, so each row's last token is its text's), each cut to `seq`."""
     whole = [tok(*e.texts)["input_ids"] for e in examples]
-    cut = sum(len(t) > seq for t in whole)
-    return LabelledRows([t[:seq] for t in whole], [e.label for e in examples], examples), cut
+    return LabelledRows([t[:seq] for t in whole], [len(t) for t in whole],
+                        [e.label for e in examples], examples, classes)  # fmt: skip
 
 
 def balanced_weights(labels: Iterable[int], n_classes: int) -> tuple[float, ...]:
@@ -185,6 +193,14 @@ def balanced_weights(labels: Iterable[int], n_classes: int) -> tuple[float, ...]
     counts = Counter(labels)
     n = sum(counts.values())
     return tuple(n / (n_classes * counts[c]) if counts[c] else 0.0 for c in range(n_classes))
+
+
+HEADLINE = ("accuracy", "macro_f1")  # a classifier's metrics that stand for the whole run
+
+
+def headline(metrics: dict[str, float]) -> dict[str, float]:
+    """The run-wide metrics of `class_metrics`' output (not the per-class ones)."""
+    return {k: metrics[k] for k in HEADLINE if k in metrics}
 
 
 def class_metrics(confusion: list[list[float]], names: tuple[str, ...]) -> dict[str, float]:

@@ -307,6 +307,15 @@ def memory_at(
 # -- the public entry point ----------------------------------------------------------
 
 
+def classifier_note(spec: ModelSpec, classes: int) -> str:
+    """Why a classifier's step holds next to nothing for logits (estimate's and plan's)."""
+    return (
+        f"a classifier's head has {classes} outputs where the LM head has {spec.vocab_size:,}: "
+        "no logits over the vocabulary, so logits and loss take almost nothing (a causal-LM "
+        "step of the same batch holds them in fp32 for the loss)"
+    )
+
+
 def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str], list[str]]:
     warnings: list[str] = []
     notes = list(spec.notes)
@@ -340,11 +349,7 @@ def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str],
             "what PEFT adapted (memory follows transformers' grouped-GEMM path)"
         )
     if job.task == "classification":
-        notes.append(
-            f"a classifier's head has {job.num_labels} outputs where the LM head has "
-            f"{spec.vocab_size:,}: no logits over the vocabulary, so logits and loss take "
-            "almost nothing (a causal-LM step of the same batch holds them in fp32 for the loss)"
-        )
+        notes.append(classifier_note(spec, job.num_labels))
     if job.offload_activations:
         notes.append(
             "offloaded layer inputs wait for backward in pinned host memory (host_offload_gib "

@@ -24,6 +24,7 @@ from frugal.config import DataConfig, RunConfig, Schedule, TrainingConfig
 from frugal.data.count import count_tokens
 from frugal.data.labels import read_labelled
 from frugal.errors import FrugalError
+from frugal.estimate.core import classifier_note
 from frugal.files import write_text_atomic
 from frugal.hardware.catalog import PriceBasis, price_basis, select_offers
 from frugal.hardware.offers import KWH_USD, Offer
@@ -251,12 +252,7 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     else:
         per_epoch = q.tokens or 0.0
     if q.task == "classification":
-        classes = q.num_labels or base.num_labels
-        notes.append(
-            f"a classifier: its head has {classes} outputs where the LM head has "
-            f"{spec.vocab_size:,}, so no logits over the vocabulary take memory or time "
-            f"(frugal estimate {spec.id} --task classification shows the breakdown)"
-        )
+        notes.append(classifier_note(spec, q.num_labels or base.num_labels))
     if spec.max_positions and q.seq > spec.max_positions:
         notes.append(f"--seq {q.seq} is beyond {spec.id}'s {spec.max_positions} positions")
     try:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from frugal.config import RunConfig
+from frugal.data.labels import headline
 from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.files import write_text_atomic
 from frugal.hardware.gpus import lookup_gpu
@@ -207,7 +208,7 @@ class RunBooks:
     def end(self, s: RunSummary) -> None:
         a = s.actual
         extra = {"best_eval_loss": s.best_eval_loss, "best_step": s.best_step,
-                 **{k: v for k, v in s.best_metrics.items() if "/" not in k}, "steps": s.steps,
+                 **headline(s.best_metrics), "steps": s.steps,
                  "total_steps": s.total_steps, "micro_batch": s.micro_batch,
                  "grad_accum": s.grad_accum, "reason": s.reason}  # fmt: skip
         self.recorder.send(

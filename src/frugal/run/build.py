@@ -15,7 +15,6 @@ import torch
 from frugal.config import RunConfig
 from frugal.data.examples import split
 from frugal.data.labels import (
-    Classes,
     LabelledRows,
     balanced_weights,
     read_labelled,
@@ -261,19 +260,16 @@ def labelled_rows(cfg: RunConfig, tok: Any) -> tuple[LabelledRows, LabelledRows,
     else:
         train, val = split(train, cfg.data.val_ratio, cfg.training.seed)
     seq = cfg.job.seq
-    (rows, cut), (val_rows, val_cut) = (tokenize_labelled(x, tok, seq) for x in (train, val))
-    notes = [f"{cut + val_cut:,} texts longer than job.seq={seq} were cut to it"]
-    rows.classes = val_rows.classes = classes
-    return rows, val_rows, notes if cut + val_cut else []
+    rows, val_rows = (tokenize_labelled(x, classes, tok, seq) for x in (train, val))
+    cut = rows.cut + val_rows.cut
+    note = f"{cut:,} texts longer than job.seq={seq} were cut to it"
+    return rows, val_rows, [note] if cut else []
 
 
-def classifier(
-    cfg: RunConfig, model: Any, tok: Any, rows: LabelledRows
-) -> tuple[Classes, tuple[float, ...]]:
+def classifier(cfg: RunConfig, model: Any, tok: Any, rows: LabelledRows) -> tuple[float, ...]:
     """The classes the data holds, told to the model (their names, saved with it, and the
-    pad id its head finds each row's last token by); and the loss's class weights."""
+    pad id its head finds each row's last token by); returns the loss's class weights."""
     classes = rows.classes
-    assert classes is not None
     n = len(classes.names)
     if n != cfg.job.num_labels:
         raise FrugalError(
@@ -284,5 +280,4 @@ def classifier(
     config.id2label = dict(enumerate(classes.names))
     config.label2id = {name: i for i, name in enumerate(classes.names)}
     config.pad_token_id = tok.pad_token_id
-    weights = balanced_weights(rows.labels, n) if cfg.training.class_weights == "balanced" else ()
-    return classes, weights
+    return balanced_weights(rows.labels, n) if cfg.training.class_weights == "balanced" else ()

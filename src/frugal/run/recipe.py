@@ -48,7 +48,7 @@ from frugal.data.examples import (
     split,
     unpacked,
 )
-from frugal.data.labels import Classes, LabelledRows
+from frugal.data.labels import LabelledRows
 from frugal.data.stats import DataStats
 from frugal.data.tokens import Examples
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
@@ -101,10 +101,7 @@ def setup(cfg: RunConfig) -> TrainingRun:
         cfg, precision, empty=sharded and not acc.is_main_process, sharded=sharded
     )
     rows, val_rows, notes = _rows(cfg, tok)
-    classes: Classes | None = None
-    weights: tuple[float, ...] = ()
-    if isinstance(rows, LabelledRows):
-        classes, weights = classifier(cfg, model, tok, rows)
+    weights = classifier(cfg, model, tok, rows) if isinstance(rows, LabelledRows) else ()
     sched_data = Schedule(
         len(rows), cfg.training.effective_batch, cfg.data.epochs, cfg.training.seed
     )
@@ -121,7 +118,7 @@ def setup(cfg: RunConfig) -> TrainingRun:
         val_batches=Batcher(val_rows, pad, cfg.job.packing), schedule=sched_data,
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
         total_steps=total, params=params, sharded=sharded,
-        notes=[f"micro-batch {micro}: {why}", *notes], classes=classes, class_weights=weights,
+        notes=[f"micro-batch {micro}: {why}", *notes], class_weights=weights,
     )  # fmt: skip
 
 

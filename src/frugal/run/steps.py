@@ -49,8 +49,7 @@ class TrainingRun:
     params: list[Any]  # the trainable parameters
     sharded: bool  # FSDP: every process holds a shard of each weight
     notes: list[str] = field(default_factory=list)
-    classes: Classes | None = None  # a classifier's, from its training data
-    class_weights: tuple[float, ...] = ()  # the loss's weight of each class (none: equal)
+    class_weights: tuple[float, ...] = ()  # a classifier's loss per class (none: equal)
 
     @property
     def world(self) -> int:
@@ -68,6 +67,12 @@ class TrainingRun:
     def unwrapped(self) -> Any:
         """The model itself (DDP's wrapper removed; an FSDP model is not wrapped)."""
         return self.acc.unwrap_model(self.model)
+
+    @property
+    def classes(self) -> Classes | None:
+        """A classifier's classes (its training file's); None for a causal LM."""
+        rows = self.batches.rows
+        return rows.classes if isinstance(rows, LabelledRows) else None
 
     @property
     def inner_optimizer(self) -> Any:

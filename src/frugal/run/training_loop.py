@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from frugal.config import RunConfig
+from frugal.data.labels import headline
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
@@ -286,7 +287,7 @@ class Loop:
         else:
             st.bad_evals += 1
         if self.sinks:
-            metrics = {f"eval_{k}": v for k, v in ev.metrics.items() if "/" not in k}
+            metrics = {f"eval_{k}": v for k, v in headline(ev.metrics).items()}
             self.sinks.log(st.step, {"eval_loss": ev.loss, **metrics, "eval_time_s": self.eval_s})
         patience = t.early_stopping_patience
         if patience and st.bad_evals >= patience:
