@@ -70,6 +70,19 @@ MOE = {
     "decoder_sparse_step": 1,
     "mlp_only_layers": [],
 }
+# gpt-oss's shape: experts with biases and an interleaved, clamped gate, attention sinks
+# (eager attention: transformers has no SDPA path for them), sliding and full layers
+GPT_OSS = {
+    **LLAMA,
+    "model_type": "gpt_oss",
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "experts_per_token": 2,
+    "head_dim": 16,
+    "sliding_window": 32,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "attention_bias": True,
+}
 GEMMA = {
     **LLAMA,
     "model_type": "gemma2",
@@ -97,7 +110,7 @@ LLAMA31_8B = scaled_down(
     num_hidden_layers=4,
     vocab_size=200,
 )
-MODELS = {"llama": LLAMA, "moe": MOE, "gemma": GEMMA, "llama31-8b": LLAMA31_8B}
+MODELS = {"llama": LLAMA, "moe": MOE, "gpt-oss": GPT_OSS, "gemma": GEMMA, "llama31-8b": LLAMA31_8B}
 
 
 @dataclass(frozen=True)
@@ -143,6 +156,9 @@ CASES = [
     Case("llama", "full", "fp32", "adafactor", True, accum=2, contrastive=True),
     Case("moe", "lora", "bf16-mixed", "adamw", True),
     Case("moe", "full", "fp32", "adamw", False),
+    Case("moe", "lora", "bf16-mixed", "adamw", False),  # the experts' adapters, not recomputed
+    Case("gpt-oss", "lora", "bf16-mixed", "adamw", True),
+    Case("gpt-oss", "full", "bf16-true", "sgd", False),
     Case("gemma", "lora", "bf16-mixed", "adamw", True),
     Case("gemma", "full", "bf16-true", "adafactor", False, packing=False),
     Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, loss_chunks=4),  # issue 18

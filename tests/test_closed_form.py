@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from frugal.estimate.categories import CATEGORIES, SEGMENTS
-from frugal.estimate.closed_form import lora_params, model_params, state_bytes
+from frugal.estimate.closed_form import counts, lora_params, model_params, state_bytes
 from frugal.estimate.core import get_profile
 from frugal.models.specs import bundled_model_ids, load_spec
 from frugal.step.job import TrainJob
@@ -27,12 +27,35 @@ def test_parameter_count_matches_simulated_model(model_id: str) -> None:
     assert model_params(spec.config) == total
 
 
-@pytest.mark.parametrize("targets", ["all-linear", "q_proj,v_proj", "k_proj,down_proj"])
-def test_lora_count_matches_peft(targets: str) -> None:
-    spec = load_spec("meta-llama/Llama-3.1-8B")
+@pytest.mark.parametrize(
+    ("model_id", "targets"),
+    [
+        ("meta-llama/Llama-3.1-8B", "all-linear"),
+        ("meta-llama/Llama-3.1-8B", "q_proj,v_proj"),
+        ("meta-llama/Llama-3.1-8B", "k_proj,down_proj"),
+        ("Qwen/Qwen3-30B-A3B", "all-linear"),  # the experts' adapters at rank 16 / 8
+        ("moonshotai/Moonlight-16B-A3B-Instruct", "all-linear"),  # latent attention, shared
+        ("moonshotai/Moonlight-16B-A3B-Instruct", "q_proj,experts"),
+    ],
+)
+def test_lora_count_matches_peft(model_id: str, targets: str) -> None:
+    spec = load_spec(model_id)
     job = TrainJob(method="lora", lora_r=16, lora_targets=targets)
     _, trainable = count_params(build_model(spec.config, job, "meta", n_layers=spec.num_layers))
     assert lora_params(spec.config, job) == trainable
+
+
+MOE = [m for m in bundled_model_ids() if load_spec(m).is_moe]
+
+
+@pytest.mark.parametrize("model_id", MOE)
+def test_active_parameters_match_the_bundled_figure(model_id: str) -> None:
+    """A token meets k of E routed experts: the closed form's active count is the one the
+    bundle carries, counted on the meta-built model (`step.moe.inactive_params`)."""
+    spec = load_spec(model_id)
+    n = counts(spec.config)
+    assert n.total == spec.source["params"]
+    assert n.active == spec.source["active_params"]
 
 
 @pytest.mark.parametrize(
@@ -68,16 +91,3 @@ def test_eight_bit_optimizer_state_is_a_quarter() -> None:
     i = CATEGORIES.index("optimizer_state")
     ratio = small.segment_peaks(1, 2048)[-1][i] / full.segment_peaks(1, 2048)[-1][i]
     assert 0.24 < ratio < 0.27  # 2 bytes + absmax/256 vs 8 bytes
-
-
-def test_no_sdpa_list_matches_transformers() -> None:
-    from transformers import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    from frugal.models.specs import NO_SDPA
-
-    types = {load_spec(m).model_type for m in bundled_model_ids()}
-    lacking = {
-        t for t in types if not MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[t]]._supports_sdpa
-    }
-    assert lacking == NO_SDPA & types

@@ -380,8 +380,17 @@ def test_what_the_engines_cannot_run_is_refused() -> None:
     cfg = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61,
            "vocab_size": 129280, "num_attention_heads": 128, "kv_lora_rank": 512,
            "qk_rope_head_dim": 64, "intermediate_size": 18432, "n_routed_experts": 256}  # fmt: skip
-    with pytest.raises(FrugalError, match="not counted"):
+    with pytest.raises(FrugalError, match="no qk_nope_head_dim, v_head_dim: give the model's"):
         params(ModelSpec("deepseek-ai/DeepSeek-V3", cfg, "test"))
+
+
+def test_deepseek_v3_is_served_from_its_active_experts() -> None:
+    """Latent attention, shared experts and 8 of 256 routed experts: the weights are all
+    671B, a token's FLOPs are those of the 37.6B it meets."""
+    p = params(load_spec("deepseek-ai/DeepSeek-V3"))
+    assert p.total == 671_026_404_352
+    assert (p.experts, p.top_k) == (256, 8)
+    assert p.active_linear < p.linear / 15
 
 
 def test_kv_bytes_per_token_is_the_models_and_per_gpu_is_beside_it(

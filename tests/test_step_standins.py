@@ -116,3 +116,62 @@ def test_8bit_adamw_state_is_bitsandbytes_state() -> None:
     assert sim_tensors == real_tensors
     # and the two quantization maps are shared by all weights, as bitsandbytes shares them
     assert _storage_bytes(sim) == _storage_bytes(real)
+
+
+# -- a MoE layer's routed experts in 4 bits ---------------------------------------------------
+
+MOE = {"model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256,
+       "moe_intermediate_size": 64, "num_experts": 8, "num_experts_per_tok": 2,
+       "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "head_dim": 32, "vocab_size": 100, "mlp_only_layers": []}  # fmt: skip
+
+
+def _experts_pair() -> tuple[nn.Module, nn.Module]:
+    """The same bf16 experts in bitsandbytes' 4 bits and as the estimate's stand-in."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from frugal.step.experts4bit import quantize_experts, standin_experts
+    from frugal.step.job import TrainJob
+    from frugal.step.model import hf_config
+
+    cfg = hf_config(MOE, TrainJob(method="qlora"))
+    block = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).model.layers[0].mlp
+    real, sim = block, copy.deepcopy(block)
+    quantize_experts(real, torch.bfloat16, torch.device("cpu"))
+    standin_experts(sim, torch.bfloat16)
+    return real.experts, sim.experts
+
+
+def test_4bit_experts_store_what_bitsandbytes_stores() -> None:
+    real, sim = _experts_pair()
+    stored = _storage_bytes([*real.parameters(), *quant_state_tensors(real)])
+    values = sum(real.packed_values.values())
+    assert stored == sum(packed_bytes(n) for n in real.packed_values.values())
+    assert _storage_bytes([*sim.parameters(), *sim.buffers()]) == stored
+    assert stored < values * 0.6  # 4 bits a value and the absmax: about a quarter of bf16
+
+
+def test_4bit_experts_allocate_what_bitsandbytes_allocates() -> None:
+    """Forward keeps no dequantized stack for backward; backward rebuilds one at a time."""
+    real, sim = _experts_pair()
+    tokens = 24
+    index = torch.randint(0, MOE["num_experts"], (tokens, 2))
+    weights = torch.rand(tokens, 2, dtype=torch.bfloat16)
+    phases = []
+    for layer in (real, sim):
+        x = torch.randn(tokens, MOE["hidden_size"], dtype=torch.bfloat16, requires_grad=True)
+        tr = StepTracker(vocab_size=7)
+        for t in [*layer.parameters(), *layer.buffers(), *quant_state_tensors(layer)]:
+            tr.adopt(t, "frozen_weights")
+        with tracking(tr):
+            y = layer(x, index, weights)
+            torch.empty(0)
+            tr.set_segment("bwd_head")
+            y.backward(torch.ones_like(y))
+        phases.append(_phases(tr))
+    assert phases[1] == phases[0], phases
+    stack = MOE["num_experts"] * 2 * MOE["moe_intermediate_size"] * MOE["hidden_size"] * 2
+    assert phases[0]["backward_peak"] >= stack  # the gate/up stack in bf16, rebuilt
+    assert phases[0]["kept"] < stack / 4  # but none kept between forward and backward

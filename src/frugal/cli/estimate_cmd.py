@@ -84,9 +84,11 @@ def render(d: dict[str, Any]) -> None:
     j = d["job"]
     c.print(_job_line(d))
     share = d["trainable_params"] / d["total_params"] if d["total_params"] else 0
+    active = d["active_params"]
     c.print(
-        f"parameters: {d['total_params']:,} total, {d['trainable_params']:,} trainable "
-        f"({share:.2%})"
+        f"parameters: {d['total_params']:,} total"
+        f"{f', {active:,} active a token (MoE)' if active < d['total_params'] else ''}, "
+        f"{d['trainable_params']:,} trainable ({share:.2%})"
     )
     c.print(_memory_table(d))
     f = d["flops_per_step"]
@@ -128,7 +130,7 @@ def _job_line(d: dict[str, Any]) -> str:
         f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']}"
         f"{' in backward' if j['optimizer_in_backward'] else ''} · "
         f"batch {j['batch']} x seq {j['seq']} {'packed' if j['packing'] else 'padded'} · "
-        f"checkpointing {'on' if j['grad_checkpointing'] else 'off'} · {j['attention']}"
+        f"checkpointing {'on' if j['grad_checkpointing'] else 'off'} · {d['attention']} attention"
         f"{' · ' + j['loss'] if j['loss'] != 'ce' else ''}"
         f"{' · loss in ' + str(j['loss_chunks']) + ' chunks' if j['loss_chunks'] else ''}"
         f"{' · activations offloaded' if j['offload_activations'] else ''}{par}"

@@ -140,10 +140,11 @@ def read(path: Path) -> Profile:
                 attn_coef=z[f"attn_coef{i}"],
                 total_params=f["total_params"],
                 trainable_params=f["trainable_params"],
+                active_params=f["active_params"],
             )
             for i, f in enumerate(meta["fits"])
         ]
-    return Profile(meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"])
+    return Profile(meta["n_layers"], (fits[0], fits[1]), meta["lora_targets"], meta["attention"])
 
 
 @contextlib.contextmanager
@@ -181,11 +182,13 @@ def dump(profile: Profile) -> bytes:
                 "n_layers": f.n_layers,
                 "total_params": f.total_params,
                 "trainable_params": f.trainable_params,
+                "active_params": f.active_params,
             }
         )
     meta = {
         "n_layers": profile.n_layers,
         "lora_targets": profile.lora_targets,
+        "attention": profile.attention,
         "fits": fits_meta,
     }
     arrays["meta"] = np.array(json.dumps(meta))

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from frugal.errors import FrugalError
 from frugal.estimate import cache
 from frugal.estimate.categories import CATEGORIES, DEVICE, HOST, SEGMENTS
+from frugal.estimate.notes import checks, profile_notes
 from frugal.estimate.overheads import MIB, Overheads, load_overheads
 from frugal.estimate.profile import LayerFit, Profile, at_rank, grid
 from frugal.estimate.throughput import step_time
@@ -48,6 +48,8 @@ class Estimate:
     flops_per_step: dict[str, float]
     tokens_per_step: int
     lora_targets: list[str]
+    attention: str  # the kernel the step runs (eager where transformers has no SDPA path)
+    active_params: int  # parameters a token meets (a MoE model's routed experts: k of E)
     gpu: str | None = None
     gpu_memory_gib: float | None = None
     budget_gib: float | None = None  # usable memory less the margin: what the step may use
@@ -73,10 +75,12 @@ class Estimate:
             "paged_optimizer_gib": round(m.paged / GIB, 3),
             "host_offload_gib": round(m.host / GIB, 3),
             "total_params": self.total_params,
+            "active_params": self.active_params,
             "trainable_params": self.trainable_params,
             "flops_per_step": {k: float(f"{v:.6g}") for k, v in self.flops_per_step.items()},
             "tokens_per_step": self.tokens_per_step,
             "lora_targets": self.lora_targets,
+            "attention": self.attention,
             "warnings": self.warnings,
             "notes": self.notes,
         }
@@ -211,27 +215,19 @@ def _simulate_profile(
 ) -> Profile:
     """Simulate `job` at two depths and three lengths from `s0`; fit and cache its profile
     (and, for an accumulating job, the one without accumulation)."""
-    from frugal.estimate.simulate import distinct_layer_kinds, simulate
+    from frugal.estimate.simulate import shallow_depths, simulate
 
-    k = distinct_layer_kinds(spec.config)
-    if job.offload_activations:
-        # the decoder holds the embeddings' output (the first layer's input) through the
-        # whole forward, so what offloading leaves on the device grows linearly from the
-        # second layer on: fit the line there
-        k += 1
-    k = min(k, spec.num_layers)
-    depths = (k, k + 1) if k < spec.num_layers else (k - 1, k)
-    depths = (max(depths[0], 1), max(depths[1], 2))
+    depths = shallow_depths(spec.config, job.offload_activations)
     shapes = grid(s0)
     start = time.perf_counter()
     runs = [(n, simulate(spec.config, job, n, shapes)) for n in depths]
     ops = sum(len(t.op_ids) - 1 for _, traces in runs for t in traces)
     seconds = time.perf_counter() - start
-    targets = runs[0][1][0].lora_targets
+    first = runs[0][1][0]
     made = {}
     for micro in range(1, min(job.grad_accum, 2) + 1):
         lo, hi = (LayerFit.from_traces(n, shapes, t, micro) for n, t in runs)
-        made[micro] = Profile(spec.num_layers, (lo, hi), targets)
+        made[micro] = Profile(spec.num_layers, (lo, hi), first.lora_targets, first.attention)
         cache.save(key(micro), made[micro])
     keys = tuple(key(micro) for micro in made)
     SIMULATED.append(Simulated(spec.id, job, seq, s0, depths, ops, seconds, keys, why))
@@ -307,62 +303,6 @@ def memory_at(
 # -- the public entry point ----------------------------------------------------------
 
 
-def classifier_note(spec: ModelSpec, classes: int) -> str:
-    """Why a classifier's step holds next to nothing for logits (estimate's and plan's)."""
-    return (
-        f"a classifier's head has {classes} outputs where the LM head has {spec.vocab_size:,}: "
-        "no logits over the vocabulary, so logits and loss take almost nothing (a causal-LM "
-        "step of the same batch holds them in fp32 for the loss)"
-    )
-
-
-def _checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str], list[str]]:
-    warnings: list[str] = []
-    notes = list(spec.notes)
-    if gpu is not None and not gpu.bf16 and job.compute_dtype == "bf16":
-        raise FrugalError(f"{gpu.name} has no bf16 support: use --precision fp16-mixed (or fp32)")
-    if spec.max_positions and job.seq > spec.max_positions:
-        warnings.append(
-            f"--seq {job.seq} is longer than the model's {spec.max_positions} positions: "
-            "quality degrades unless you extend its context (e.g. rope scaling)"
-        )
-    if job.compute_dtype == "fp16" and spec.trained_dtype == "bfloat16":
-        warnings.append(
-            f"{spec.id} was trained in bf16; fp16 can overflow its activations: "
-            "prefer --precision bf16-mixed on a GPU that supports it"
-        )
-    if spec.attention(job.attention) != job.attention:
-        notes.append(
-            f"{spec.model_type} has no SDPA path in transformers: eager attention is "
-            "simulated (it stores the attention scores)"
-        )
-    if job.gpus == 1 and job.sharding != "ddp":
-        notes.append(f"--sharding {job.sharding} has no effect on one GPU")
-    elif job.sharding in ("fsdp", "zero3"):
-        notes.append(
-            f"{job.sharding} terms are closed-form and cover the training step only: "
-            "third-party FSDP runs peaked 6-25% above them (docs/accuracy.md); keep headroom"
-        )
-    if spec.is_moe and job.method != "full":
-        notes.append(
-            "MoE experts are fused 3D parameters in transformers 5; see lora_targets for "
-            "what PEFT adapted (memory follows transformers' grouped-GEMM path)"
-        )
-    if job.task == "classification":
-        notes.append(classifier_note(spec, job.num_labels))
-    if job.offload_activations:
-        notes.append(
-            "offloaded layer inputs wait for backward in pinned host memory (host_offload_gib "
-            "per GPU, outside device_total_gib); their copies add host-link time to each step"
-        )
-    if job.optimizer == "paged-adamw-8bit":
-        notes.append(
-            "paged optimizer state lives in CUDA unified memory: it counts in "
-            "device_total_gib (nvidia-smi) but not in PyTorch's allocated/reserved"
-        )
-    return warnings, notes
-
-
 def estimate(
     spec: ModelSpec,
     job: TrainJob,
@@ -370,9 +310,10 @@ def estimate(
     gpu_memory_gib: float | None = None,
 ) -> Estimate:
     """Per-GPU peak memory, FLOPs and (with a GPU) fit of one training step of `job`."""
-    warnings, notes = _checks(spec, job, gpu)
+    warnings, notes = checks(spec, job, gpu)
     ov = load_overheads(job.method)
     prof = get_profile(spec, job, job.seq, "the estimate")
+    notes += profile_notes(spec, job, prof)
     mem = memory_at(prof, job, job.batch, job.seq, ov)
     micro = prof.flops(job.batch, job.seq)
     scale = job.grad_accum * job.gpus
@@ -387,6 +328,8 @@ def estimate(
         flops_per_step=flops,
         tokens_per_step=job.tokens_per_step,
         lora_targets=prof.lora_targets,
+        attention=prof.attention,
+        active_params=prof.active_params,
         warnings=warnings,
         notes=notes,
     )

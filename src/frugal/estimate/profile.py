@@ -89,6 +89,7 @@ class LayerFit:
     attn_coef: np.ndarray  # (phases,): fused-attention FLOPs per b·s²
     total_params: int
     trainable_params: int
+    active_params: int
 
     @classmethod
     def from_traces(
@@ -117,7 +118,8 @@ class LayerFit:
         seg_index = {s: i for i, s in enumerate(SEGMENTS)}
         segs = np.array([seg_index.get(s, -1) for s in ref.segments])
         segs[(ref.micro > micro_steps) & (ref.segments != "opt")] = -1
-        return cls(n_layers, coef, segs, flop_coef, attn, ref.total_params, ref.trainable_params)
+        return cls(n_layers, coef, segs, flop_coef, attn, ref.total_params, ref.trainable_params,
+                   ref.active_params)  # fmt: skip
 
     def peaks(self, phi: np.ndarray) -> np.ndarray:
         """Category bytes at the (device) peak of each segment: (segments, categories); host
@@ -142,7 +144,7 @@ def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
     their gradients and optimizer state, and the r-wide activations x·Aᵀ are all linear in r,
     and so are their FLOPs. Every coefficient of a fit is therefore affine in r, and two
     ranks give any other exactly (a rank sweep simulates two)."""
-    if a.n_layers != b.n_layers or a.lora_targets != b.lora_targets:
+    if a.n_layers != b.n_layers or a.lora_targets != b.lora_targets or a.attention != b.attention:
         return None
     t = (r - ra) / (rb - ra)
 
@@ -164,9 +166,10 @@ def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
                 mix(fa.flop_coef, fb.flop_coef), mix(fa.attn_coef, fb.attn_coef),
                 round(mix(fa.total_params, fb.total_params)),
                 round(mix(fa.trainable_params, fb.trainable_params)),
+                round(mix(fa.active_params, fb.active_params)),
             )
         )  # fmt: skip
-    return Profile(a.n_layers, (fits[0], fits[1]), list(a.lora_targets))
+    return Profile(a.n_layers, (fits[0], fits[1]), list(a.lora_targets), a.attention)
 
 
 @dataclass
@@ -176,6 +179,7 @@ class Profile:
     n_layers: int  # the model's depth
     fits: tuple[LayerFit, LayerFit]  # depths k and k + 1
     lora_targets: list[str]
+    attention: str  # the attention kernel the step runs
     # evaluated shapes: a search asks for the same few (batch, seq) thousands of times
     _memo: dict[tuple[int, int], np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -216,6 +220,14 @@ class Profile:
         return int(
             lo.trainable_params
             + (self.n_layers - lo.n_layers) * (hi.trainable_params - lo.trainable_params)
+        )
+
+    @property
+    def active_params(self) -> int:
+        """Parameters a token meets (all of them but for a MoE model's idle experts)."""
+        lo, hi = self.fits
+        return int(
+            lo.active_params + (self.n_layers - lo.n_layers) * (hi.active_params - lo.active_params)
         )
 
     def start_bytes(self, category: str) -> float:

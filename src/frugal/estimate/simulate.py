@@ -22,10 +22,12 @@ from torch import nn
 
 from frugal.estimate.phantom import PhantomMode, phantom_like
 from frugal.estimate.tracker import StepTracker, tracking
+from frugal.models.specs import is_moe_config
 from frugal.step.batch import example
 from frugal.step.job import TrainJob
 from frugal.step.loop import Loss, PlainEngine, UpdateRule, optimizer_step
-from frugal.step.model import build_model, count_params, cuda_kernels
+from frugal.step.model import adapted, build_model, count_params, cuda_kernels
+from frugal.step.moe import inactive_params
 from frugal.step.optim import make_optimizer
 
 
@@ -42,11 +44,32 @@ class Trace:
     total_params: int  # parameters of the original (unquantized) model
     trainable_params: int
     lora_targets: list[str]
+    active_params: int  # those a token meets (a MoE model's routed experts count k/E)
+    attention: str  # the attention kernel the step ran (`step.model.attention_kernel`)
 
 
-def distinct_layer_kinds(config: dict[str, Any]) -> int:
+def dense_prefix(config: dict[str, Any]) -> int:
+    """Dense layers a MoE model has before its first MoE layer (DeepSeek-V3: 3)."""
+    if not is_moe_config(config):
+        return 0
+    return max(0, int(config.get("first_k_dense_replace") or 0))
+
+
+def shallow_depths(config: dict[str, Any], offload: bool = False) -> tuple[int, int]:
+    """The two depths the simulation runs: the shallowest that holds one layer of each
+    kind (attention type; a dense prefix whole), and one more layer of the common kind,
+    whose difference the profile extrapolates to the model's depth (`profile.py`)."""
+    n = int(config["num_hidden_layers"])
     types = config.get("layer_types")
-    return len(set(types)) if types else 1
+    k = dense_prefix(config) + (len(set(types)) if types else 1)
+    if offload:
+        # the decoder holds the embeddings' output (the first layer's input) through the
+        # whole forward, so what offloading leaves on the device grows linearly from the
+        # second layer on: fit the line there
+        k += 1
+    k = min(k, n)
+    lo, hi = (k, k + 1) if k < n else (k - 1, k)
+    return max(lo, 1), max(hi, 2)
 
 
 def simulate(
@@ -68,9 +91,9 @@ def simulate(
     use_phantom = tensors == "phantom"
     model = build_model(config, job, "meta", n_layers=n_layers)
     total, trainable = count_params(model)
-    targets = sorted(
-        {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
-    )
+    targets = adapted(model)
+    active = total - inactive_params(model, config)
+    attention = model.config._attn_implementation
     # the logits' last dimension: the vocabulary, or a classifier's classes
     vocab = job.num_labels if job.task == "classification" else int(config["vocab_size"])
     traces = []
@@ -93,6 +116,7 @@ def simulate(
                 live=t.timeline(), segments=t.segments(), micro=t.micro_steps(),
                 flops=dict(t.flops), attn_flops=dict(t.attn_flops), op_ids=np.array(t.op_ids),
                 total_params=total, trainable_params=trainable, lora_targets=targets,
+                active_params=active, attention=attention,
             ))  # fmt: skip
     return traces
 

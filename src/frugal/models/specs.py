@@ -20,16 +20,27 @@ from frugal.errors import FrugalError
 from frugal.names import closest
 
 SOURCE_KEY = "_frugal_source"
-# transformers has no SDPA path for these (Gemma 2: attention logit soft-capping); they run
-# eager attention, which stores the full score matrix. A test checks this list against
-# transformers' own `_supports_sdpa` flags.
-NO_SDPA = frozenset({"gemma2"})
 REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
+
+
+EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# the keys a config names its experts per token by (gpt-oss writes both of the first two)
+TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
 
 
 def is_moe_config(config: dict[str, Any]) -> bool:
     """Whether a config has routed experts (Mixtral, Qwen-MoE, DeepSeek style keys)."""
-    return any(config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    return any(config.get(k) for k in EXPERTS_KEYS)
+
+
+def routed_experts(config: dict[str, Any]) -> int:
+    """Routed experts of each MoE layer (0: a dense model)."""
+    return next((int(config[k]) for k in EXPERTS_KEYS if config.get(k)), 0)
+
+
+def experts_per_token(config: dict[str, Any]) -> int:
+    """Experts each token is routed to (1 where the config does not say)."""
+    return next((int(config[k]) for k in TOP_K_KEYS if config.get(k)), 1)
 
 
 @dataclass(frozen=True)
@@ -78,10 +89,6 @@ class ModelSpec:
             return None
         return int(w)
 
-    def attention(self, wanted: str) -> str:
-        """The attention kernel the model really runs when `wanted` is asked for."""
-        return "eager" if wanted == "sdpa" and self.model_type in NO_SDPA else wanted
-
     @property
     def trained_dtype(self) -> str | None:
         return self.config.get("torch_dtype") or self.config.get("dtype")
@@ -89,6 +96,10 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return is_moe_config(self.config)
+
+    @property
+    def num_experts(self) -> int:
+        return routed_experts(self.config)
 
 
 def _config_dir() -> Any:
@@ -136,7 +147,11 @@ def _text_decoder(
             from transformers import CONFIG_MAPPING
 
             defaults = CONFIG_MAPPING[inner["model_type"]]().to_dict()
-            keep = {k: v for k, v in defaults.items() if not k.startswith("_") and v is not None}
+            # not the per-layer lists a class derives from its own default depth (Gemma 3's
+            # 26 layer types beside the 62 layers of the 27B): its __init__ derives them again
+            derived = ("layer_types",)
+            keep = {k: v for k, v in defaults.items()
+                    if not k.startswith("_") and v is not None and k not in derived}  # fmt: skip
             inner = {**keep, **inner}
         notes = (
             f"{cfg['model_type']} is multimodal: only its text decoder is estimated "

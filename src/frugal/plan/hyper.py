@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from frugal.estimate.closed_form import model_params
+from frugal.models.specs import experts_per_token, is_moe_config, routed_experts
 from frugal.step.job import Task
 
 SOURCES = {  # as an answer names them; the full references: this docstring, docs/train.md
@@ -96,6 +97,8 @@ def choose(
     settings by name (None: not given)."""
     params = model_params(config)
     rules = _classification(method) if task == "classification" else _causal(method, params)
+    if "lora_targets" in rules and is_moe_config(config):
+        rules["lora_targets"] = _moe_targets(config, method, given)
     if "epochs" not in rules:
         rules["epochs"] = _epochs(tokens)
     chosen: dict[str, Choice] = {}
@@ -156,6 +159,22 @@ def _causal(method: str, params: int) -> dict[str, Rule]:
         "warmup_ratio": (0.03, "3% of the steps warm up", "qlora"),
         "effective_batch": (16, "16 sequences a step (4 x 4)", "qlora"),
     }  # fmt: skip
+
+
+def _moe_targets(config: dict[str, Any], method: str, given: dict[str, Any]) -> Rule:
+    """A MoE model's adapters: every linear layer and every routed expert, each expert's at
+    the rank over the experts a token meets (LoRA Without Regret's MoE runs); QLoRA keeps
+    the experts in 4 bits, where PEFT cannot add them."""
+    k, n = experts_per_token(config), routed_experts(config)
+    if method == "qlora":
+        return ("all-linear", f"adapters on every linear layer; the {n} routed experts stay "
+                "frozen in 4 bits, where PEFT cannot add adapters (--method lora adapts them)",
+                "frugal")  # fmt: skip
+    rank = given.get("lora_r") or 16
+    return ("all-linear", f"adapters on every linear layer and each of the {n} routed experts, "
+            f"at rank {max(1, rank // k)} each (the rank over the {k} experts a token meets): "
+            "adapters on the MLP, experts included, are what match full fine-tuning; "
+            "q_proj,k_proj,v_proj,o_proj is cheaper, attention only", "regret")  # fmt: skip
 
 
 CLASSIFIER: dict[str, Rule] = {  # every method's

@@ -24,7 +24,8 @@ from frugal.config import DataConfig, RunConfig, Schedule, TrainingConfig
 from frugal.data.count import count_tokens
 from frugal.data.labels import read_labelled
 from frugal.errors import FrugalError
-from frugal.estimate.core import classifier_note
+from frugal.estimate.core import get_profile
+from frugal.estimate.notes import classifier_note, profile_notes
 from frugal.files import write_text_atomic
 from frugal.hardware.catalog import PriceBasis, price_basis, select_offers
 from frugal.hardware.offers import KWH_USD, Offer
@@ -271,6 +272,8 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     except Infeasible as e:  # say what came nearest and which changes would give a plan
         every = q.select(every_provider=True) if q.providers else None
         raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
+    best = result.recommendation.job
+    notes += profile_notes(spec, best, get_profile(spec, best, best.seq, "the plan's notes"))
     result.notes[:0] = notes
     tags = resolve(q.tag, model=spec.id, required=False)
     settings = q.settings(spec, result.recommendation.job.method, per_epoch)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from frugal.errors import FrugalError
-from frugal.estimate.closed_form import _dims, layer_params, linear_shapes, model_params
+from frugal.estimate.closed_form import _dims, counts
 from frugal.hardware.gpus import GPU
-from frugal.models.specs import ModelSpec
+from frugal.models.specs import ModelSpec, experts_per_token, routed_experts
 
 
 @dataclass(frozen=True)
@@ -100,38 +100,27 @@ class Params:
 
 
 def params(spec: ModelSpec) -> Params:
-    """Parameters of a Llama-family decoder (and its MoE variants), from its config."""
+    """Parameters of a decoder (Llama family, its mixtures of experts, DeepSeek's latent
+    attention), from the training side's closed form."""
     c = spec.config
-    if c.get("kv_lora_rank") or c.get("q_lora_rank") or c.get("n_routed_experts"):
-        raise FrugalError(
-            f"{spec.id}: DeepSeek-style latent attention and shared experts are not counted by "
-            "the serving estimate's parameter model yet (its KV cache is: see docs/serve.md)"
-        )
     if spec.model_type in ("phi", "gpt2", "gpt_neox", "bloom", "falcon"):
         raise FrugalError(
             f"{spec.id}: serving estimates cover Llama-family decoders (Llama, Mistral, Qwen, "
-            f"Gemma, Phi-3, Mixtral, Qwen-MoE); {spec.model_type} is not one of them yet"
+            f"Gemma, Phi-3, their MoE models, DeepSeek-V3); {spec.model_type} is not one of "
+            "them yet"
         )
-    x = _dims(c)
-    n_layers, h, v = spec.num_layers, x["h"], spec.vocab_size
-    dense = sum(i * o for i, o in linear_shapes(c).values())
-    experts = x["E"]
-    expert_each = 3 * h * x["f"] if experts else 0
-    top_k = int(c.get("num_experts_per_tok") or c.get("moe_topk") or 0) if experts else 0
-    total = model_params(c)
-    linear = n_layers * (dense + experts * expert_each)
-    tied = total == n_layers * layer_params(c) + v * h + h
-    head = 0 if tied else v * h
+    n = counts(c)
+    experts = routed_experts(c)
     return Params(
-        linear=linear,
-        embed=v * h,
-        head=head,
-        other=total - linear - v * h - head,
-        active_linear=n_layers * (dense + top_k * expert_each),
-        expert_linear=n_layers * experts * expert_each,
+        linear=n.linear + n.experts,
+        embed=n.embed,
+        head=n.head,
+        other=n.router + n.other,
+        active_linear=n.linear + n.active_experts,
+        expert_linear=n.experts,
         experts=experts,
-        top_k=top_k,
-        tied=tied,
+        top_k=experts_per_token(c) if experts else 0,
+        tied=n.head == 0,
     )
 
 

@@ -6,6 +6,7 @@ the run config of `frugal train` embeds the same model, so there is one schema.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
@@ -14,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from frugal.errors import FrugalError
+from frugal.models.specs import experts_per_token
 from frugal.validation import RANGE_ERRORS, problem
 
 Method = Literal["full", "lora", "qlora"]
@@ -175,6 +177,13 @@ class TrainJob(BaseModel):
     def alpha(self) -> int:
         return self.lora_alpha if self.lora_alpha is not None else 2 * self.lora_r
 
+    def expert_rank(self, config: dict[str, Any]) -> int:
+        """LoRA rank of each routed expert's adapter: the job's rank divided by the experts a
+        token meets (LoRA Without Regret, Schulman et al. 2025: "the rank of each equal to
+        the total rank divided by the number of active experts", which keeps the ratio of
+        adapter to weight parameters of the MoE layers that of the others)."""
+        return max(1, self.lora_r // experts_per_token(config))
+
     @property
     def target_modules(self) -> str | list[str]:
         t = self.lora_targets.strip()
@@ -182,14 +191,18 @@ class TrainJob(BaseModel):
             return "all-linear"
         return [m.strip() for m in t.split(",") if m.strip()]
 
-    def lora_config(self) -> Any:
-        """The peft LoraConfig of this job: one for the simulation and the trainer."""
+    def lora_config(self, modules: list[str], parameters: list[str], ranks: dict[str, int]) -> Any:
+        """The peft LoraConfig of this job, one for the simulation and the trainer, on the
+        linear layers `modules` and the fused expert weights `parameters` (each at its rank
+        in `ranks`: `step.moe.adapter_targets`)."""
         from peft import LoraConfig
 
         return LoraConfig(
             r=self.lora_r,
             lora_alpha=self.alpha,
-            target_modules=self.target_modules,
+            target_modules=modules,
+            target_parameters=parameters or None,
+            rank_pattern={re.escape(name): r for name, r in ranks.items()},
             lora_dropout=self.lora_dropout,
             # SEQ_CLS: PEFT trains and saves the new head (`score`) whole, beside the adapters
             task_type="SEQ_CLS" if self.task == "classification" else "CAUSAL_LM",

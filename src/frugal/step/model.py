@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from frugal.errors import FrugalError
-from frugal.models.specs import NO_SDPA, is_moe_config
+from frugal.models.specs import is_moe_config
 from frugal.step.job import TrainJob
 
 Weights = Literal["pretrained", "random", "empty", "meta"]
@@ -62,7 +62,9 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
     `n_layers` decoder layers when given (the estimate's shallow copies).
 
     A shallow copy of a model that mixes layer types (sliding and full attention) keeps one
-    layer of each kind, so every kind's shared buffers (masks) are there."""
+    layer of each kind, so every kind's shared buffers (masks) are there; one whose first
+    layers are dense before its MoE layers (DeepSeek's `first_k_dense_replace`) keeps them
+    all, the depths asked for count them (`shallow_depths`)."""
     from transformers import CONFIG_MAPPING, __version__
 
     kind = config.get("model_type")
@@ -93,10 +95,27 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
     cfg = CONFIG_MAPPING[d["model_type"]](**d)
     cfg.use_cache = False
     cfg._attn_implementation = attention_kernel(config, job)
-    if is_moe_config(config):
+    if is_moe_config(config) and _grouped_experts(config, job):
         # transformers' grouped-GEMM experts: static shapes, as fast MoE kernels allocate
         cfg._experts_implementation = "grouped_mm"
     return cfg
+
+
+def _model_class(config: dict[str, Any], job: TrainJob) -> Any:
+    """The transformers class the step builds for this config (None: none for the task)."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return _auto_class(job)._model_mapping[CONFIG_MAPPING[config["model_type"]]]
+    except KeyError:
+        return None  # hf_config says what is wrong with such a config
+
+
+def _grouped_experts(config: dict[str, Any], job: TrainJob) -> bool:
+    """Whether the model's experts take transformers' experts kernels (not Llama 4's, which
+    multiplies every token by every expert)."""
+    cls = _model_class(config, job)
+    return cls is not None and bool(cls._can_set_experts_implementation())
 
 
 def _auto_names(job: TrainJob) -> Any:
@@ -117,29 +136,56 @@ def _auto_class(job: TrainJob) -> Any:
     return AutoModelForCausalLM
 
 
-def _check_targets(model: torch.nn.Module, job: TrainJob) -> None:
+def _check_targets(model: torch.nn.Module, modules: list[str], job: TrainJob) -> None:
     """Each module named in --lora-targets is in the model, as PEFT matches names (the
     whole name, or its last parts): PEFT itself takes a list where one name matches and
     quietly skips the others."""
+    from frugal.step.moe import experts, linear_names
+
     if job.target_modules == "all-linear":
         return
     names = [n for n, _ in model.named_modules()]
-    missing = [t for t in job.target_modules
-               if not any(n == t or n.endswith("." + t) for n in names)]  # fmt: skip
+    missing = [t for t in modules if not any(n == t or n.endswith("." + t) for n in names)]
+    has_experts = any(True for _ in experts(model))
+    if "experts" in job.target_modules and not has_experts:
+        missing.append("experts")
     if missing:
-        linear = sorted(
-            {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-             if isinstance(m, torch.nn.Linear) and not n.endswith(("lm_head", "score"))}
-        )  # fmt: skip
+        also = ", or experts (the routed experts)" if has_experts else ""
         raise FrugalError(
             f"--lora-targets: no module {', '.join(missing)} in this model; its linear "
-            f"layers are {', '.join(linear)} (or give all-linear)"
+            f"layers are {', '.join(linear_names(model))}{also} (or give all-linear)"
+        )
+    if "experts" in job.target_modules and job.method == "qlora":
+        raise FrugalError(
+            "--lora-targets experts: QLoRA keeps the routed experts in 4 bits, where PEFT "
+            "cannot add adapters: use --method lora, or drop experts from --lora-targets"
         )
 
 
+def adapted(model: torch.nn.Module) -> list[str]:
+    """What carries LoRA adapters, by leaf name: linear layers (q_proj) and, for routed
+    experts, the module and the fused weight (experts.gate_up_proj)."""
+    names = set()
+    for name, m in model.named_modules():
+        if not hasattr(m, "lora_A") or name.endswith(".base_layer"):
+            continue  # (a ParamWrapper nested in another is named by its own parameter)
+        leaf = name.rpartition(".")[2]
+        param = getattr(m, "parameter_name", None)
+        names.add(f"{leaf}.{param}" if param else leaf)
+        while param and isinstance(getattr(m, "base_layer", None), type(m)):
+            m = m.base_layer
+            names.add(f"{leaf}.{m.parameter_name}")
+    return sorted(names)
+
+
 def attention_kernel(config: dict[str, Any], job: TrainJob) -> str:
-    """The attention the model really runs: eager where transformers has no SDPA path."""
-    return "eager" if job.attention == "sdpa" and config["model_type"] in NO_SDPA else job.attention
+    """The attention the model really runs: the job's, unless transformers has no such path
+    for this architecture (no SDPA for Gemma 2's soft-capped scores or gpt-oss's attention
+    sinks), where it runs eager attention, as transformers itself would choose."""
+    if job.attention == "eager":
+        return "eager"
+    cls = _model_class(config, job)
+    return job.attention if cls is None or getattr(cls, "_supports_sdpa", False) else "eager"
 
 
 def build_model(
@@ -176,14 +222,20 @@ def _pretrained(config: dict[str, Any], cfg: Any, job: TrainJob, path: str | Non
     if path is None:
         raise ValueError("weights='pretrained' needs the checkpoint's path")
     extra: dict[str, Any] = {"attn_implementation": cfg._attn_implementation}
-    if is_moe_config(config):
+    if getattr(cfg, "_experts_implementation", None):
         extra["experts_implementation"] = cfg._experts_implementation
     if job.method == "qlora":
         extra["quantization_config"] = bnb_config(compute_dtype(job))
     if job.task == "classification":
         extra.update(num_labels=job.num_labels, pad_token_id=cfg.pad_token_id)
     base_dtype, _ = weight_dtypes(job)
-    return _auto_class(job).from_pretrained(path, dtype=base_dtype, local_files_only=True, **extra)
+    model = _auto_class(job).from_pretrained(path, dtype=base_dtype, local_files_only=True, **extra)
+    if job.method == "qlora":  # bitsandbytes quantized the linear layers, not the experts
+        from frugal.step.experts4bit import quantize_experts
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        quantize_experts(model, compute_dtype(job), device)
+    return model
 
 
 def _from_config(cfg: Any, job: TrainJob, weights: Weights) -> Any:
@@ -206,29 +258,42 @@ def _from_config(cfg: Any, job: TrainJob, weights: Weights) -> Any:
     if job.method != "qlora":
         return model
     if weights == "meta":
+        from frugal.step.experts4bit import standin_experts
         from frugal.step.qlora import quantize_standins
 
         with torch.device("meta"):
             quantize_standins(model, compute_dtype(job), job.keeps_4bit_input)
+            standin_experts(model, compute_dtype(job))
     else:
+        from frugal.step.experts4bit import quantize_experts
         from frugal.step.qlora import quantize
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         quantize(model, compute_dtype(job), device)
+        quantize_experts(model, compute_dtype(job), device)
     return model
 
 
 def _with_adapters(model: Any, job: TrainJob, weights: Weights) -> Any:
-    """The LoRA adapters of `job` on the model, in the trainable dtype."""
+    """The LoRA adapters of `job` on the model, in the trainable dtype: on the linear layers
+    it names and, for a MoE model under LoRA, on the routed experts (`moe.adapter_targets`;
+    QLoRA keeps them in 4 bits, without adapters)."""
     from peft import get_peft_model
+
+    from frugal.step.moe import adapter_targets
 
     _, trainable_dtype = weight_dtypes(job)
     logging.getLogger("peft").setLevel(logging.ERROR)
     where = torch.device("meta") if weights == "meta" else contextlib.nullcontext()
-    _check_targets(model, job)
-    with where, warnings.catch_warnings():
+    config = model.config.to_dict()
+    modules, fused = adapter_targets(model, config, job.target_modules, job.method == "lora")
+    _check_targets(model, modules, job)
+    ranks = dict.fromkeys(fused, job.expert_rank(config))
+    with where, warnings.catch_warnings(), _as_given():
         warnings.simplefilter("ignore")
-        model = get_peft_model(model, job.lora_config(), autocast_adapter_dtype=False)
+        model = get_peft_model(
+            model, job.lora_config(modules, fused, ranks), autocast_adapter_dtype=False
+        )
         for p in model.parameters():  # PEFT follows the base's dtype only on a real device
             if p.requires_grad and p.dtype != trainable_dtype:
                 p.data = p.data.to(trainable_dtype)
@@ -237,6 +302,17 @@ def _with_adapters(model: Any, job: TrainJob, weights: Weights) -> Any:
         # that does (what PEFT's kbit preparation does, without its upcast)
         model.enable_input_require_grads()
     return model
+
+
+def _as_given() -> Any:
+    """PEFT with the targets frugal names: without its conversion of names from
+    transformers 4 (for a MoE model it moves gate_proj, up_proj and down_proj, of shared
+    experts and dense layers too, onto the routed experts' weights, at twice the rank)."""
+    try:
+        import peft.utils.transformers_weight_conversion as conversion
+    except ImportError:  # a PEFT before the conversion: nothing to turn off
+        return contextlib.nullcontext()
+    return patch.object(conversion, "convert_peft_config_for_transformers", lambda *a, **k: None)
 
 
 def enable_checkpointing(model: Any, offload: bool = False) -> None:
@@ -269,7 +345,9 @@ def count_params(model: nn.Module) -> tuple[int, int]:
             trainable += p.numel() if p.requires_grad else 0
             if "lora_" in name or "lora_" in pname:
                 continue  # adapters are not part of the model's own parameter count
-            n = getattr(m, "original_numel", None) if p.dtype == torch.uint8 else None
+            n = None
+            if p.dtype == torch.uint8:  # frugal's 4-bit layers say what a packed weight holds
+                n = getattr(m, "packed_values", {}).get(pname) or getattr(m, "original_numel", None)
             if n is None and p.dtype == torch.uint8 and hasattr(p, "quant_state"):
                 n = int(torch.Size(p.quant_state.shape).numel())  # bitsandbytes' Params4bit
             total += n or p.numel()
@@ -278,14 +356,49 @@ def count_params(model: nn.Module) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def cuda_kernels() -> Any:
-    """Where transformers picks a kernel by device, take the one a CUDA GPU would, so that
-    a step run on the CPU (the estimate's fake tensors, the self-consistency tests) allocates
-    what it would on the GPU: MoE experts use torch's grouped GEMM in bf16 only; other
-    dtypes (full fine-tuning's fp32 masters) go through transformers' fallback."""
+    """Where a kernel is picked by device, take the one a CUDA GPU would, so that a step
+    run on the CPU (the estimate's fake tensors, the self-consistency tests) allocates what
+    it would on the GPU:
+
+    * MoE experts use torch's grouped GEMM in bf16 only; other dtypes (full fine-tuning's
+      fp32 masters) go through transformers' fallback.
+    * SDPA with a value head narrower than the query's (DeepSeek's multi-head latent
+      attention: 192 and 128) runs torch's memory-efficient kernel on CUDA, which keeps the
+      output and its log-sum-exp; on the CPU it would fall back to the math path, which
+      stores every score. Tensors without data (`is_fake_tensor`) take the CUDA kernel."""
 
     import transformers.integrations.moe as moe
+    import transformers.integrations.sdpa_attention as sdpa
 
-    with patch.object(
-        moe, "_can_use_grouped_mm", lambda inp, weight, offs: weight.dtype == torch.bfloat16
+    with (
+        patch.object(
+            moe, "_can_use_grouped_mm", lambda inp, weight, offs: weight.dtype == torch.bfloat16
+        ),
+        patch.object(sdpa.torch.nn.functional, "scaled_dot_product_attention", _sdpa_as_cuda),
     ):
         yield
+
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _sdpa_as_cuda(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """torch's SDPA, but the memory-efficient kernel CUDA takes for a narrower value head
+    where the tensors have no data (the CPU has no such kernel)."""
+    from transformers.utils.import_utils import is_fake_tensor
+
+    if query.shape[-1] == value.shape[-1] or enable_gqa or not is_fake_tensor(query):
+        return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                     enable_gqa=enable_gqa)  # fmt: skip
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # the kernel takes a bias
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+            attn_mask.logical_not(), float("-inf")
+        )
+    out, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, query.requires_grad, dropout_p, is_causal, scale=scale
+    )
+    return out
