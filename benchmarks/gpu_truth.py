@@ -9,7 +9,7 @@ the same step (same micro-batch and accumulation) and its error. A config that f
 row with its error; the matrix never stops early. One CSV row per config, plus the
 environment (GPU, driver, library versions) in a JSON file beside it.
 
-    python benchmarks/gpu_truth.py --out DIR [--matrix first|core|long|full] [--steps 6]
+    python benchmarks/gpu_truth.py --out DIR [--matrix first|core|long|moe|full] [--steps 6]
         [--only SUBSTR] [--warm-workers 4]
     python benchmarks/gpu_truth.py --out DIR --smoke     # four tiny configs, CPU is enough
 
@@ -33,6 +33,10 @@ memory techniques (--loss-chunks 16, --offload-activations, --optimizer adamw-8b
 tokens, for the memory and tokens/s each costs, then all of them at 0.9x and 1.1x the
 estimator's longest sequence on this GPU: the first should run, the second run out of memory;
 and Llama-3.2-1B full fine-tuning with the optimizer after backward and in it.
+
+`--matrix moe` (issue 42): Qwen3-30B-A3B reduced to 8 layers (LoRA with the experts'
+adapters, attention only, QLoRA's 4-bit experts) and gpt-oss-20b to 6 (eager attention):
+the first MoE steps measured beside their estimate; `first` carries its first three rows.
 
 Commit the CSV under benchmarks/data/ with the date and GPU in its name.
 """
@@ -88,6 +92,8 @@ class Config:
     packing: bool = True  # False: padded rows, no block-diagonal mask (the Trainer's data)
     steps: int | None = None  # dry-run steps (None: --steps); 2 for minute-long steps
     timeout: float | None = None  # seconds this config may take (None: --timeout)
+    layers: int | None = None  # the bundled config reduced to this many decoder layers
+    targets: str = "all-linear"  # LoRA's targets (MoE: with or without the experts)
 
     def job_fields(self) -> dict[str, Any]:
         """The job of this config at its micro-batch (1 when the estimator picks it)."""
@@ -102,12 +108,13 @@ class Config:
             "offload_activations": self.offload,
             "optimizer_in_backward": self.in_backward,
             "packing": self.packing,
-            **({"lora_r": self.lora_r} if self.method != "full" else {}),
-        }
+            **({"lora_r": self.lora_r, "lora_targets": self.targets}
+               if self.method != "full" else {}),
+        }  # fmt: skip
 
     @property
     def id(self) -> str:
-        short = self.model.split("/")[-1]
+        short = self.model.split("/")[-1] + (f"-L{self.layers}" if self.layers else "")
         ckpt = "ckpt" if self.checkpointing else "nockpt"
         mb = "auto" if self.micro is None else f"mb{self.micro}"
         seq = f"s{self.seq}" if not self.max_seq_share else f"max{self.max_seq_share:g}"
@@ -118,6 +125,7 @@ class Config:
         out += "-offload" if self.offload else ""
         out += "-inbwd" if self.in_backward else ""
         out += "" if self.packing else "-padded"
+        out += "" if self.targets == "all-linear" else "-attn"
         return out + ("-hf" if self.runner == "hf" else "")
 
 
@@ -155,6 +163,7 @@ def matrix(name: str) -> list[Config]:
             c(l1, "qlora", "bf16-mixed", True, 2048, 8, effective=8, runner="hf"),
             c(l1, "lora", "bf16-mixed", True, 2048, 1),
             c(l1, "qlora", "bf16-mixed", True, 2048, 1),
+            *matrix("moe")[:3],  # issue 42: no MoE step has been measured yet
             *[x for x in matrix("long") if not x.max_seq_share],
             c(l8, "qlora", "bf16-mixed", True, 2048, 1),
             c(l8, "lora", "bf16-mixed", True, 2048, 1),
@@ -173,6 +182,20 @@ def matrix(name: str) -> list[Config]:
             c(l1, "qlora", "bf16-mixed", True, 2048, None, effective=16),
             *[x for x in matrix("long") if x.max_seq_share],
         ]))  # fmt: skip
+    if name == "moe":
+        # issue 42: mixtures of experts, reduced in depth to fit beside their estimate: the
+        # grouped-GEMM experts with PEFT's adapters on them (LoRA), attention only, and
+        # QLoRA's 4-bit experts; gpt-oss with eager attention
+        q3, oss = "Qwen/Qwen3-30B-A3B", "openai/gpt-oss-20b"
+        return [
+            Config(q3, "lora", "bf16-mixed", True, 2048, 1, layers=8),
+            Config(q3, "qlora", "bf16-mixed", True, 2048, 1, layers=8),
+            Config(q3, "lora", "bf16-mixed", True, 2048, 1, layers=8,
+                   targets="q_proj,k_proj,v_proj,o_proj"),
+            Config(q3, "lora", "bf16-mixed", True, 2048, 4, effective=4, layers=8),
+            Config(oss, "lora", "bf16-mixed", True, 2048, 1, layers=6),
+            Config(oss, "qlora", "bf16-mixed", True, 2048, 1, layers=6),
+        ]  # fmt: skip
     if name == "long":
         m, q = "meta-llama/Llama-3.1-8B", "qlora"
         techniques: list[dict[str, Any]] = [
@@ -264,7 +287,16 @@ def _run(cfg: Config, steps: int, effective: int, work: Path, out: Path) -> dict
     cuda = torch.cuda.is_available()
     effective = cfg.effective or effective
     gpu = lookup_gpu(torch.cuda.get_device_name()) if cuda else None
-    spec = load_spec(cfg.model)
+    model = cfg.model
+    if cfg.layers:  # the bundled config at a reduced depth, as a local config.json
+        config = {**load_spec(cfg.model).config, "num_hidden_layers": cfg.layers}
+        for key in ("layer_types", "no_rope_layers"):
+            if config.get(key):
+                config[key] = config[key][: cfg.layers]
+        (work / "model").mkdir(exist_ok=True)
+        (work / "model" / "config.json").write_text(json.dumps(config))
+        model = str(work / "model")
+    spec = load_spec(model)
     job_fields = cfg.job_fields()
     max_seq = None
     if cfg.max_seq_share:
@@ -277,7 +309,7 @@ def _run(cfg: Config, steps: int, effective: int, work: Path, out: Path) -> dict
     _data(data, rows=effective * (steps + 1), seq=seq)
     run_cfg = validate_run_config(
         {
-            "model": cfg.model,
+            "model": model,
             "tokenizer": str(TOKENIZER),
             "init": "random",
             "job": job_fields,
@@ -508,7 +540,8 @@ def _warm(configs: list[Config], effective: int, workers: int) -> None:
     profile is ready reads it, one that is not simulates it itself)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(c, effective) for c in configs if c.micro is not None and not c.max_seq_share]
+    jobs = [(c, effective) for c in configs
+            if c.micro is not None and not c.max_seq_share and not c.layers]  # fmt: skip
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
         list(pool.map(_warm_one, jobs))
 
@@ -555,7 +588,7 @@ def environment() -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for the CSV and env JSON")
-    ap.add_argument("--matrix", default="core", choices=("first", "core", "long", "full"))
+    ap.add_argument("--matrix", default="core", choices=("first", "core", "long", "moe", "full"))
     ap.add_argument("--smoke", action="store_true", help="three tiny configs (CPU is enough)")
     ap.add_argument("--steps", type=int, default=6, help="dry-run steps per config")
     ap.add_argument("--effective-batch", type=int, default=16)

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import free_port, run_json, skypilot_validator
 
+from frugal.errors import FrugalError
 from frugal.hardware.catalog import catalog
 from frugal.models.specs import ModelSpec
 from frugal.plan.constraints import Constraints
@@ -66,6 +67,47 @@ def test_hf_script_builds_the_run_configs_hyperparameters(
         q = ns["quantization_config"]
         assert isinstance(q, BitsAndBytesConfig) and q.load_in_4bit
         assert q.bnb_4bit_quant_type == "nf4" and q.bnb_4bit_use_double_quant
+
+
+MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128,
+       "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "head_dim": 16, "vocab_size": 200, "mlp_only_layers": []}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_moe_models_hf_script_adapts_what_frugals_step_adapts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script's LoRA is frugal's: the linear layers and the routed experts at their rank,
+    not PEFT's renaming of them; a QLoRA plan, whose experts transformers would leave in 16
+    bits, is refused."""
+    import peft.utils.transformers_weight_conversion as conversion
+    from peft import get_peft_model
+
+    from frugal.models.specs import load_spec
+    from frugal.step.model import adapted, build_model
+
+    (tmp_path / "config.json").write_text(json.dumps(MOE))
+    spec = load_spec(str(tmp_path))
+    k = Constraints(tokens=1e7, methods=("lora",))
+    plan = search(spec, make_job(method="lora", seq=128), catalog(), k).recommendation
+    cfg = to_run_config(spec.id, plan, k, "data.jsonl", 1e7, 1.0)
+    # the script turns PEFT's renaming off for its own process: put it back after the test
+    monkeypatch.setattr(conversion, "convert_peft_config_for_transformers",
+                        conversion.convert_peft_config_for_transformers)  # fmt: skip
+    lora = _script_namespace(hf_script(cfg, plan.speed.step_time_s))["lora_config"]
+    base = build_model(MOE, plan.job.model_copy(update={"method": "full"}), "meta")
+    theirs = get_peft_model(base, lora)
+    ours = build_model(MOE, plan.job, "meta")
+    assert adapted(theirs) == adapted(ours)
+    assert {"experts.down_proj", "experts.gate_up_proj"} <= set(adapted(ours))
+    assert sum(p.numel() for p in theirs.parameters() if p.requires_grad) == sum(
+        p.numel() for p in ours.parameters() if p.requires_grad
+    )
+    qlora = cfg.model_copy(update={"job": cfg.job.model_copy(update={"method": "qlora"})})
+    with pytest.raises(FrugalError, match="experts in 16 bits"):
+        hf_script(qlora, plan.speed.step_time_s)
 
 
 @pytest.mark.slow

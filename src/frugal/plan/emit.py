@@ -9,6 +9,7 @@ with the same hyperparameters and schedule as `frugal train` would, and the task
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -21,7 +22,7 @@ from frugal.config import PlanConfig, RunConfig
 from frugal.errors import FrugalError
 from frugal.hardware.offers import MODAL_CORES_PER_GPU, MODAL_GIB_PER_GPU, Offer, modal_gpu
 from frugal.hardware.skypilot import CLOUDS, to_skypilot
-from frugal.models.specs import load_spec
+from frugal.models.specs import is_moe_config, load_spec
 from frugal.plan.constraints import Constraints
 from frugal.plan.hyper import Choice
 from frugal.plan.jobs import VM
@@ -105,16 +106,41 @@ def hf_script(cfg: RunConfig, step_time_s: float) -> str:
             "--optimizer-in-backward avoids: train with `frugal train`, or plan with "
             "--no-optimizer-in-backward"
         )
+    spec = load_spec(cfg.model)
+    if spec.is_moe and j.method == "qlora":
+        raise FrugalError(
+            "--emit hf: transformers' bitsandbytes quantization leaves a MoE model's experts in "
+            "16 bits, which frugal's QLoRA holds in 4: train with `frugal train`, or plan "
+            "with --methods lora"
+        )
+    modules, fused, ranks = _adapters(spec.config, j)
     base_dtype, _ = weight_dtypes(j)
     return render(
         "train_hf.py.j2", cfg=cfg, j=j, t=t, step_time_s=step_time_s,
+        modules=modules, fused=fused, ranks=ranks,
         dtype=str(base_dtype).removeprefix("torch."),
         compute={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[j.compute_dtype],
-        attention=attention_kernel(load_spec(cfg.model).config, j),
+        attention=attention_kernel(spec.config, j),
         every=save_steps(cfg, step_time_s), schedule=HF_SCHEDULE[t.schedule],
         optim=HF_OPTIM[j.optimizer],
         minutes=(cfg.plan.checkpoint_interval_min if cfg.plan else None) or DEFAULT_CHECKPOINT_MIN,
     )  # fmt: skip
+
+
+def _adapters(config: dict[str, Any], j: TrainJob) -> tuple[Any, list[str], dict[str, int]]:
+    """The adapters of frugal's step, as PEFT names them: the linear layers (all-linear as
+    PEFT reads it, for a dense model), and a MoE model's expert stacks with their rank
+    (`step.moe.adapter_targets`, on a shallow copy: the names repeat in every layer)."""
+    if j.method == "full" or not is_moe_config(config):
+        return j.target_modules, [], {}
+    from frugal.estimate.simulate import shallow_depths
+    from frugal.step.model import build_model
+    from frugal.step.moe import adapter_targets
+
+    full = j.model_copy(update={"method": "full"})
+    model = build_model(config, full, "meta", n_layers=shallow_depths(config)[1])
+    modules, fused = adapter_targets(model, config, j.target_modules, j.method == "lora")
+    return modules, fused, {re.escape(name): j.expert_rank(config) for name in fused}
 
 
 def render(template: str, **values: Any) -> str:

@@ -115,7 +115,8 @@ def _grouped_experts(config: dict[str, Any], job: TrainJob) -> bool:
     """Whether the model's experts take transformers' experts kernels (not Llama 4's, which
     multiplies every token by every expert)."""
     cls = _model_class(config, job)
-    return cls is not None and bool(cls._can_set_experts_implementation())
+    can = getattr(cls, "_can_set_experts_implementation", None)  # (transformers >= 5.2)
+    return cls is not None and (can is None or bool(can()))
 
 
 def _auto_names(job: TrainJob) -> Any:
