@@ -89,12 +89,17 @@ def moe_note(spec: ModelSpec, job: TrainJob, prof: Profile) -> str:
     if job.method == "full":
         return head
     if fused:
+        kept = (
+            "" if job.grad_checkpointing else
+            " (without checkpointing every layer keeps its summed stack for backward: the "
+            "experts' weights again, in 16 bits)"
+        )  # fmt: skip
         return head + (
             f"; LoRA adapts the routed experts ({', '.join(fused)}: PEFT's target_parameters, "
             f"rank {job.expert_rank(spec.config)} each, the rank over the {k} active experts as in "
             "LoRA Without Regret), which adds B·A to each expert stack every forward and "
-            "computes its dense gradient; --lora-targets q_proj,k_proj,v_proj,o_proj adapts "
-            "attention only"
+            f"computes its dense gradient{kept}; --lora-targets q_proj,k_proj,v_proj,o_proj "
+            "adapts attention only"
         )
     if job.method == "qlora":
         return head + "; QLoRA keeps the routed experts in 4 bits, without adapters"

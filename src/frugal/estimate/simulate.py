@@ -12,7 +12,9 @@ category and each segment of the step are returned as a `Trace`.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -98,7 +100,7 @@ def simulate(
     vocab = job.num_labels if job.task == "classification" else int(config["vocab_size"])
     traces = []
     mode = PhantomMode() if use_phantom else FakeTensorMode(allow_non_fake_inputs=False)
-    with cuda_kernels(), mode, warnings.catch_warnings():
+    with cuda_kernels(), mode, warnings.catch_warnings(), _unvalidated_distributions():
         warnings.simplefilter("ignore")
         _materialize(model, use_phantom)
         model.train()
@@ -119,6 +121,18 @@ def simulate(
                 active_params=active, attention=attention,
             ))  # fmt: skip
     return traces
+
+
+@contextlib.contextmanager
+def _unvalidated_distributions() -> Iterator[None]:
+    """torch.distributions without their argument checks, which read values (Gemma 3n's
+    activation sparsity builds a Normal in forward): tensors without data have none."""
+    was = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(was)
 
 
 def _tracked_step(

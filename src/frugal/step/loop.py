@@ -117,6 +117,8 @@ def last_hidden(model: Any, wanted: bool = True) -> Iterator[list[torch.Tensor]]
         yield box
         return
     decoder = getattr(model, "module", model).get_decoder()  # under DDP's and PEFT's wrappers
+    if decoder.get_output_embeddings() is not None:  # the LM itself (Llama 4's): its body
+        decoder = decoder.model
     hook = decoder.register_forward_hook(lambda m, args, out: box.append(out[0]))
     try:
         yield box

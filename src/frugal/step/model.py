@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from frugal.errors import FrugalError
-from frugal.models.specs import is_moe_config
+from frugal.models.specs import TOP_K_KEYS, is_moe_config
 from frugal.step.job import TrainJob
 
 Weights = Literal["pretrained", "random", "empty", "meta"]
@@ -77,14 +77,7 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
         )
     d = copy.deepcopy(config)
     if n_layers is not None:
-        types = d.get("layer_types")
-        d["num_hidden_layers"] = n_layers
-        if types:
-            order = list(dict.fromkeys(types))
-            common = Counter(types).most_common(1)[0][0]
-            d["layer_types"] = (order + [common] * n_layers)[:n_layers]
-        if d.get("mlp_only_layers"):
-            d["mlp_only_layers"] = [i for i in d["mlp_only_layers"] if i < n_layers]
+        _shallow(d, n_layers)
     if job.task == "classification":
         d["num_labels"] = job.num_labels
         for names in ("id2label", "label2id"):  # a causal model's, if any
@@ -92,13 +85,66 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
         # the head reads the last token that is not padding, found by the pad id (the
         # trainer sets its tokenizer's; without one, a micro-batch of 2 rows is refused)
         d["pad_token_id"] = d.get("pad_token_id") if d.get("pad_token_id") is not None else 0
-    cfg = CONFIG_MAPPING[d["model_type"]](**d)
+    with _config_refused(kind):
+        cfg = CONFIG_MAPPING[d["model_type"]](**d)
+    if is_moe_config(cfg.to_dict()) and not experts_per_token_of(cfg):
+        raise FrugalError(
+            f"the {kind} config names routed experts but not how many a token meets "
+            "(num_experts_per_tok): give the model's whole config.json"
+        )
     cfg.use_cache = False
     cfg._attn_implementation = attention_kernel(config, job)
     if is_moe_config(config) and _grouped_experts(config, job):
         # transformers' grouped-GEMM experts: static shapes, as fast MoE kernels allocate
         cfg._experts_implementation = "grouped_mm"
     return cfg
+
+
+def _shallow(d: dict[str, Any], n_layers: int) -> None:
+    """The config `d` cut to `n_layers` decoder layers, in place (see `hf_config`)."""
+    types = d.get("layer_types")
+    depth = int(d.get("num_hidden_layers") or 0)
+    for key, value in d.items():  # per-layer lists (Gemma 3n's widths, NoPE layers)
+        if isinstance(value, list) and len(value) == depth and key != "layer_types":
+            d[key] = value[:n_layers]
+        elif isinstance(value, dict) and value and key != "id2label" \
+                and all(_layer_index(k) for k in value):  # fmt: skip
+            d[key] = {k: v for k, v in value.items() if int(k) < n_layers}  # by layer
+    d["num_hidden_layers"] = n_layers
+    if types:
+        order = list(dict.fromkeys(types))
+        common = Counter(types).most_common(1)[0][0]
+        d["layer_types"] = (order + [common] * n_layers)[:n_layers]
+    if d.get("mlp_only_layers"):
+        d["mlp_only_layers"] = [i for i in d["mlp_only_layers"] if i < n_layers]
+    if d.get("num_kv_shared_layers"):
+        # Gemma 3n's last layers reuse earlier layers' keys and values: a shallow copy
+        # computes its own in every layer (at most a layer's K/V more: conservative)
+        d["num_kv_shared_layers"] = 0
+
+
+def _layer_index(key: Any) -> bool:
+    """Whether a config dict's key is a layer's index (Gemma 4's `per_layer_config`)."""
+    return isinstance(key, int) or (isinstance(key, str) and key.isdigit())
+
+
+@contextlib.contextmanager
+def _config_refused(kind: Any) -> Any:
+    """transformers' refusal of a config (a value missing or inconsistent, as in a class's
+    bare defaults), as one line naming the fix."""
+    try:
+        yield
+    except Exception as e:  # the config's own checks, or a value its code cannot take
+        why = (str(e).strip().splitlines() or [""])[-1].strip()[:160]  # the root cause
+        raise FrugalError(
+            f"transformers cannot build a {kind} model of this config ({why}): give the "
+            "model's whole config.json, as its publisher ships it"
+        ) from e
+
+
+def experts_per_token_of(cfg: Any) -> int:
+    """The experts a token meets, as the config object resolved them (0: not set)."""
+    return next((int(v) for k in TOP_K_KEYS if (v := getattr(cfg, k, None))), 0)
 
 
 def _model_class(config: dict[str, Any], job: TrainJob) -> Any:
@@ -251,7 +297,7 @@ def _from_config(cfg: Any, job: TrainJob, weights: Weights) -> Any:
     else:
         where = contextlib.nullcontext()
     base_dtype, _ = weight_dtypes(job)
-    with where, warnings.catch_warnings():
+    with where, warnings.catch_warnings(), _config_refused(cfg.model_type):
         warnings.simplefilter("ignore")  # init warnings of weights nobody reads
         model = _auto_class(job).from_config(cfg, dtype=base_dtype)
     if weights == "empty":
@@ -320,6 +366,11 @@ def enable_checkpointing(model: Any, offload: bool = False) -> None:
     """Non-reentrant activation checkpointing of every decoder layer; with `offload`, each
     layer's saved input waits for backward in host memory (`offload.py`)."""
     kwargs = {"use_reentrant": False}
+    if not getattr(model, "supports_gradient_checkpointing", True):
+        raise FrugalError(
+            f"{type(model).__name__} cannot checkpoint its activations in transformers: "
+            "use --no-grad-checkpointing"
+        )
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

@@ -90,17 +90,49 @@ def _is_router(name: str, parents: dict[str, nn.Module]) -> bool:
     )
 
 
+# PEFT refuses LoRA on these in Mamba layers, whose kernels read the weights themselves
+# (peft.tuners.tuners_utils._check_lora_target_modules_mamba)
+MAMBA_TYPES = frozenset({"falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"})
+MAMBA_REFUSED = frozenset({"out_proj", "conv1d"})
+
+
 def linear_names(model: nn.Module) -> list[str]:
     """Leaf names of the linear layers LoRA's all-linear adapts: every nn.Linear but the
-    heads (the LM head, a classifier's score) and MoE routers (PEFT's own all-linear takes
-    a router that is a Linear, as Llama 4's is, but no other family's)."""
+    heads (the LM head, a classifier's score), MoE routers (PEFT's own all-linear takes a
+    router that is a Linear, as Llama 4's is, but no other family's) and what PEFT refuses
+    in a Mamba layer."""
     parents = dict(model.named_modules())
+    mamba = getattr(getattr(model, "config", None), "model_type", None) in MAMBA_TYPES
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    only_linear = _endings(parents)
     names = set()
     for name, m in parents.items():
         leaf = name.rpartition(".")[2]
-        if isinstance(m, nn.Linear) and leaf not in HEAD_NAMES and not _is_router(name, parents):
-            names.add(leaf)
-    return sorted(names)
+        if not isinstance(m, nn.Linear) or m is head or leaf in HEAD_NAMES:
+            continue
+        if _is_router(name, parents):
+            continue
+        parts = name.split(".")
+        # the shortest ending PEFT matches to linear layers only: the leaf name, unless
+        # another kind of module ends so too (a list's "0" is also the first decoder layer);
+        # a linear no ending tells apart is left without an adapter
+        ends = (".".join(parts[-n:]) for n in range(1, len(parts) + 1))
+        end = next((e for e in ends if only_linear[e]), None)
+        if end is not None:
+            names.add(end)
+    return sorted(names - MAMBA_REFUSED if mamba else names)
+
+
+def _endings(modules: dict[str, nn.Module]) -> dict[str, bool]:
+    """Each ending of a module name (its last one, two, ... parts): whether every module
+    whose name ends so is a linear layer."""
+    out: dict[str, bool] = {}
+    for name, m in modules.items():
+        parts = name.split(".")
+        for n in range(1, len(parts) + 1):
+            end = ".".join(parts[-n:])
+            out[end] = out.get(end, True) and isinstance(m, nn.Linear)
+    return out
 
 
 def adapter_targets(

@@ -35,6 +35,10 @@ DQ_BLOCK = 256  # absmax values per second-level scale (double quantization)
 CODE_BYTES = 4 * 16 + 4 * 256  # the NF4 code and the absmax code, fp32, per layer
 # kept in the compute dtype, as transformers' quantizer does: the LM head, a classifier's head
 SKIP = frozenset({"lm_head", "score"})
+# modules whose linear layers stay in the compute dtype: their code reads the weights
+# directly (Jamba's and other hybrids' Mamba layers: transformers' Jamba guide quantizes with
+# `llm_int8_skip_modules=["mamba"]`; Gemma 3n's AltUp coefficients, F.linear on the weight)
+KEEP_WHOLE = frozenset({"mamba", "altup"})
 
 
 def packed_bytes(numel: int, double_quant: bool = True) -> int:
@@ -48,8 +52,11 @@ def packed_bytes(numel: int, double_quant: bool = True) -> int:
 
 
 def quantizable(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear]]:
-    """(parent, attribute, layer) of every nn.Linear that QLoRA stores in 4 bits."""
+    """(parent, attribute, layer) of every nn.Linear that QLoRA stores in 4 bits: not the
+    heads, nor those in `KEEP_WHOLE` modules."""
     for name, module in list(model.named_modules()):
+        if any(part in KEEP_WHOLE for part in name.split(".")):
+            continue
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if type(child) is nn.Linear and child_name not in SKIP and full not in SKIP:
@@ -65,7 +72,7 @@ def bnb_config(compute_dtype: torch.dtype) -> Any:
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=compute_dtype,
-        llm_int8_skip_modules=sorted(SKIP),
+        llm_int8_skip_modules=sorted(SKIP | KEEP_WHOLE),
     )
 
 
