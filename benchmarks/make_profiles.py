@@ -9,7 +9,9 @@ examples/jobs.yaml`). Each model runs in its own process with an empty
 cache and the shipped profiles turned off, so everything it asks is simulated and recorded
 (`frugal.estimate.core.SIMULATED`). The profiles and `index.json` (the key, model, job and
 step length of each, and the versions they were made with) replace
-`src/frugal/estimate/profiles/`.
+`src/frugal/estimate/profiles/`. First, each bundled multimodal config gets its text
+decoder resolved with the installed transformers (`_frugal_text_config`), which a cold
+estimate of it then reads instead of importing transformers.
 
 Usage: python benchmarks/make_profiles.py [MODEL ...] [--workers N]
 (`make profiles`; run it after changing the step or the simulation, or after upgrading
@@ -33,6 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "src" / "frugal" / "estimate" / "profiles"
+CONFIGS = ROOT / "src" / "frugal" / "models" / "configs"
 METHODS = ("full", "lora", "qlora")
 
 
@@ -99,6 +102,27 @@ def one_model(model: str) -> tuple[list[dict[str, Any]], dict[str, bytes], float
     return entries, files, time.perf_counter() - start
 
 
+def resolve_text_configs() -> list[str]:
+    """Write each bundled multimodal config's text decoder, resolved with the installed
+    transformers, into the config (`specs.RESOLVED_KEY`): a first estimate of it then needs
+    no transformers. Returns the models whose file changed."""
+    from frugal.models.specs import RESOLVED_KEY, bundled_text_config
+
+    changed = []
+    for path in sorted(CONFIGS.glob("*.json")):
+        raw = json.loads(path.read_text())
+        text = bundled_text_config(raw)
+        if text is None or raw.get(RESOLVED_KEY) == text:
+            continue
+        source = raw.pop("_frugal_source", None)  # keep the source last, as written
+        raw[RESOLVED_KEY] = text
+        if source is not None:
+            raw["_frugal_source"] = source
+        path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
+        changed.append(path.stem.replace("--", "/"))
+    return changed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("models", nargs="*", help="bundled model ids (default: every one)")
@@ -108,6 +132,8 @@ def main() -> int:
     from frugal.models.specs import bundled_model_ids
 
     models = a.models or bundled_model_ids()
+    for model in resolve_text_configs():  # before the profiles: their keys hold it
+        print(f"{model}: its text decoder resolved with this transformers", flush=True)
     made = versions()
     # each model's profiles are kept in a staging dir as it finishes, so a run that stops
     # (a model that fails, Ctrl-C) goes on where it stopped when run again

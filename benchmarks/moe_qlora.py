@@ -55,6 +55,13 @@ def main() -> int:
         print(f"| {method} | {built / GIB:.3f} | {small / GIB:.3f} | {whole / GIB:.2f} |")
     (_, b0, s0, w0), (_, b1, s1, w1) = rows
     print(f"| QLoRA / LoRA | {b1 / b0:.1%} | {s1 / s0:.1%} | {w1 / w0:.1%} |")
+    # the embeddings and the LM head stay in bf16 under both: the layer's own share
+    v, h = spec.vocab_size, spec.hidden_size
+    embed = v * h * 2 * (1 if spec.config.get("tie_word_embeddings") else 2)
+    print(
+        f"| QLoRA / LoRA, the layer alone (less {embed / GIB:.2f} GiB of embeddings and LM "
+        f"head) | {(b1 - embed) / (b0 - embed):.1%} | {(s1 - embed) / (s0 - embed):.1%} | |"
+    )
     return 0
 
 

@@ -125,6 +125,31 @@ def read_bundled(model_id: str) -> dict[str, Any]:
     return dict(json.loads(text))
 
 
+RESOLVED_KEY = "_frugal_text_config"  # a bundled multimodal config's resolved text decoder
+
+
+def resolved_text_config(inner: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal config's text decoder with its config class's defaults written out
+    (imports transformers)."""
+    from transformers import CONFIG_MAPPING
+
+    defaults = CONFIG_MAPPING[inner["model_type"]]().to_dict()
+    # not the per-layer lists a class derives from its own default depth (Gemma 3's 26
+    # layer types beside the 62 layers of the 27B): its __init__ derives them again
+    derived = ("layer_types",)
+    keep = {k: v for k, v in defaults.items()
+            if not k.startswith("_") and v is not None and k not in derived}  # fmt: skip
+    return dict(json.loads(json.dumps({**keep, **inner})))  # as a bundled file holds it
+
+
+def bundled_text_config(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """What `make profiles` stores as a bundled multimodal config's `RESOLVED_KEY`: its text
+    decoder resolved with the installed transformers (None: not multimodal)."""
+    plain = {k: v for k, v in raw.items() if k != RESOLVED_KEY}
+    cfg, notes = _text_decoder(plain, "bundled config")
+    return cfg if notes else None
+
+
 def _text_decoder(
     raw: dict[str, Any], where: str, resolve_defaults: bool = True
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -142,17 +167,12 @@ def _text_decoder(
         if "torch_dtype" in cfg or "dtype" in cfg:
             inner.setdefault("torch_dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
         # multimodal text configs rely on their class defaults (vocab, head_dim, ...): make
-        # them explicit so every reader of the spec sees the same numbers
-        if resolve_defaults:
-            from transformers import CONFIG_MAPPING
-
-            defaults = CONFIG_MAPPING[inner["model_type"]]().to_dict()
-            # not the per-layer lists a class derives from its own default depth (Gemma 3's
-            # 26 layer types beside the 62 layers of the 27B): its __init__ derives them again
-            derived = ("layer_types",)
-            keep = {k: v for k, v in defaults.items()
-                    if not k.startswith("_") and v is not None and k not in derived}  # fmt: skip
-            inner = {**keep, **inner}
+        # them explicit so every reader of the spec sees the same numbers; a bundled
+        # config carries them, resolved by `make profiles` (no transformers to import)
+        if isinstance(raw.get(RESOLVED_KEY), dict):
+            inner = dict(raw[RESOLVED_KEY])
+        elif resolve_defaults:
+            inner = resolved_text_config(inner)
         notes = (
             f"{cfg['model_type']} is multimodal: only its text decoder is estimated "
             "(the vision tower is left out, as in text-only fine-tuning)",
