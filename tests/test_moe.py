@@ -210,3 +210,32 @@ def test_four_bit_experts_compute_what_their_dequantized_weights_compute(family:
     torch.testing.assert_close(b.grad, a.grad, rtol=3e-2, atol=3e-2)
     four = quantized.experts
     assert not any(getattr(four, name).requires_grad for name in four.packed_values)
+
+
+@pytest.mark.parametrize(
+    ("job", "said"),
+    [
+        ({"method": "qlora", "lora_targets": "q_proj,experts"}, "QLoRA keeps the routed"),
+        ({"lora_targets": "q_proj,experts", "lora_dropout": 0.1}, "take no dropout"),
+        ({"lora_targets": "gate"}, "gate: a Qwen3MoeTopKRouter, not a linear layer"),
+        ({"lora_targets": "gate_up_proj"}, "or experts .the routed experts."),
+    ],
+)
+def test_targets_the_experts_cannot_take_are_one_line(job: dict[str, Any], said: str) -> None:
+    from frugal.errors import FrugalError
+    from frugal.step.model import build_model
+
+    with pytest.raises(FrugalError, match=said):
+        build_model(FAMILIES["qwen3_moe"], TrainJob(**job), "meta", n_layers=1)
+
+
+def test_all_linear_with_dropout_leaves_the_experts_without_adapters() -> None:
+    """PEFT's adapters on fused experts take no dropout: all-linear is then every linear
+    layer, and the closed form counts the same adapters."""
+    from frugal.estimate.closed_form import lora_params
+
+    config = FAMILIES["qwen3_moe"]
+    job = TrainJob(method="lora", lora_r=8, lora_dropout=0.1, seq=T)
+    t = simulate(config, job, LAYERS, [(1, T)])[0]
+    assert t.lora_targets == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    assert lora_params(config, job) == t.trainable_params

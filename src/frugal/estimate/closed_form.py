@@ -196,7 +196,8 @@ def lora_params(c: dict[str, Any], job: TrainJob) -> int:
         moe = is_moe_layer(c, i)
         n += sum(job.lora_r * (a + b) for name, (a, b) in linear_shapes(c, moe).items()
                  if targets == "all-linear" or name in targets)  # fmt: skip
-        if moe and job.method == "lora" and (targets == "all-linear" or "experts" in targets):
+        experts = targets == "all-linear" or "experts" in targets
+        if moe and job.method == "lora" and not job.lora_dropout and experts:
             x = _dims(c)
             h, f, e = x["h"], x["f"], x["E"]
             n += job.expert_rank(c) * e * ((h + 2 * f) + (f + h))  # gate_up, down

@@ -103,4 +103,9 @@ def moe_note(spec: ModelSpec, job: TrainJob, prof: Profile) -> str:
         )
     if job.method == "qlora":
         return head + "; QLoRA keeps the routed experts in 4 bits, without adapters"
+    if job.lora_dropout:
+        return head + (
+            "; the routed experts carry no adapters: PEFT's adapters on them take no "
+            "dropout (--lora-dropout 0 adapts them)"
+        )
     return head + "; the routed experts carry no adapters (add experts to --lora-targets)"

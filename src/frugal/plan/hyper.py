@@ -166,6 +166,10 @@ def _moe_targets(config: dict[str, Any], method: str, given: dict[str, Any]) -> 
     the rank over the experts a token meets (LoRA Without Regret's MoE runs); QLoRA keeps
     the experts in 4 bits, where PEFT cannot add them."""
     k, n = experts_per_token(config), routed_experts(config)
+    if method == "lora" and given.get("lora_dropout"):
+        return ("all-linear", f"adapters on every linear layer; the {n} routed experts get "
+                "none: PEFT's adapters on them take no dropout (--lora-dropout 0 adds them)",
+                "frugal")  # fmt: skip
     if method == "qlora":
         return ("all-linear", f"adapters on every linear layer; the {n} routed experts stay "
                 "frozen in 4 bits, where PEFT cannot add adapters (--method lora adapts them)",

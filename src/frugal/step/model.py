@@ -41,6 +41,8 @@ from frugal.models.specs import TOP_K_KEYS, is_moe_config
 from frugal.step.job import TrainJob
 
 Weights = Literal["pretrained", "random", "empty", "meta"]
+# what PEFT's LoRA adapts (its `lora.layer` dispatch), as `--lora-targets` may name it
+LORA_LAYERS = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -184,28 +186,43 @@ def _auto_class(job: TrainJob) -> Any:
 
 
 def _check_targets(model: torch.nn.Module, modules: list[str], job: TrainJob) -> None:
-    """Each module named in --lora-targets is in the model, as PEFT matches names (the
-    whole name, or its last parts): PEFT itself takes a list where one name matches and
-    quietly skips the others."""
+    """Each module named in --lora-targets is in the model and is a layer LoRA adapts, as
+    PEFT matches names (the whole name, or its last parts): PEFT itself takes a list where
+    one name matches and quietly skips the others, and fails on a router or a block."""
     from frugal.step.moe import experts, linear_names
 
     if job.target_modules == "all-linear":
         return
-    names = [n for n, _ in model.named_modules()]
-    missing = [t for t in modules if not any(n == t or n.endswith("." + t) for n in names)]
+    found = dict(model.named_modules())
     has_experts = any(True for _ in experts(model))
+    layers = ", ".join(linear_names(model)) + (
+        ", or experts (the routed experts)" if has_experts else ""
+    )
+    missing = [t for t in modules if not any(n == t or n.endswith("." + t) for n in found)]
     if "experts" in job.target_modules and not has_experts:
         missing.append("experts")
     if missing:
-        also = ", or experts (the routed experts)" if has_experts else ""
         raise FrugalError(
             f"--lora-targets: no module {', '.join(missing)} in this model; its linear "
-            f"layers are {', '.join(linear_names(model))}{also} (or give all-linear)"
+            f"layers are {layers} (or give all-linear)"
         )
+    for t in modules:
+        kinds = {type(m).__name__ for n, m in found.items()
+                 if (n == t or n.endswith("." + t)) and not isinstance(m, LORA_LAYERS)}  # fmt: skip
+        if kinds:
+            raise FrugalError(
+                f"--lora-targets {t}: a {', '.join(sorted(kinds))}, not a linear layer; its "
+                f"linear layers are {layers} (or give all-linear)"
+            )
     if "experts" in job.target_modules and job.method == "qlora":
         raise FrugalError(
             "--lora-targets experts: QLoRA keeps the routed experts in 4 bits, where PEFT "
             "cannot add adapters: use --method lora, or drop experts from --lora-targets"
+        )
+    if "experts" in job.target_modules and job.lora_dropout:
+        raise FrugalError(
+            "--lora-targets experts: PEFT's adapters on the routed experts take no dropout: "
+            "use --lora-dropout 0, or drop experts from --lora-targets"
         )
 
 
@@ -333,7 +350,8 @@ def _with_adapters(model: Any, job: TrainJob, weights: Weights) -> Any:
     logging.getLogger("peft").setLevel(logging.ERROR)
     where = torch.device("meta") if weights == "meta" else contextlib.nullcontext()
     config = model.config.to_dict()
-    modules, fused = adapter_targets(model, config, job.target_modules, job.method == "lora")
+    experts_too = job.method == "lora" and not job.lora_dropout
+    modules, fused = adapter_targets(model, config, job.target_modules, experts_too)
     _check_targets(model, modules, job)
     ranks = dict.fromkeys(fused, job.expert_rank(config))
     with where, warnings.catch_warnings(), _as_given():

@@ -139,7 +139,8 @@ def adapter_targets(
     model: nn.Module, config: dict[str, Any], wanted: str | list[str], adapt_experts: bool
 ) -> tuple[list[str], list[str]]:
     """(target_modules, target_parameters) for PEFT: `wanted` is all-linear (every linear
-    layer but heads and routers, and the routed experts when `adapt_experts`) or a list of
+    layer but heads and routers, and the routed experts when `adapt_experts`: LoRA on a
+    16-bit base without dropout, which PEFT's expert adapters cannot take) or a list of
     names, of linear layers or `experts` (every routed expert's weights)."""
     fused = sorted({f"{name.rpartition('.')[2]}.{w}" for name, m in experts(model)
                     for w in expert_weights(m)})  # fmt: skip
