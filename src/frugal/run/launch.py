@@ -2,9 +2,9 @@
 multiprocessing API (`start_processes`), as torchrun does it but without its agent. On one
 machine the launcher hosts the c10d store on a free port of localhost; on several
 (`frugal.run.nodes`) each node's launcher first joins torch's elastic c10d rendezvous at the
-head node (`_Rendezvous`). Then it starts its workers (`python -m frugal.cli.main` with the
-same arguments; gloo on CPU, NCCL on CUDA is theirs to choose) and reads each one's exit code
-from torch's result.
+head node (`frugal.run.rendezvous`). Then it starts its workers (`python -m
+frugal.cli.main` with the same arguments; gloo on CPU, NCCL on CUDA is theirs to choose)
+and reads each one's exit code from torch's result.
 
 - SIGTERM/SIGINT to the launcher go straight to the workers, which checkpoint and stop
   however long that takes: the launcher waits for every worker to exit by itself. (torch's
@@ -36,7 +36,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,15 +44,13 @@ import psutil
 from frugal.errors import RESUMABLE_EXIT, FrugalError
 from frugal.run.interrupt import LAUNCHER
 from frugal.run.nodes import Nodes
+from frugal.run.rendezvous import Rendezvous
 
 STOPS = (signal.SIGTERM, signal.SIGINT)  # passed on to the workers
 TORCH_HANDLES = "SIGHUP,SIGQUIT"  # left to torch: it stops the workers with them
 NOISE = re.compile(r"^(\[rank\d+\]:)?(\[?[WEIF]\d{4} |\[[WEIF] |torch\.distributed)")
 TAIL = 40  # lines of held output shown when a worker failed
 POLL_S = 0.1
-JOIN_TIMEOUT_S = 600  # torchrun's: how long the rendezvous waits for every node
-DONE_WAIT_S = 60  # how long a finished node keeps the rendezvous store up for the others
-REFUSED = "refused: "  # a node's answer in check_shared when it will not start
 
 
 def launch(
@@ -76,7 +73,7 @@ def launch(
         if nodes.count > 1:
             try:
                 with forward.ending_the_wait():
-                    rdzv = _Rendezvous(nodes)
+                    rdzv = Rendezvous(nodes)
                     same = rdzv.join(n)
             except _Stopped as e:
                 why = f"stopped by {e.name} while waiting for the other nodes"
@@ -171,144 +168,6 @@ def _run(
         return 2
     err.report(codes)
     return 1
-
-
-class _Rendezvous:
-    """This node's place in a multi-node job, from torch.distributed's elastic c10d
-    rendezvous at the head node (torchrun's `--rdzv-backend c10d`).
-
-    The rendezvous numbers the nodes in an order of its own; a node given its rank
-    (`--node-rank`, SkyPilot's, Slurm's) keeps it, so that node 0, the head, holds rank 0
-    (the one that writes the run's summary and books), and two nodes that claim one rank
-    are refused. The workers join the store the rendezvous shares (as torchrun's do). A
-    node that completed the run waits, for a while, for the others to be done with that
-    store (`leave`)."""
-
-    def __init__(self, nodes: Nodes) -> None:
-        from torch.distributed.elastic.rendezvous import RendezvousParameters
-        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-        self.nodes = nodes
-        # the node whose address is the endpoint's hosts the store (on loopback, the first)
-        params = RendezvousParameters(
-            backend="c10d",
-            endpoint=nodes.endpoint,
-            run_id=nodes.run_id,
-            min_nodes=nodes.count,
-            max_nodes=nodes.count,
-            local_addr=nodes.local_addr,
-            join_timeout=JOIN_TIMEOUT_S,
-        )
-        self.handler = get_rendezvous_handler(params)
-        self.node_rank = -1
-
-    def join(self, n: int) -> dict[str, str]:
-        """Wait for every node; the environment every worker of this node shares."""
-        from torch.distributed.elastic.rendezvous import RendezvousError
-
-        nodes = self.nodes
-        try:
-            info = self.handler.next_rendezvous()
-        except RendezvousError as e:
-            raise FrugalError(
-                f"the rendezvous at {nodes.endpoint} did not gather {nodes.count} nodes in "
-                f"{JOIN_TIMEOUT_S} s ({str(e).splitlines()[0][:160]}): start frugal train on "
-                "every node, with the same --nnodes and the head's address"
-            ) from None
-        self.store = info.store
-        self.group = info.rank
-        rank = nodes.rank if nodes.rank is not None else info.rank
-        self.store.set(f"frugal/node/{info.rank}", f"{rank} {n}")
-        said = [self.store.get(f"frugal/node/{g}").decode().split() for g in range(nodes.count)]
-        ranks, procs = sorted(int(r) for r, _ in said), {int(p) for _, p in said}
-        if ranks != list(range(nodes.count)):
-            raise FrugalError(
-                f"the {nodes.count} nodes gave node ranks {ranks}: give each node its own "
-                f"--node-rank, 0 to {nodes.count - 1}"
-            )
-        if len(procs) > 1:
-            raise FrugalError(
-                f"the nodes would start {sorted(procs)} processes each: give every node the "
-                "same run config (job.gpus) and --nnodes"
-            )
-        self.node_rank = rank
-        boot = info.bootstrap_store_info
-        assert boot is not None  # the c10d rendezvous shares its store
-        return {
-            "MASTER_ADDR": boot.master_addr,
-            "MASTER_PORT": str(boot.master_port),
-            "TORCHELASTIC_USE_AGENT_STORE": str(self.handler.use_agent_store),
-            "TORCHELASTIC_RUN_ID": self.handler.get_run_id(),
-            "WORLD_SIZE": str(nodes.count * n),
-            "GROUP_WORLD_SIZE": str(nodes.count),
-        }
-
-    def _key(self, rank: int) -> str:
-        """Where node `rank` says what it saw of the shared directory (the head: its token)."""
-        return "frugal/shared" if rank == 0 else f"frugal/seen/{rank}"
-
-    def refuse(self, why: str) -> None:
-        """This node will not start (`why`, its one-line error): the others are told
-        where they wait for it (`check_shared`), and stop with the same reason."""
-        with contextlib.suppress(Exception):  # the others may be gone already
-            self.store.set(self._key(self.node_rank), REFUSED + why)
-
-    def check_shared(self, path: Path) -> None:
-        """Every node sees the head's files in `path` (checkpoints are written there shard
-        by shard, by every node), or every node refuses to start."""
-        mark = path / f".frugal-nodes-{self.nodes.run_id}"
-        if self.node_rank == 0:
-            token = uuid.uuid4().hex
-            mark.write_text(token)
-            self.store.set(self._key(0), token)
-        else:
-            token = self._said([0])[0]
-            seen = mark.is_file() and mark.read_text() == token
-            self.store.set(self._key(self.node_rank), "yes" if seen else "no")
-        others = list(range(1, self.nodes.count))
-        said = self._said(others)  # waits for every node's answer
-        blind = [str(r) for r, v in zip(others, said, strict=True) if v != "yes"]
-        if self.node_rank == 0:
-            mark.unlink(missing_ok=True)
-        if blind:
-            raise FrugalError(
-                f"output_dir {path} is not the same directory on every node (node "
-                f"{', '.join(blind)} does not see node 0's files there): put it on storage "
-                "all nodes share (a mounted bucket, NFS), as every node writes its checkpoint "
-                "shards there"
-            )
-
-    def _said(self, ranks: list[int]) -> list[str]:
-        """What nodes `ranks` said in `check_shared`, once they have; a node that refused
-        to start, or is gone, stops this one with a line that says so."""
-        from torch.distributed import DistError
-
-        try:
-            said = [v.decode() for v in self.store.multi_get([self._key(r) for r in ranks])]
-        except DistError as e:
-            raise FrugalError(
-                f"a node stopped before the run began ({str(e).splitlines()[0][:120]}): see "
-                "its output, then run the same command again on every node"
-            ) from None
-        for r, v in zip(ranks, said, strict=True):
-            if v.startswith(REFUSED):
-                raise FrugalError(f"node {r} refused to start: {v[len(REFUSED) :]}")
-        return said
-
-    def leave(self, wait: bool) -> None:
-        """Done here. With `wait` (this node completed the run), wait a while for the other
-        nodes to complete theirs, as their workers may still use the store this node hosts;
-        a node that stopped (a signal, a lost peer) has agreed with the others to stop and
-        does not wait for nodes that may be gone. Then close the rendezvous."""
-        if self.node_rank < 0:
-            return
-        with contextlib.suppress(Exception):  # a node that is gone has nothing left to use
-            self.store.set(f"frugal/done/{self.group}", "1")
-            if wait:
-                done = [f"frugal/done/{g}" for g in range(self.nodes.count)]
-                self.store.wait(done, timedelta(seconds=DONE_WAIT_S))
-        with contextlib.suppress(Exception):
-            self.handler.shutdown()
 
 
 def _wait(pc: Any, procs: dict[int, psutil.Process], err: _Stderr) -> dict[int, int]:
