@@ -136,6 +136,8 @@ def _config_refused(kind: Any) -> Any:
     bare defaults), as one line naming the fix."""
     try:
         yield
+    except (torch.OutOfMemoryError, MemoryError):
+        raise  # drawing random weights where they do not fit: not the config's fault
     except Exception as e:  # the config's own checks, or a value its code cannot take
         why = (str(e).strip().splitlines() or [""])[-1].strip()[:160]  # the root cause
         raise FrugalError(
