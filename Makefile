@@ -12,9 +12,9 @@ $(BIN)/python:
 
 # torch first: keep a torch that is already there (a user's CUDA build); otherwise take the
 # pinned CPU build so that a CPU-only machine never downloads multi-GB CUDA wheels.
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev]" -c constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)

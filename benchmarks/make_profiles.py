@@ -35,6 +35,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "src" / "frugal" / "estimate" / "profiles"
+CONSTRAINTS = ROOT / "constraints.txt"  # the versions `make test` installs: these profiles'
+PINNED = ("transformers", "peft")  # what decides the step besides torch (the Makefile's pin)
 CONFIGS = ROOT / "src" / "frugal" / "models" / "configs"
 METHODS = ("full", "lora", "qlora")
 
@@ -123,6 +125,13 @@ def resolve_text_configs() -> list[str]:
     return changed
 
 
+def write_constraints(made: dict[str, str]) -> None:
+    """Pin, in `constraints.txt`, the versions these profiles were made with (its comment
+    kept), so that `make test` runs against them."""
+    head = [ln for ln in CONSTRAINTS.read_text().splitlines() if ln.startswith("#")]
+    CONSTRAINTS.write_text("\n".join(head + [f"{p}=={made[p]}" for p in PINNED]) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("models", nargs="*", help="bundled model ids (default: every one)")
@@ -192,6 +201,7 @@ def main() -> int:
     shutil.rmtree(OUT, ignore_errors=True)
     tmp.rename(OUT)
     shutil.rmtree(staging)
+    write_constraints(made)
     size = sum(len(b) for b in files.values())
     shipped = len({e["model"] for e in entries})
     print(f"{len(files)} profiles of {shipped} models, {size / 1e6:.1f} MB, into {OUT}")

@@ -160,8 +160,10 @@ def test_nodes_that_claim_one_rank_or_see_different_directories_are_refused(
     tmp_path: Path,
 ) -> None:
     same = nodes(["1", "1"], 1, [tmp_path, tmp_path])
-    assert [p.returncode for p in same] == [2, 2]
-    assert all("give each node its own --node-rank" in p.stderr for p in same)
+    assert [p.returncode for p in same] == [2, 2], [p.stderr[-2000:] for p in same]
+    assert all("give each node its own --node-rank" in p.stderr for p in same), [
+        p.stderr[-2000:] for p in same
+    ]
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     apart = nodes(["0", "1"], 1, [a, b])
