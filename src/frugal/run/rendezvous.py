@@ -89,16 +89,19 @@ class Rendezvous:
 
     def _exchange(self, mine: str) -> list[list[str]]:
         """Every node's "rank processes", `mine` among them; no node leaves (a refusal ends
-        the store it hosts) before all have read them: a node still reading lost it."""
+        the store it hosts) before all have read them: a node still reading lost it. Once
+        a node has read them all, the store may go (the host saw every node's read mark
+        and left): the wait's answer is not needed."""
         store, count = self.store, self.nodes.count
         try:
             store.set(f"frugal/node/{self.group}", mine)
             said = [store.get(f"frugal/node/{g}").decode().split() for g in range(count)]
-            store.set(f"frugal/read/{self.group}", "1")
-            store.wait([f"frugal/read/{g}" for g in range(count)], timedelta(seconds=60))
         except Exception as e:  # the store's host stopped: its own message says why
             raise FrugalError(f"the node hosting the rendezvous stopped ({str(e)[:80]}): see "
                               "its message, then start every node again") from None  # fmt: skip
+        with contextlib.suppress(Exception):
+            store.set(f"frugal/read/{self.group}", "1")
+            store.wait([f"frugal/read/{g}" for g in range(count)], timedelta(seconds=60))
         return said
 
     def _key(self, rank: int) -> str:
