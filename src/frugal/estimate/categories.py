@@ -19,6 +19,15 @@ DEVICE = [i for i, c in enumerate(CATEGORIES) if i != HOST]
 # layers, through the embeddings; optimizer (clipping, step, zero_grad)
 SEGMENTS = ("fwd", "bwd_head", "bwd_layers", "bwd_tail", "opt")
 PHASES = ("forward", "backward", "recompute")
+# what bounds an op's time on a GPU (the tracker classes each op it records): tensor-core
+# products; fused attention; bandwidth-bound elementwise and norm ops, reductions (softmax,
+# the loss, sums) and copies or casts; 4-bit dequantization; activations offloaded over the
+# host link; the optimizer's update; and allocations, which launch no kernel at all
+OP_CLASSES = (
+    "matmul", "attention", "elementwise", "reduction", "copy", "dequant", "offload", "optimizer",
+    "alloc",
+)  # fmt: skip
+OP_CLASS = {c: i for i, c in enumerate(OP_CLASSES)}
 
 
 def peak_row(live: Any, idx: Any) -> Any:

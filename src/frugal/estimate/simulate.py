@@ -48,6 +48,7 @@ class Trace:
     lora_targets: list[str]
     active_params: int  # those a token meets (a MoE model's routed experts count k/E)
     attention: str  # the attention kernel the step ran (`step.model.attention_kernel`)
+    ops: np.ndarray  # (ops + 1, 4) the op table: class, FLOPs, bytes, views before it
 
 
 def dense_prefix(config: dict[str, Any]) -> int:
@@ -118,7 +119,7 @@ def simulate(
                 live=t.timeline(), segments=t.segments(), micro=t.micro_steps(),
                 flops=dict(t.flops), attn_flops=dict(t.attn_flops), op_ids=np.array(t.op_ids),
                 total_params=total, trainable_params=trainable, lora_targets=targets,
-                active_params=active, attention=attention,
+                active_params=active, attention=attention, ops=t.op_table(),
             ))  # fmt: skip
     return traces
 

@@ -13,6 +13,11 @@ tensors under the same tracker and compare the two. The step's own marks
 (`frugal.step.marks`) say which phase and micro-step is running; `watch` adopts a model's
 weights and an optimizer's state and labels gradients as they are accumulated.
 
+Each op is also entered in an op table, the input of the step-time model: its class (what
+bounds it on a GPU, `categories.OP_CLASSES`), its FLOPs and the bytes it reads and writes
+(every tensor argument and result at its own size, views included), and how many
+metadata-only ops (views, detaches) were dispatched before it: the host dispatches those too.
+
 FLOPs use PyTorch's own formulas (`torch.utils.flop_counter`, the table FlopCounterMode
 uses), with additions registered below: the CPU flash-attention kernel that fake
 tensors on CPU dispatch to, grouped GEMMs (MoE experts: torch's, counted per routed token,
@@ -34,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
-from frugal.estimate.categories import CAT_INDEX, CATEGORIES, PHASES, SEGMENTS
+from frugal.estimate.categories import CAT_INDEX, CATEGORIES, OP_CLASS, PHASES, SEGMENTS
 from frugal.estimate.phantom import storage
 from frugal.step import marks
 
@@ -77,6 +82,44 @@ _NO_ALLOC = {
     aten.sym_storage_offset.default,
     aten.is_same_size.default,
 }
+
+
+_MATMUL = {
+    aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv, aten.dot,
+    aten._grouped_mm, aten.convolution, aten.convolution_backward,
+}  # fmt: skip
+_REDUCTION = {
+    aten.sum, aten.mean, aten.amax, aten.amin, aten.max, aten.min, aten.norm,
+    aten.linalg_vector_norm, aten.var_mean, aten.logsumexp, aten._log_softmax, aten._softmax,
+    aten._log_softmax_backward_data, aten._softmax_backward_data, aten.nll_loss_forward,
+    aten.nll_loss_backward, aten.topk, aten.sort, aten.argmax, aten.cumsum, aten.histc,
+    aten.bincount,
+}  # fmt: skip
+_ALLOC = {
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty,
+    aten.new_empty_strided,
+}  # the caching allocator's: no kernel
+_COPY = {
+    aten._to_copy, aten.copy_, aten.clone, aten.cat, aten.stack, aten.index_select,
+    aten.embedding, aten.embedding_dense_backward, aten.index, aten.index_put_,
+    aten.gather, aten.scatter, aten.scatter_add, aten.index_add, aten._unsafe_index,
+    aten.repeat, aten.new_zeros, aten.zeros_like, aten.fill_, aten.zero_,
+}  # fmt: skip
+
+
+def _moved_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any]) -> int:
+    """Bytes an op reads and writes: its tensor arguments (and lists of them: an aten op
+    nests no deeper) and its results, each at its own size (a view's, not its storage's)."""
+    n = 0
+    for a in (*args, *kwargs.values(), *outs):
+        if isinstance(a, torch.Tensor):
+            n += a.numel() * a.element_size()
+        elif isinstance(a, list | tuple):
+            n += sum(t.numel() * t.element_size() for t in a if isinstance(t, torch.Tensor))
+    return n
 
 
 def _sdpa_cpu_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
@@ -193,6 +236,12 @@ class StepTracker(TorchDispatchMode):
         self.host_depth = 0  # >0 while offloading activations to host memory
         self.param_storages: set[int] = set()
         self.count_flops = True
+        # the op table (index 0: before tracking), see the module's docstring
+        self.op_class: list[int] = [OP_CLASS["elementwise"]]
+        self.op_flops: list[int] = [0]
+        self.op_bytes: list[int] = [0]
+        self.op_views: list[int] = [0]
+        self._views = 0
 
     # -- recording ---------------------------------------------------------------
     def _record(self, st: torch.UntypedStorage, kind: str, vocab_last: bool) -> None:
@@ -289,25 +338,33 @@ class StepTracker(TorchDispatchMode):
             return _META if fake.fake_mode.in_kernel_invocation else fake.fake_device
         kwargs = kwargs or {}
         if func in _NO_ALLOC:  # views and metadata: nothing to record, keep it cheap
+            self._views += func is not _DEVICE  # a real tensor's device is no dispatch
             return func(*args, **kwargs)
         self.op += 1
         self.segment_of_op.append(self.segment)
         self.micro_of_op.append(self.micro)
         self.op_ids.append(_OP_IDS.setdefault(func, len(_OP_IDS)))
         out = func(*args, **kwargs)
-        if self.count_flops:
-            packet = func._overloadpacket
+        packet = func._overloadpacket
+        outs = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+        n = 0
+        if self.count_flops or self.segment == "opt":  # the micro-steps after the first
+            # repeat the first: the op table and the FLOPs are the first's (and the update)
             if packet in flop_registry:
                 n = flop_registry[packet](*args, **kwargs, out_val=out)
-                book = self.attn_flops if packet in ATTENTION_OPS else self.flops
-                if self.segment == "fwd":
-                    book["forward"] += n
-                elif torch.is_grad_enabled() or self.forward_region or packet in FORWARD_ONLY:
-                    # backward runs with grad mode off; checkpointing re-runs the forward
-                    # with it on, so an op seen in backward with grad enabled is recompute
-                    book["recompute"] += n
-                else:
-                    book["backward"] += n
+            self._enter_op(packet, n, _moved_bytes(args, kwargs, outs))
+        else:
+            self._enter_op(packet, 0, 0)
+        if self.count_flops and n:
+            book = self.attn_flops if packet in ATTENTION_OPS else self.flops
+            if self.segment == "fwd":
+                book["forward"] += n
+            elif torch.is_grad_enabled() or self.forward_region or packet in FORWARD_ONLY:
+                # backward runs with grad mode off; checkpointing re-runs the forward
+                # with it on, so an op seen in backward with grad enabled is recompute
+                book["recompute"] += n
+            else:
+                book["backward"] += n
         kind = "temporaries" if self.temp_depth or self.segment == "opt" else "activations"
         if self.host_depth:
             kind = "offloaded_activations"
@@ -315,11 +372,41 @@ class StepTracker(TorchDispatchMode):
             src = args[0]
             if isinstance(src, torch.Tensor) and id(storage(src)) in self.param_storages:
                 kind = "temporaries"  # autocast's low-precision copy of a weight
-        for t in [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
+        for t in outs:
             if isinstance(t, torch.Tensor):
                 vocab_last = t.dim() >= 2 and t.shape[-1] == self.vocab_size
                 self._record(storage(t), kind, vocab_last)
         return out
+
+    def _enter_op(self, packet: Any, flops: int, nbytes: int) -> None:
+        """The op just run, into the op table: its class, FLOPs and bytes moved."""
+        if packet in _ALLOC and self.temp_depth and not self.host_depth:
+            # the 4-bit stand-ins allocate what dequantize_4bit writes: the kernel writes
+            # the 16-bit values and reads their 4-bit codes (a quarter as many bytes)
+            kind, nbytes = "dequant", nbytes * 5 // 4
+        elif packet in _ALLOC:
+            kind, nbytes = "alloc", 0
+        elif self.segment == "opt":
+            kind = "optimizer"
+        elif self.host_depth:
+            kind = "offload"
+        elif self.temp_depth:
+            kind = "dequant"
+        elif packet in ATTENTION_OPS:
+            kind = "attention"
+        elif packet in _MATMUL or (flops and packet not in _REDUCTION):
+            kind = "matmul"  # transformers' grouped-GEMM fallback among them
+        elif packet in _REDUCTION:
+            kind = "reduction"
+        elif packet in _COPY:
+            kind = "copy"
+        else:
+            kind = "elementwise"
+        self.op_class.append(OP_CLASS[kind])
+        self.op_flops.append(flops)
+        self.op_bytes.append(nbytes)
+        self.op_views.append(self._views)
+        self._views = 0
 
     # -- results -----------------------------------------------------------------
     def timeline(self) -> np.ndarray:
@@ -335,6 +422,12 @@ class StepTracker(TorchDispatchMode):
             died = r.died if r.died >= 0 else n - 1
             delta[died, c] -= r.nbytes
         return np.cumsum(delta, axis=0)[: self.op + 1]
+
+    def op_table(self) -> np.ndarray:
+        """Per op (index 0: before tracking): class index, FLOPs, bytes read and written,
+        metadata-only ops dispatched before it; shape (ops + 1, 4)."""
+        cols = (self.op_class, self.op_flops, self.op_bytes, self.op_views)
+        return np.array(cols, dtype=np.float64).T
 
     def segments(self) -> np.ndarray:
         return np.array(self.segment_of_op)
