@@ -164,6 +164,15 @@ def _micro_batch(
 def _comm_s(
     prof: Profile, job: TrainJob, gpu: GPU, per_node: int, node_gbps: float, c: SpeedConstants
 ) -> float:
+    grad_bytes = prof.start_bytes("trainable_weights")  # gradients: the trainable's dtype
+    weights = prof.start_bytes("frozen_weights") + grad_bytes
+    return comm_seconds(grad_bytes, weights, job, gpu, per_node, node_gbps, c)
+
+
+def comm_seconds(
+    grad_bytes: float, weights: float, job: TrainJob, gpu: GPU, per_node: int,
+    node_gbps: float, c: SpeedConstants,
+) -> float:  # fmt: skip
     """Seconds of one step's collective communication (before overlap with compute): the
     gradients' all-reduce (DDP), their reduce-scatter and the weights' all-gather (ZeRO-2),
     or every micro-step's weights gathered twice (FSDP, ZeRO-3); ring algorithms, over the
@@ -174,8 +183,6 @@ def _comm_s(
     intra = gpu.link_gbps * 1e9 * (c.link_eff_nvlink if gpu.link == "nvlink" else c.link_eff_pcie)
     link = intra if n <= per_node or node_gbps <= 0 else min(intra, node_gbps * 1e9)
     ring = (n - 1) / n
-    grad_bytes = prof.start_bytes("trainable_weights")  # gradients: the trainable's dtype
-    weights = prof.start_bytes("frozen_weights") + grad_bytes
     if job.sharding == "ddp":
         return 2 * ring * grad_bytes / link
     if job.sharding == "zero2":

@@ -1,0 +1,153 @@
+"""The op table the simulation records (class, FLOPs, bytes, views of every op) and the step
+time built from it (`frugal.estimate.optime`): each op on its GPU's roofline, the host's
+dispatch, the longer of the two per part of the step, any depth from two."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_LLAMA
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from frugal.estimate.categories import OP_CLASS, OP_CLASSES
+from frugal.estimate.optime import OpSpeedConstants, OpTable, StepOps, op_seconds, step_seconds
+from frugal.estimate.simulate import simulate
+from frugal.estimate.tracker import StepTracker, tracking
+from frugal.hardware.gpus import find_gpu
+from frugal.step import marks
+from frugal.step.job import make_job
+
+
+def test_an_op_is_entered_with_its_class_flops_bytes_and_the_views_before_it() -> None:
+    tr = StepTracker(vocab_size=512)
+    with FakeTensorMode(), tracking(tr):
+        a = torch.empty(64, 128, dtype=torch.bfloat16)
+        b = torch.empty(128, 32, dtype=torch.bfloat16)
+        c = a @ b.t().t()  # two views dispatched before the product
+        d = torch.relu(c)
+        d.sum()
+        with marks.temporaries():  # a 4-bit weight unpacked: dequantization
+            a.clone()
+            torch.empty(64, 128, dtype=torch.bfloat16)  # the stand-in's dequantize_4bit
+        marks.phase("opt")
+        d.mul_(2.0)
+    table = tr.op_table()
+    kinds = [OP_CLASSES[int(k)] for k in table[1:, 0]]
+    assert kinds == [
+        "alloc",
+        "alloc",
+        "matmul",
+        "elementwise",
+        "reduction",
+        "dequant",
+        "dequant",
+        "optimizer",
+    ]
+    assert not table[1:3, 1:3].any()  # an empty tensor is the allocator's: no kernel
+    mm = table[3]
+    assert mm[1] == 2 * 64 * 128 * 32  # torch's own FLOP formula
+    assert mm[2] == 2 * (64 * 128 + 128 * 32 + 64 * 32)  # both inputs and the result, bf16
+    assert mm[3] == 2  # the transposes: views the host dispatches too
+    assert table[4, 2] == 2 * 2 * 64 * 32  # relu reads c and writes d
+    assert table[7, 2] == 2 * 64 * 128 * 5 // 4  # writes 16-bit values, reads 4-bit codes
+    assert table[8, 2] == 2 * 2 * 64 * 32  # in place: reads d and writes it back
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[str, list]:
+    """A tiny Llama's step at two depths, for LoRA and QLoRA, accumulating two micro-steps."""
+    out = {}
+    for method in ("lora", "qlora"):
+        job = make_job(method=method, precision="bf16-mixed", batch=1, seq=64, grad_accum=2)
+        out[method] = [simulate(TINY_LLAMA, job, n, [(1, 64)])[0] for n in (1, 2)]
+    return out
+
+
+def test_the_op_table_holds_every_flop_the_step_counts_and_only_the_updates_ops_in_opt(
+    traces: dict[str, list],
+) -> None:
+    for method, (t1, t2) in traces.items():
+        for t in (t1, t2):
+            first = (t.micro == 1) & (t.segments != "opt")
+            counted = sum(t.flops.values()) + sum(t.attn_flops.values())
+            assert t.ops[first, 1].sum() == counted, method  # micro-step 1's FLOPs, all of them
+            opt = t.segments == "opt"
+            assert not t.ops[(t.micro == 2) & ~opt, 1:3].any()  # the second repeats the first
+            assert (t.ops[opt, 0] == OP_CLASS["optimizer"]).all()
+            assert (t.ops[~opt, 0] != OP_CLASS["optimizer"]).all()
+        dequant = (t2.ops[:, 0] == OP_CLASS["dequant"]).sum()
+        assert (dequant > 0) == (method == "qlora")
+
+
+def test_a_table_merges_identical_ops_and_counts_the_hosts_dispatches_per_part(
+    traces: dict[str, list],
+) -> None:
+    t1, t2 = traces["lora"]
+    table = OpTable.from_trace(t2.ops, t2.segments, t2.micro)
+    kept = (t2.segments != "setup") & ((t2.micro == 1) | (t2.segments == "opt"))
+    kept[0] = False
+    assert table.ops[:, 4].sum() == kept.sum() == table.host_ops.sum()
+    assert len(table.ops) < kept.sum()  # identical ops (the layers' own) merged
+    assert table.ops[:, 2] @ table.ops[:, 4] == t2.ops[kept, 1].sum()  # no FLOP lost
+    assert table.host_views.sum() == t2.ops[kept, 3].sum()
+    # a second layer adds ops to the forward and backward, none to the update's count
+    one = OpTable.from_trace(t1.ops, t1.segments, t1.micro)
+    assert (table.host_ops[:2] > one.host_ops[:2]).all()
+
+
+def test_an_op_takes_the_longer_of_its_flops_and_bytes_and_at_least_a_kernel() -> None:
+    c = OpSpeedConstants(matmul_eff=0.5, matmul_half_flop=0.0, elementwise_bw_eff=0.5,
+                         kernel_floor_s=1e-6)  # fmt: skip
+    kind = np.array([OP_CLASS["matmul"], OP_CLASS["elementwise"], OP_CLASS["elementwise"]])
+    flops = np.array([1e12, 0.0, 0.0])
+    nbytes = np.array([1e6, 1e9, 10.0])
+    t = op_seconds(kind, flops, nbytes, 1e15, 1e12, 1e11, c)
+    assert t == pytest.approx([1e12 / 5e14, 1e9 / 5e11, 1e-6])
+    # a small product reaches less of the peak: half of it at matmul_half_flop
+    half = replace(c, matmul_half_flop=1e12)
+    assert op_seconds(kind[:1], flops[:1], nbytes[:1], 1e15, 1e12, 1e11, half) == (
+        pytest.approx(2 * t[0])
+    )
+
+
+def test_a_step_is_the_longer_of_gpu_and_host_per_part_and_any_depth_is_the_line(
+    traces: dict[str, list],
+) -> None:
+    t1, t2 = traces["lora"]
+    ops = StepOps(*(OpTable.from_trace(t.ops, t.segments, t.micro) for t in (t1, t2)), 1, 2)
+    h200 = find_gpu("H200")
+    peak = h200.peak_tflops("bf16") * 1e12
+    c = OpSpeedConstants()
+    g1, h1 = ops.parts(1, h200, peak, c)
+    g2, h2 = ops.parts(2, h200, peak, c)
+    g5, h5 = ops.parts(5, h200, peak, c)
+    assert g5 == pytest.approx(g1 + 4 * (g2 - g1)) and h5 == pytest.approx(h1 + 4 * (h2 - h1))
+    # a tiny model on an H200: the host's dispatch holds the step (launch-bound)
+    fast = step_seconds(ops, 5, h200, peak, accum=4, c=c)
+    assert fast.bound == "host" and fast.host_s > fast.gpu_s
+    micro = max(g5[0], h5[0]) + max(g5[1], h5[1])
+    assert fast.seconds == pytest.approx(4 * micro + max(g5[2], h5[2]) + c.step_fixed_s)
+    # a host ten times as fast leaves the GPU's work to set the pace
+    quick = step_seconds(ops, 5, h200, peak, accum=4, c=c, host=0.01)
+    assert quick.bound == "gpu" and quick.seconds < fast.seconds
+    assert quick.seconds >= quick.gpu_s + c.step_fixed_s - 1e-12
+
+
+def test_the_fit_reads_every_loans_rows_as_the_jobs_that_ran() -> None:
+    """benchmarks/speed_fit.py: each configuration of frugal's GPU rows, every loan's
+    measurement of it, and the job it ran (micro-batch, accumulation, settings of its id)."""
+    from conftest import load_benchmark
+
+    fit = load_benchmark("speed_fit")
+    rows = fit._own_rows()
+    loans = {loan for r in rows.values() for loan in r["measured"]}
+    assert len(loans) == len(list(fit.DATA.glob("gpu_truth-*.csv"))) >= 3
+    for id_, r in rows.items():
+        job = fit._own_job(r)
+        assert (job.batch, job.grad_accum) == (int(r["micro_batch"]), int(r["grad_accum"]))
+        assert job.packing == (not id_.endswith("-padded"))
+        assert ("-ckpt-" in id_) == job.grad_checkpointing
+    assert fit.not_fitted("C3-1.8b-f-256") and not fit.not_fitted("C3-1.8b-l-256")
