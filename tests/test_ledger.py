@@ -80,6 +80,42 @@ def test_eight_writers_at_once_lose_nothing(ledger_url: str) -> None:
     assert sorted(steps) == [each] * n
 
 
+def test_a_ledger_found_half_migrated_by_another_process_is_waited_for(tmp_path: Path) -> None:
+    """SQLite commits each table as a migration makes it: a process opening a fresh ledger
+    while another migrates it sees frugal's tables and no revision yet. It waits for the
+    migration's lock and looks again, instead of calling them another application's
+    (eight writers starting at once on a new ledger hit this under load)."""
+    import fcntl
+
+    path = tmp_path / "ledger.sqlite"
+    url = f"sqlite:///{path}"
+    made = subprocess.run([sys.executable, "-c", OPEN, url], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    raw = create_engine(url)
+    with raw.begin() as conn:  # the state midway: every table, the revision not yet stamped
+        head = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        conn.execute(text("DELETE FROM alembic_version"))
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other process, migrating
+        opener = subprocess.Popen([sys.executable, "-c", OPEN, url], stderr=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+        time.sleep(3)
+        assert opener.poll() is None  # waiting, not refusing
+        with raw.begin() as conn:  # the migration ends: the revision stamped
+            conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": head})
+    _, err = opener.communicate(timeout=60)
+    assert opener.returncode == 0, err
+    # with nobody migrating, tables without a frugal revision are still refused
+    with raw.begin() as conn:
+        conn.execute(text("DROP TABLE alembic_version"))
+    raw.dispose()
+    refused = subprocess.run([sys.executable, "-c", OPEN, url], capture_output=True, text=True)
+    assert refused.returncode != 0 and "another application's tables" in refused.stderr
+
+
+OPEN = "import sys; from frugal.ledger.store import Ledger; Ledger(sys.argv[1])"
+
+
 @pytest.mark.slow
 def test_a_writer_killed_mid_write_leaves_the_ledger_consistent(ledger_url: str) -> None:
     p = subprocess.Popen([sys.executable, "-c", WRITER, ledger_url, "killed", "100000"],

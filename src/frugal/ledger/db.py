@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
 from frugal.errors import FrugalError
+from frugal.ledger.schema import Base
 from frugal.paths import user_path
 
 HEAD = "0004"  # the newest revision in migrations/versions (a test checks)
@@ -100,6 +101,9 @@ def _check_sqlite(path: Path) -> None:
             f"ledger {path} is damaged ({check}): move it aside and import a backup "
             "(frugal costs import), or point FRUGAL_DB_URL elsewhere; it was not changed"
         )
+    if row is None and set(tables) <= {*Base.metadata.tables, "alembic_version"}:
+        return  # frugal's own tables, unstamped: maybe another process's migration under
+        # way, which `migrate` waits for and judges under its lock
     _check_ours(tables, row[0] if row else None, str(path))
 
 
@@ -157,12 +161,16 @@ def at_head(eng: Engine) -> bool:
     A database that holds another application's tables, and no frugal ledger, is refused
     before anything is written to it."""
     with eng.connect() as conn:  # a damaged schema fails here
-        found = inspect(conn).get_table_names()
-        version = (
-            conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-            if "alembic_version" in found
-            else None
-        )
+        return _at_head(conn, eng)
+
+
+def _at_head(conn: Any, eng: Engine) -> bool:
+    found = inspect(conn).get_table_names()
+    version = (
+        conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        if "alembic_version" in found
+        else None
+    )
     _check_ours(found, version, eng.url.render_as_string(hide_password=True))
     return version == HEAD
 
@@ -193,9 +201,14 @@ def _check_ours(tables: list[str], version: str | None, where: str) -> None:
 def migrate(eng: Engine) -> None:
     """Bring the schema to the newest revision (a no-op when it is there). Processes that
     open a fresh ledger at once migrate one after the other: a file lock beside a SQLite
-    file, an advisory lock on PostgreSQL."""
-    if at_head(eng):
-        return
+    file, an advisory lock on PostgreSQL. A process that finds tables and no revision yet
+    may be looking at another one's migration half done (SQLite commits each table as it is
+    made): it is judged again under the lock, once that migration is over."""
+    try:
+        if at_head(eng):
+            return
+    except FrugalError:
+        pass  # refused for good below, under the lock, if no migration was under way
     from alembic import command  # only when the schema changes: it takes a while to import
     from alembic.config import Config
 
@@ -213,5 +226,7 @@ def migrate(eng: Engine) -> None:
                 conn.execute(text("PRAGMA quick_check"))  # a damaged file fails here
             else:
                 conn.execute(text("SELECT pg_advisory_xact_lock(7340031)"))
+            if _at_head(conn, eng):  # another process migrated it meanwhile
+                return
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
