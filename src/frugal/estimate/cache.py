@@ -141,6 +141,8 @@ def read(path: Path) -> Profile:
                 total_params=f["total_params"],
                 trainable_params=f["trainable_params"],
                 active_params=f["active_params"],
+                op_coef=z[f"op_coef{i}"],
+                host_ops=z[f"host_ops{i}"],
             )
             for i, f in enumerate(meta["fits"])
         ]
@@ -177,6 +179,8 @@ def dump(profile: Profile) -> bytes:
         arrays[f"segments{i}"] = f.segments
         arrays[f"flop_coef{i}"] = f.flop_coef
         arrays[f"attn_coef{i}"] = f.attn_coef
+        arrays[f"op_coef{i}"] = f.op_coef
+        arrays[f"host_ops{i}"] = f.host_ops
         fits_meta.append(
             {
                 "n_layers": f.n_layers,

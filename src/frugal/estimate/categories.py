@@ -2,6 +2,8 @@
 
 from typing import Any
 
+import numpy as np
+
 CATEGORIES = (
     "frozen_weights",
     "trainable_weights",
@@ -28,6 +30,20 @@ OP_CLASSES = (
     "alloc",
 )  # fmt: skip
 OP_CLASS = {c: i for i, c in enumerate(OP_CLASSES)}
+# the parts of a step between the training loop's syncs (the loss read, the optimizer):
+# a micro-step's forward and backward, and the update; each is timed on its own
+PARTS = ("fwd", "bwd", "opt")
+
+
+def step_parts(segments: Any, micro: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each traced op's part (an index into PARTS), and whether it is one that every
+    micro-step and every update repeat: the first micro-step's forward and backward, and the
+    optimizer's segment (op 0, the state before tracking, is none)."""
+    seg, micro = np.asarray(segments), np.asarray(micro)
+    part = np.where(seg == "fwd", 0, np.where(seg == "opt", 2, 1))
+    keep = (seg != "setup") & ((micro == 1) | (seg == "opt"))
+    keep[0] = False
+    return part, keep
 
 
 def peak_row(live: Any, idx: Any) -> Any:

@@ -37,10 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from frugal.estimate.categories import OP_CLASS, OP_CLASSES
+from frugal.estimate.categories import OP_CLASS, OP_CLASSES, PARTS, step_parts
 from frugal.hardware.gpus import GPU
-
-PARTS = ("fwd", "bwd", "opt")  # the parts of a step between the loop's syncs
 
 
 @dataclass(frozen=True)
@@ -97,10 +95,7 @@ class OpTable:
         """The first micro-step's forward and backward and the optimizer's segment of a
         trace's op table (`Trace.ops`, `Trace.segments`, `Trace.micro`): what every
         micro-step and every update repeat."""
-        seg = np.asarray(segments)
-        part = np.where(seg == "fwd", 0, np.where(seg == "opt", 2, 1))
-        keep = (seg != "setup") & ((micro == 1) | (seg == "opt"))
-        keep[0] = False  # index 0 is the state before tracking
+        part, keep = step_parts(segments, micro)
         rows = np.column_stack([part[keep], table[keep, 0], table[keep, 1], table[keep, 2]])
         uniq, counts = np.unique(rows, axis=0, return_counts=True)
         host_ops = np.bincount(part[keep], minlength=len(PARTS)).astype(np.float64)
@@ -109,10 +104,18 @@ class OpTable:
 
     def gpu_seconds(self, gpu: GPU, peak_flops: float, c: OpSpeedConstants) -> np.ndarray:
         """Seconds the GPU spends on each part (PARTS) of the step."""
+        return self.gpu_by_class(gpu, peak_flops, c).sum(axis=1)
+
+    def gpu_by_class(self, gpu: GPU, peak_flops: float, c: OpSpeedConstants) -> np.ndarray:
+        """Seconds the GPU spends on each class of op (OP_CLASSES) in each part: (parts,
+        classes)."""
         part, kind, flops, nbytes, count = self.ops.T
-        t = op_seconds(kind.astype(np.int64), flops, nbytes, peak_flops,
-                       gpu.bandwidth_gbps * 1e9, gpu.host_link_gbps * 1e9, c)  # fmt: skip
-        return np.bincount(part.astype(np.int64), weights=t * count, minlength=len(PARTS))
+        k = kind.astype(np.int64)
+        t = op_seconds(k, flops, nbytes, peak_flops, gpu.bandwidth_gbps * 1e9,
+                       gpu.host_link_gbps * 1e9, c)  # fmt: skip
+        slot = part.astype(np.int64) * len(OP_CLASSES) + k
+        n = len(PARTS) * len(OP_CLASSES)
+        return np.bincount(slot, weights=t * count, minlength=n).reshape(len(PARTS), -1)
 
     def host_seconds(self, c: OpSpeedConstants, host: float = 1.0) -> np.ndarray:
         """Seconds the host spends dispatching each part, on a host `host` times as slow as
@@ -151,13 +154,18 @@ class StepOps:
         self, layers: int, gpu: GPU, peak_flops: float, c: OpSpeedConstants, host: float = 1.0
     ) -> tuple[np.ndarray, np.ndarray]:
         """GPU and host seconds of each part at `layers` decoder layers."""
+        g, h = self.by_class(layers, gpu, peak_flops, c, host)
+        return g.sum(axis=1), h
+
+    def by_class(
+        self, layers: int, gpu: GPU, peak_flops: float, c: OpSpeedConstants, host: float = 1.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """GPU seconds of each class of op in each part (parts, classes), and the host's
+        seconds of each part, at `layers` decoder layers."""
         w = (layers - self.lo_layers) / (self.hi_layers - self.lo_layers)
-        g_lo, g_hi = (
-            self.lo.gpu_seconds(gpu, peak_flops, c),
-            self.hi.gpu_seconds(gpu, peak_flops, c),
-        )
+        g_lo, g_hi = (t.gpu_by_class(gpu, peak_flops, c) for t in (self.lo, self.hi))
         h_lo, h_hi = self.lo.host_seconds(c, host), self.hi.host_seconds(c, host)
-        return g_lo + w * (g_hi - g_lo), h_lo + w * (h_hi - h_lo)
+        return np.maximum(g_lo + w * (g_hi - g_lo), 0.0), h_lo + w * (h_hi - h_lo)
 
 
 @dataclass(frozen=True)

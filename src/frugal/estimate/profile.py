@@ -14,6 +14,11 @@ Two facts make a handful of small simulations exact for the whole model:
   layer's saved activations per layer, the backward-through-layers peak sits either at the
   top or the bottom layer and adds max(saved activations, gradients) per layer. Running
   k and k + 1 layers gives that line, and the model's depth is read off it.
+
+The same holds op by op for time: each op's FLOPs and the bytes it moves are polynomials of
+the same terms (a product's FLOPs grow with b·s, attention's with b·s²), so the op table of
+a step of any shape comes from the same three runs (`LayerFit.op_table`), and the line
+through the two depths gives the model's (`optime.StepOps`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from frugal.estimate.categories import CATEGORIES, HOST, PHASES, SEGMENTS, peak_row
+from frugal.estimate.categories import (
+    CATEGORIES,
+    HOST,
+    PARTS,
+    PHASES,
+    SEGMENTS,
+    peak_row,
+    step_parts,
+)
+from frugal.estimate.optime import OpTable, StepOps
 
 
 def features(b: int, s: int) -> np.ndarray:
@@ -90,6 +104,10 @@ class LayerFit:
     total_params: int
     trainable_params: int
     active_params: int
+    # the ops every micro-step and update repeat, identical ones merged: part (PARTS),
+    # class (OP_CLASSES), count, then FLOPs' and bytes' polynomial coefficients (3 + 3)
+    op_coef: np.ndarray  # (unique ops, 9)
+    host_ops: np.ndarray  # (2, parts): ops and views the host dispatches in each part
 
     @classmethod
     def from_traces(
@@ -118,8 +136,9 @@ class LayerFit:
         seg_index = {s: i for i, s in enumerate(SEGMENTS)}
         segs = np.array([seg_index.get(s, -1) for s in ref.segments])
         segs[(ref.micro > micro_steps) & (ref.segments != "opt")] = -1
+        op_coef, host_ops = _fit_ops(phi, traces)
         return cls(n_layers, coef, segs, flop_coef, attn, ref.total_params, ref.trainable_params,
-                   ref.active_params)  # fmt: skip
+                   ref.active_params, op_coef, host_ops)  # fmt: skip
 
     def peaks(self, phi: np.ndarray) -> np.ndarray:
         """Category bytes at the (device) peak of each segment: (segments, categories); host
@@ -134,6 +153,37 @@ class LayerFit:
 
     def flops(self, phi: np.ndarray, b: int, s: int) -> np.ndarray:
         return self.flop_coef @ phi + self.attn_coef * (b * s * s)
+
+    def op_table(self, phi: np.ndarray) -> OpTable:
+        """The op table of one micro-step and update at the shape of features `phi`."""
+        c = self.op_coef
+        flops = np.maximum(c[:, 3:6] @ phi, 0.0)
+        nbytes = np.maximum(c[:, 6:9] @ phi, 0.0)
+        return OpTable(np.column_stack([c[:, 0], c[:, 1], flops, nbytes, c[:, 2]]),
+                       self.host_ops[0], self.host_ops[1])  # fmt: skip
+
+
+def _fit_ops(phi: np.ndarray, traces: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The op table's polynomial per op (`LayerFit.op_coef`) from runs of the shapes of
+    `phi`, aligned op by op on the first; and the host's ops and views per part."""
+    ref = traces[0]
+    part, keep = step_parts(ref.segments, ref.micro)
+    idx = np.flatnonzero(keep)
+    y = [ref.ops[idx, 1:3]] + [t.ops[align(ref.op_ids, t.op_ids)[idx], 1:3] for t in traces[1:]]
+    coef = np.linalg.solve(phi, np.stack(y).reshape(len(traces), -1))  # (terms, ops * 2)
+    coef = coef.reshape(phi.shape[1], len(idx), 2).transpose(1, 2, 0).reshape(len(idx), -1)
+    # FLOPs and bytes per term are whole (or half: a triangle) numbers: rounding merges
+    # identical ops whatever the solve's last bits
+    rows = np.column_stack([part[idx], ref.ops[idx, 0], np.round(coef, 2)])
+    uniq, counts = np.unique(rows, axis=0, return_counts=True)
+    op_coef = np.column_stack([uniq[:, :2], counts, uniq[:, 2:]])
+    host = np.stack(
+        [
+            np.bincount(part[idx], minlength=len(PARTS)).astype(np.float64),
+            np.bincount(part[idx], weights=ref.ops[idx, 3], minlength=len(PARTS)),
+        ]
+    )
+    return op_coef, host  # fmt: skip
 
 
 def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
@@ -157,6 +207,9 @@ def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
             fa.n_layers == fb.n_layers
             and fa.coef.shape == fb.coef.shape
             and np.array_equal(fa.segments, fb.segments)
+            and fa.op_coef.shape == fb.op_coef.shape  # the same ops, merged alike
+            and np.array_equal(fa.op_coef[:, :3], fb.op_coef[:, :3])
+            and np.array_equal(fa.host_ops, fb.host_ops)
         )
         if not same:
             return None
@@ -167,6 +220,7 @@ def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
                 round(mix(fa.total_params, fb.total_params)),
                 round(mix(fa.trainable_params, fb.trainable_params)),
                 round(mix(fa.active_params, fb.active_params)),
+                mix(fa.op_coef, fb.op_coef), fa.host_ops.copy(),
             )
         )  # fmt: skip
     return Profile(a.n_layers, (fits[0], fits[1]), list(a.lora_targets), a.attention)
@@ -182,6 +236,9 @@ class Profile:
     attention: str  # the attention kernel the step runs
     # evaluated shapes: a search asks for the same few (batch, seq) thousands of times
     _memo: dict[tuple[int, int], np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _ops: dict[tuple[int, int], StepOps] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -206,6 +263,15 @@ class Profile:
         phi = features(batch, seq)
         lo, hi = (f.flops(phi, batch, seq) for f in self.fits)
         return dict(zip(PHASES, (float(x) for x in self._extrapolate(lo, hi)), strict=True))
+
+    def step_ops(self, batch: int, seq: int) -> StepOps:
+        """The op tables of one micro-step and update of (batch, seq) at the two depths."""
+        if (batch, seq) not in self._ops:
+            phi = features(batch, seq)
+            lo, hi = self.fits
+            self._ops[batch, seq] = StepOps(lo.op_table(phi), hi.op_table(phi), lo.n_layers,
+                                            hi.n_layers)  # fmt: skip
+        return self._ops[batch, seq]
 
     @property
     def total_params(self) -> int:
