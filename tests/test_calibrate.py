@@ -112,20 +112,34 @@ def test_a_flat_file_is_still_the_memory_section(tmp_path: Path, monkeypatch: py
 
 def test_groups_apply_most_specific_last():
     data = {
-        "speed": {"eff_max_datacenter": 0.5, "t_half": 10},
+        "speed": {"matmul_eff": 0.5, "host_op_s": 1e-5},
         "groups": {
-            "*/lora": {"speed": {"eff_max_datacenter": 0.4, "overlap": 0.2}},
-            "A100 80GB/*": {"speed": {"eff_max_datacenter": 0.45}},
-            "a100 80gb/lora": {"speed": {"eff_max_datacenter": 0.3}},
+            "*/lora": {"speed": {"matmul_eff": 0.4, "overlap": 0.2}},
+            "A100 80GB/*": {"speed": {"matmul_eff": 0.45}},
+            "a100 80gb/lora": {"speed": {"matmul_eff": 0.3}},
         },
     }
     c = calibration.resolve(data, "speed", SpeedConstants, "A100 80GB", "lora")
-    assert (c.eff_max_datacenter, c.overlap, c.t_half) == (0.3, 0.2, 10)
+    assert (c.matmul_eff, c.overlap, c.host_op_s) == (0.3, 0.2, 1e-5)
 
     def eff(gpu: str | None, method: str | None) -> float:
-        return calibration.resolve(data, "speed", SpeedConstants, gpu, method).eff_max_datacenter
+        return calibration.resolve(data, "speed", SpeedConstants, gpu, method).matmul_eff
 
     assert (eff("A100 80GB", "qlora"), eff("H100 SXM", "lora"), eff(None, None)) == (0.45, 0.4, 0.5)
+
+
+def test_an_earlier_speed_models_keys_are_said_and_left_unused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A file `frugal calibrate` wrote for the roofline model (before the op model) still
+    reads: its keys fitted another model, so they are named once and not applied."""
+    data = {"speed": {"eff_max_datacenter": 0.5, "launch_s_per_layer": 0.004, "overlap": 0.3}}
+    c = calibration.resolve(data, "speed", SpeedConstants, "H100 SXM", "lora", where="c.json")
+    assert c.overlap == 0.3 and c.matmul_eff == SpeedConstants().matmul_eff
+    err = capsys.readouterr().err
+    assert "['eff_max_datacenter', 'launch_s_per_layer']" in err and "frugal calibrate" in err
+    with pytest.raises(FrugalError, match="unknown speed keys"):
+        calibration.resolve({"speed": {"matmul_eff_typo": 1}}, "speed", SpeedConstants)
 
 
 @pytest.mark.parametrize(
@@ -205,6 +219,12 @@ def test_estimate_command_reads_the_groups(
 # -- calibrating -----------------------------------------------------------------------------
 
 
+def within_range(d: dict) -> bool:
+    """The point lies within its range."""
+    lo, hi = d["tokens_per_s_range"]
+    return lo <= d["tokens_per_s"] <= hi
+
+
 @pytest.mark.slow
 def test_calibration_lowers_the_error_on_held_back_runs(ledger_url: str, no_calibration: Path):
     cal = calibrate(biased_ledger(ledger_url).runs(), {}, holdout=0.25)
@@ -221,7 +241,12 @@ def test_calibration_lowers_the_error_on_held_back_runs(ledger_url: str, no_cali
     assert tps.before_pct > 35 and tps.after_pct < 10
     assert mem.before_pct > 3 and mem.after_pct < 1
     new = {(c.where, c.key): c.new for c in cal.changes}
-    assert 0.3 < new["speed", "eff_max_datacenter"] < 0.5  # was 0.63: slower
+    default = SpeedConstants()
+    assert new["speed", "matmul_eff"] < default.matmul_eff  # slower
+    # the range narrows to the runs' own spread, on their own host
+    assert default.spread_lo < new["speed", "spread_lo"] <= 0.98
+    assert 1.02 <= new["speed", "spread_hi"] < default.spread_hi
+    assert new["speed", "host_fast"] == new["speed", "host_slow"] == 1.0
     assert 1300 < new["memory", "reserve_fixed_mib"] < 2000  # was 128: + ~1536 MiB
     # the same runs held back whatever the backend returns first
     again = calibrate(list(reversed(Ledger(ledger_url).runs())), {}, holdout=0.25)
@@ -246,32 +271,43 @@ def test_calibrate_command_writes_what_estimate_reads(
     assert not shown["wrote"] and json.loads(path.read_text()) == {"cuda_context_gib": 0.6}
     assert main(["calibrate", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "held-back tokens/s error" in out and "eff_max_datacenter" in out
+    assert "held-back tokens/s error" in out and "matmul_eff" in out
 
     done = run_json(capsys, "calibrate", "--json")
     assert done["wrote"] and done["path"] == str(path)
     written = json.loads(path.read_text())
     assert written["memory"]["cuda_context_gib"] == 0.6
-    assert written["speed"]["eff_max_datacenter"] < 0.63
+    assert written["speed"]["matmul_eff"] < SpeedConstants().matmul_eff
     assert written["calibrated"]["runs"] == 20
     after = run_json(capsys, *args)
     assert after["tokens_per_s"] == pytest.approx(0.7 * before["tokens_per_s"], rel=0.1)
+
+    def width(d: dict) -> float:
+        lo, hi = d["tokens_per_s_range"]
+        return hi / lo
+
+    assert within_range(before) and within_range(after) and width(after) < width(before)  # narrowed
     assert after["peak_reserved_gib"] == pytest.approx(before["peak_reserved_gib"] + 1.5, abs=0.3)
 
 
-def test_runs_the_estimator_already_predicts_change_nothing(
+def test_runs_the_estimator_already_predicts_change_no_constant_and_narrow_the_range(
     tiny_llama: ModelSpec, tmp_path: Path, no_calibration: Path
 ):
+    """Runs exactly as predicted move no factor of the model; what they do teach is that
+    the user's own machine runs as predicted: the range narrows to +-2% on their host."""
     led, rng = Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}"), random.Random(1)
     for i in range(8):
         job = TrainJob(method="lora", precision="fp32", batch=1 + i % 4, seq=128)
         record(led, tiny_llama, "A100 80GB", job, rng, speed=1.0, extra_gib=0.0, noise=0.0)
     cal = calibrate(led.runs(), {}, holdout=0.25)
-    assert cal.changes == []
+    changed = {c.key: c.new for c in cal.changes}
+    assert changed == {"host_fast": 1.0, "host_slow": 1.0, "spread_lo": 0.98, "spread_hi": 1.02}
     assert cal.held_back["peak_reserved_gib"].after_pct == pytest.approx(0, abs=0.05)
     assert cal.held_back["tokens_per_s"].after_pct == pytest.approx(0, abs=0.05)
-    assert calibrate_ledger(led, write=True).wrote is False
-    assert json.loads(no_calibration.read_text()) == {}
+    assert calibrate_ledger(led, write=True).wrote is True
+    written = json.loads(no_calibration.read_text())
+    assert written["speed"] == changed and "memory" not in written
+    assert calibrate_ledger(led, write=True).wrote is False  # again: nothing left to learn
 
 
 def test_too_few_runs_says_how_many_more(

@@ -9,6 +9,7 @@ import torch
 from conftest import UNTIED_LLAMA, run_error, run_json
 
 from frugal.estimate.categories import CATEGORIES
+from frugal.estimate.throughput import SpeedConstants
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
 from frugal.step.job import make_job
@@ -115,13 +116,16 @@ def test_four_times_the_plain_context_at_24_gb(capsys: pytest.CaptureFixture[str
     on_4090 = [*base[:6], "--seq", "16384", "--loss-chunks", "16", "--gpu", "RTX 4090", "--json"]
     kept = run_json(capsys, *on_4090)
     off = run_json(capsys, *on_4090, "--offload-activations")
-    # 32 layers x 16,384 tokens x 4,096 x 2 bytes (bf16), there and back over PCIe 4 at 80%
+    # 32 layers x 16,384 tokens x 4,096 x 2 bytes (bf16), there and back over PCIe 4
     host = 32 * 16384 * 4096 * 2
     assert off["host_offload_gib"] == pytest.approx(host / 2**30, rel=1e-3)
     assert kept["host_offload_gib"] == 0
     assert off["device_total_gib"] < kept["device_total_gib"] - 3
     extra = off["step_time_s"] - kept["step_time_s"]
-    assert extra == pytest.approx(2 * host / (32e9 * 0.8), rel=0.02)
+    # the copies over PCIe 4 at its fitted share (`offload_link_eff`), and the ops the
+    # offloading step adds around them; never faster than the link itself
+    link = 2 * host / 32e9
+    assert link / SpeedConstants().offload_link_eff <= extra < 1.6 * link
 
 
 def test_offloading_is_not_run_under_sharded_weights() -> None:

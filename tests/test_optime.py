@@ -151,3 +151,66 @@ def test_the_fit_reads_every_loans_rows_as_the_jobs_that_ran() -> None:
         assert job.packing == (not id_.endswith("-padded"))
         assert ("-ckpt-" in id_) == job.grad_checkpointing
     assert fit.not_fitted("C3-1.8b-f-256") and not fit.not_fitted("C3-1.8b-l-256")
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora", "full"])
+def test_a_profiles_op_table_at_any_shape_is_the_one_traced_at_that_shape(method: str) -> None:
+    """The plan times a step from its profile (three short runs at batch 1); a run traced at
+    the step's own micro-batch and length gives the same ops, FLOPs, bytes and dispatches."""
+    from frugal.estimate.profile import LayerFit, features, grid
+
+    job = make_job(method=method, precision="bf16-mixed", batch=1, seq=64)
+    shapes = grid(32)
+    fit = LayerFit.from_traces(2, shapes, simulate(TINY_LLAMA, job, 2, shapes))
+
+    for b, s in ((1, 32), (3, 80), (2, 256)):
+        t = simulate(TINY_LLAMA, job.model_copy(update={"batch": b, "seq": s}), 2, [(b, s)])[0]
+        direct = OpTable.from_trace(t.ops, t.segments, t.micro)
+        fitted = fit.op_table(features(b, s))
+        np.testing.assert_array_equal(fitted.host_ops, direct.host_ops)
+        np.testing.assert_array_equal(fitted.host_views, direct.host_views)
+        # FLOPs exactly; bytes exactly at batch 1, above it the few sizes that grow with the
+        # length alone (the positions) are counted per row, as memory counts them
+        for col, rtol in ((2, 1e-9), (3, 1e-9 if b == 1 else 3e-3)):  # per part and class
+            want = np.zeros((3, len(OP_CLASSES)))
+            got = np.zeros_like(want)
+            for table, out in ((direct.ops, want), (fitted.ops, got)):
+                np.add.at(out, (table[:, 0].astype(int), table[:, 1].astype(int)),
+                          table[:, col] * table[:, 4])  # fmt: skip
+            np.testing.assert_allclose(got, want, rtol=rtol, err_msg=f"{method} {b}x{s} {col}")
+        h200 = find_gpu("H200")
+        c, peak = OpSpeedConstants(), h200.peak_tflops("bf16") * 1e12
+        want_s = direct.gpu_seconds(h200, peak, c)
+        assert fitted.gpu_seconds(h200, peak, c) == pytest.approx(want_s, rel=3e-3)
+
+
+def test_the_plans_step_time_is_the_op_model_with_its_bound_and_range(tiny_llama_dir) -> None:
+    """`throughput.step_time` (what the plan prices) times the profile's op table with the
+    op model: a tiny model's short step is launch-bound and its range spans the hosts
+    seen; a long one is the GPU's, and its range is the model's own spread."""
+    from frugal.estimate.core import get_profile
+    from frugal.estimate.throughput import SpeedConstants, step_time
+    from frugal.models.specs import load_spec
+
+    spec = load_spec(str(tiny_llama_dir / "config.json"))
+    h200, c = find_gpu("H200"), SpeedConstants()
+    short = make_job(method="lora", batch=1, seq=64)
+    prof = get_profile(spec, short, 64)
+    s = step_time(prof, short, h200, 64, c=c)
+    assert s is not None and s.bound == "launch" and s.host_share > 0.5
+    peak = h200.peak_tflops("bf16") * 1e12
+    own = step_seconds(prof.step_ops(1, 64), prof.n_layers, h200, peak, 1, c)
+    assert s.step_time_s == pytest.approx(own.seconds)  # the op model, nothing added
+    figures = (s.step_time_s, s.tokens_per_s, s.efficiency, s.host_share, *s.tokens_per_s_range)
+    assert all(type(v) is float for v in figures)  # numpy's scalars break comparisons downstream
+    lo, hi = s.tokens_per_s_range  # the same step on the slowest and the fastest hosts seen
+    for end, host, spread in ((lo, c.host_slow, c.spread_lo), (hi, c.host_fast, c.spread_hi)):
+        on = step_seconds(prof.step_ops(1, 64), prof.n_layers, h200, peak, 1, c, host=host)
+        assert end == pytest.approx(64 / on.seconds * spread)
+    assert hi / lo > 1.5 * c.spread_hi / c.spread_lo  # the host's spread dominates
+    long = make_job(method="lora", batch=512, seq=4096)
+    g = step_time(get_profile(spec, long, 4096), long, h200, 64, c=c)
+    assert g is not None and g.bound in ("compute", "memory") and g.host_share < 0.5
+    lo, hi = g.tokens_per_s_range
+    assert lo / g.tokens_per_s == pytest.approx(c.spread_lo, rel=0.02)
+    assert hi / g.tokens_per_s == pytest.approx(c.spread_hi, rel=0.02)

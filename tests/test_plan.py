@@ -354,7 +354,7 @@ def test_durations_are_written_as_people_write_them(
         return int(out["feasible_plans"])
 
     # the same limit however it is written, and a plain number still means hours
-    limit = {feasible(t) for t in ("0.85", "0.85h", "51m", "0h51m", "3060s")}
+    limit = {feasible(t) for t in ("0.25", "0.25h", "15m", "0h15m", "900s")}
     assert len(limit) == 1 and limit.pop() < feasible()
     assert feasible("2d") == feasible("48")
 
@@ -496,3 +496,47 @@ def test_multi_node_plans_say_the_network_and_need_one() -> None:
     aws = search(spec, make_job(), [o for o in catalog() if o.provider == "aws"], Constraints(**k))
     line = next(r for r in aws.recommendation.reasons if "between nodes" in r)
     assert "400 Gbit/s between nodes (aws's, providers.csv)" in line
+
+
+def test_every_plan_carries_its_range_priced_as_the_plan_is(tiny_llama: ModelSpec) -> None:
+    """The hours and dollars of a plan at the slowest and the fastest speed expected: the
+    same pricing (set-up, spot interruptions and fallback) at the ends of the speed's
+    range, so the point lies inside and the ends move as the speed does."""
+    r = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e8, **PLAIN))
+    for p in r.plans[:50]:
+        sp = p.speed
+        lo, hi = sp.tokens_per_s_range
+        assert lo < sp.tokens_per_s < hi
+        assert p.hours_range[0] < p.hours < p.hours_range[1]
+        assert p.cost_range[0] < p.cost_usd < p.cost_range[1]
+        if not p.spot:  # on demand the hours of work scale with 1 / tokens/s; set-up does not
+            work = p.hours - p.setup_h
+            assert p.hours_range[1] - p.setup_h == pytest.approx(work * sp.tokens_per_s / lo)
+            assert p.hours_range[0] - p.setup_h == pytest.approx(work * sp.tokens_per_s / hi)
+    j = r.recommendation.to_json()
+    assert j["est_cost_usd_range"][0] <= j["est_cost_usd"] <= j["est_cost_usd_range"][1]
+    assert j["est_hours_range"][0] <= j["est_hours"] <= j["est_hours_range"][1]
+    assert j["bound"] in ("compute", "memory", "communication", "launch")
+    assert j["host_share"] > 0 and j["tokens_per_s_range"][0] < j["tokens_per_s"]
+
+
+def test_a_launch_bound_step_is_said_and_a_larger_micro_batch_preferred(
+    tiny_llama: ModelSpec,
+) -> None:
+    """A tiny model's step is launch-bound on any datacenter GPU (the host dispatches its
+    ops slower than the GPU runs them): the plan takes the largest micro-batch that fits,
+    which holds fewer dispatches per token, and says the bound."""
+    r = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e8, **PLAIN))
+    best = r.recommendation
+    assert best.speed.bound == "launch" and best.speed.host_share > 0.5
+    said = [x for x in best.reasons if x.startswith("launch-bound")]
+    assert len(said) == 1 and f"{best.speed.host_share:.0%} of the step" in said[0]
+    # the same step one sequence at a time dispatches as many ops for fewer tokens
+    from frugal.estimate.throughput import step_time
+
+    one = best.job.model_copy(
+        update={"batch": 1, "grad_accum": best.job.batch * best.job.grad_accum}
+    )
+    assert best.job.batch > 1
+    slow = step_time(best.profile, one, best.offer.gpu, 64)  # type: ignore[arg-type]
+    assert slow is not None and slow.tokens_per_s < best.speed.tokens_per_s

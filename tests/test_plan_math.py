@@ -95,12 +95,25 @@ def test_throughput_shape(tiny_llama: ModelSpec) -> None:
     assert _speed(tiny_llama, method="qlora", batch=4, seq=64) < _speed(
         tiny_llama, method="lora", batch=4, seq=64
     )  # dequantization costs time
-    assert _speed(tiny_llama, "H100 SXM", batch=4, seq=64) > _speed(
-        tiny_llama, "L4", batch=4, seq=64
+    # a small step is launch-bound: the host's dispatch sets its pace on any GPU; a large
+    # one is the GPU's
+    small_h100 = _speed(tiny_llama, "H100 SXM", batch=4, seq=64)
+    assert small_h100 == _speed(tiny_llama, "L4", batch=4, seq=64)
+    assert _speed(tiny_llama, "H100 SXM", batch=256, seq=2048) > 2 * _speed(
+        tiny_llama, "L4", batch=256, seq=2048
     )
     nvlink = _speed(tiny_llama, "A100 80GB", method="full", gpus=4, sharding="fsdp", seq=64)
     pcie = _speed(tiny_llama, "L40S", method="full", gpus=4, sharding="fsdp", seq=64)
-    assert nvlink > pcie
+    assert nvlink >= pcie  # a tiny model's exchange hides behind its step
+    from frugal.estimate.throughput import SpeedConstants, comm_seconds
+
+    job = make_job(method="full", gpus=4, sharding="fsdp")
+    gb = 16e9  # an 8B model's bf16 weights
+    on = [
+        comm_seconds(gb, gb, job, find_gpu(g), 4, 0.0, SpeedConstants())
+        for g in ("A100 80GB", "L40S")
+    ]
+    assert 0 < 10 * on[0] < on[1]  # NVLink, then PCIe through the host
 
 
 def test_no_bf16_gpu_has_no_bf16_speed(tiny_llama: ModelSpec) -> None:

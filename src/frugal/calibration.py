@@ -24,7 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from frugal.errors import FrugalError
+from frugal.errors import FrugalError, notice
 from frugal.files import write_text_atomic
 from frugal.paths import user_path
 
@@ -127,6 +127,13 @@ def resolve(data: dict[str, Any], section: str, defaults: type[T], gpu: str | No
             method: str | None = None, where: str = "calibration") -> T:  # fmt: skip
     """`defaults()` with the fields `data` (a parsed calibration) sets for this job."""
     values = overrides(data, section, gpu, method)
+    retired = set(values) & getattr(defaults, "RETIRED", frozenset())
+    if retired:  # constants of a model frugal no longer uses: fitted for it, not for this one
+        notice(
+            f"calibration file {where}: {section} keys {sorted(retired)} belong to an earlier "
+            f"{section} model and are not used; run `frugal calibrate` again to refit"
+        )
+        values = {k: v for k, v in values.items() if k not in retired}
     known = {f.name for f in fields(defaults)}  # type: ignore[arg-type]
     unknown = set(values) - known
     if unknown:

@@ -106,9 +106,11 @@ def render(d: dict[str, Any]) -> None:
             f"{d['max_batch']}; longest seq at batch {j['batch']}: {d['max_seq']:,}"
         )
     if "step_time_s" in d:
+        lo, hi = d["tokens_per_s_range"]
         c.print(
             f"speed on {d['gpu']}: {d['step_time_s']:.2f} s per step, "
-            f"{d['tokens_per_s']:,.0f} tokens/s (plan's throughput model)"
+            f"{d['tokens_per_s']:,.0f} tokens/s ({lo:,.0f}-{hi:,.0f}), {d['bound']}-bound, the "
+            f"host's dispatch {d['host_share']:.0%} of the step (plan's throughput model)"
         )
     for w in d["warnings"]:
         c.print(f"[yellow]warning:[/] {w}")

@@ -224,10 +224,13 @@ def render(out: PlanOutcome, wrote: dict[str, str]) -> None:
     usd_h = k.value_of_time_usd_h
     rate = f"${usd_h:,.2f}".removesuffix(".00")
     weighed = f" (weighed ${r.weighed_cost_usd:,.2f} with time at {rate}/h)" if usd_h else ""
+    (c_lo, c_hi), (h_lo, h_hi) = r.cost_range, r.hours_range
+    t_lo, t_hi = r.speed.tokens_per_s_range
     con.print(
-        f"      [bold]${r.cost_usd:,.2f}[/] in [bold]{r.hours:.2f} h[/]{weighed} · "
-        f"{r.speed.tokens_per_s:,.0f} tokens/s · {r.device_total_gib:.1f} of "
-        f"{o.gpu.usable_gib:.1f} GiB per GPU"
+        f"      [bold]${r.cost_usd:,.2f}[/] (${c_lo:,.2f}-{c_hi:,.2f}) in [bold]{r.hours:.2f} "
+        f"h[/] ({h_lo:.2f}-{h_hi:.2f}){weighed} · {r.speed.tokens_per_s:,.0f} tokens/s "
+        f"({t_lo:,.0f}-{t_hi:,.0f}) · {r.device_total_gib:.1f} of {o.gpu.usable_gib:.1f} GiB "
+        "per GPU"
     )
     for reason in r.reasons:
         con.print(f"  • {reason}")

@@ -59,6 +59,9 @@ class Estimate:
     max_seq: int | None = None
     step_time_s: float | None = None  # on the named GPU (estimate/throughput.py)
     tokens_per_s: float | None = None
+    tokens_per_s_range: tuple[float, float] | None = None  # slowest and fastest expected
+    bound: str | None = None  # what holds the step: compute, memory, communication, launch
+    host_share: float | None = None  # the host's dispatch over the step's time
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -98,6 +101,9 @@ class Estimate:
             out.update(
                 step_time_s=round(self.step_time_s, 4),
                 tokens_per_s=round(self.tokens_per_s or 0.0, 1),
+                tokens_per_s_range=[round(v, 1) for v in self.tokens_per_s_range or (0, 0)],
+                bound=self.bound,
+                host_share=round(self.host_share or 0.0, 3),
             )
         return out
 
@@ -349,6 +355,8 @@ def estimate(
             est.warnings.append(f"{gpu.name} has no {job.compute_dtype} support: no step time")
         else:
             est.step_time_s, est.tokens_per_s = speed.step_time_s, speed.tokens_per_s
+            est.tokens_per_s_range, est.bound = speed.tokens_per_s_range, speed.bound
+            est.host_share = speed.host_share
     return est
 
 

@@ -1,64 +1,67 @@
-"""How long one optimizer step takes on a given GPU: a roofline with measured efficiencies.
+"""How long one optimizer step takes on a given GPU: the step's own ops, timed one by one.
 
-Per GPU and micro-step (the estimator gives the FLOPs, the profile the bytes):
+The profile carries the op table of the step `frugal train` runs (`profile.py`, traced by
+the simulation): each op's class, FLOPs and bytes, at any micro-batch and length, and the
+ops the host dispatches. `optime.py` times them on the GPU's roofline, each class at its
+fitted share of the tensor peak or the bandwidth, against the host that launches them:
 
-    compute   = FLOPs / (peak x eff),   eff = eff_max[tier] x t / (t + t_half)
-                (t = tokens per micro-step: small micro-steps leave tensor cores idle)
-    memory    = weight bytes read per pass x passes / bandwidth   (the floor at tiny batches)
-    elementw  = tokens x layers x hidden x elem_bytes x passes / bandwidth
-                (norms, activations, rotary, residual and LoRA adds: bandwidth-bound, which
-                is why fast-FLOPs GPUs such as the H100 reach a lower share of their peak)
-    dequant   = 4-bit weights x passes x (0.5 B read + 2 B write) / (bandwidth x dequant_eff)
-    overhead  = layers x launch_s_per_layer          (Python and kernel launches, eager mode)
-    offload   = 2 x offloaded bytes / (host link x host_link_eff)
-                (--offload-activations: each checkpointed layer input to pinned host memory
-                in forward and back in backward, on the compute stream, so not hidden)
-    micro     = max(compute, memory) + elementw + dequant + overhead + offload
-
-and per optimizer step (grad_accum micro-steps):
-
-    optimizer = trainable params x bytes touched by the update / bandwidth
+    micro     = max(gpu_fwd, host_fwd) + max(gpu_bwd, host_bwd)
+    optimizer = max(gpu_opt / shards, host_opt)   (a sharded update: each GPU its share)
     comm      = DDP: ring all-reduce of the gradients, 2 (n-1)/n x grad bytes / link;
                 FSDP/ZeRO-3: all-gather of the weights in forward and backward plus a
                 reduce-scatter of the gradients, every micro-step;
                 ZeRO-2: reduce-scatter of the gradients, all-gather of the weights, per step
-    exposed   = max(0, comm - overlap x compute)     (NCCL runs beside the kernels)
-    step      = accum x micro + optimizer + exposed comm + step_fixed
+    exposed   = max(0, comm - overlap x GPU time of the micro-steps)   (NCCL beside kernels)
+    step      = accum x micro + optimizer + exposed + step_fixed
 
-peak is the GPU's dense tensor rate for the compute dtype (gpus.csv); link is NVLink or
-PCIe per direction within a machine (gpus.csv), and the provider's network between
-machines. The efficiencies are fitted to the third-party measurements in
-docs/plan.md (benchmarks/plan_throughput.py) and can be calibrated (`speed` section).
+link is NVLink or PCIe per direction within a machine (gpus.csv), and the provider's
+network between machines. What bounds the step: the host where its dispatch outlasts the
+GPU's work (launch-bound), the exchange where it is over 30% of the step, else the GPU's
+products (compute) or its bandwidth-bound ops (memory).
+
+A range goes with every figure: the step on the fastest and the slowest hosts seen (a
+launch-bound step's pace is its host CPU's), widened by the spread of the
+cross-validated errors of GPU-bound steps (`spread_lo`, `spread_hi`: measured over
+predicted tokens/s). The constants are fitted by `benchmarks/speed_fit.py` on frugal's own
+GPU rows and third-party ones (docs/accuracy.md) and calibrated from the user's runs
+(`frugal calibrate`, the `speed` section), which narrows the range to their own machines.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from frugal import calibration
+from frugal.estimate.categories import OP_CLASSES
+from frugal.estimate.optime import OpSpeedConstants
 from frugal.estimate.profile import Profile
 from frugal.hardware.gpus import GPU
 from frugal.step.job import TrainJob
 
+BANDWIDTH = [i for i, c in enumerate(OP_CLASSES) if c not in ("matmul", "attention", "offload")]
+COMPUTE = [OP_CLASSES.index("matmul"), OP_CLASSES.index("attention")]
+OFFLOAD = OP_CLASSES.index("offload")
+
 
 @dataclass(frozen=True)
-class SpeedConstants:
-    """Fitted by `python benchmarks/plan_throughput.py --fit` on the 40 measured rows."""
+class SpeedConstants(OpSpeedConstants):
+    """The op model's constants (`OpSpeedConstants`), the communication's, and the spread
+    of the errors that makes a figure a range."""
 
-    eff_max_datacenter: float = 0.63  # matmul share of peak at large micro-steps
-    eff_max_workstation: float = 0.55  # no measured row: prior between the two
-    eff_max_consumer: float = 0.71  # of the fp32-accumulate rate gpus.csv lists
-    t_half: float = 37.5  # tokens per micro-step at which efficiency is half its maximum
-    launch_s_per_layer: float = 0.0029  # fwd + bwd + recompute of one layer, eager HF+PEFT
-    dequant_eff: float = 0.29  # of memory bandwidth reached by 4-bit dequantization
     link_eff_nvlink: float = 0.75  # NCCL bus bandwidth / link peak (no row moves it)
     link_eff_pcie: float = 0.12  # consumer cards without peer-to-peer: through host memory
     overlap: float = 0.14  # share of compute time that hides communication
-    elem_bytes: float = 84.0  # bytes moved per hidden unit, token and layer (fwd + bwd)
-    step_fixed_s: float = 0.28  # per optimizer step: zero_grad, clipping, scheduler, logging
-    # pinned copies reach about 80% of the PCIe rate (128b/130b encoding, packet headers);
-    # a prior, not yet measured by frugal (GPU_CHECKS)
-    host_link_eff: float = 0.8
+    # measured / predicted tokens/s of GPU-bound steps, cross-validated: the 10th and 90th
+    # percentiles (benchmarks/speed_fit.py --fit)
+    spread_lo: float = 0.862
+    spread_hi: float = 1.113
+    # the roofline model's keys (frugal before the op model): a calibration file that
+    # still sets them is read without them, and says so
+    RETIRED: ClassVar[frozenset[str]] = frozenset({
+        "eff_max_datacenter", "eff_max_workstation", "eff_max_consumer", "t_half",
+        "launch_s_per_layer", "dequant_eff", "elem_bytes", "host_link_eff",
+    })  # fmt: skip
 
 
 def load_speed_constants(gpu: str | None = None, method: str | None = None) -> SpeedConstants:
@@ -71,8 +74,17 @@ class Speed:
     step_time_s: float
     tokens_per_s: float
     efficiency: float  # achieved model FLOPs / peak
-    bound: str  # what limits the step: compute, memory, communication
+    bound: str  # what limits the step: compute, memory, communication, launch (the host)
     parts_s: dict[str, float] = field(default_factory=dict)
+    host_share: float = 0.0  # the host's dispatch over the step's time (launch-bound: > GPU's)
+    tokens_per_s_range: tuple[float, float] = (0.0, 0.0)  # slowest and fastest expected
+
+    @property
+    def hours_factor(self) -> tuple[float, float]:
+        """The range of the time a number of tokens takes, as factors on the point:
+        (fastest, slowest)."""
+        lo, hi = self.tokens_per_s_range
+        return self.tokens_per_s / hi, self.tokens_per_s / lo
 
 
 def step_time(
@@ -84,80 +96,51 @@ def step_time(
     node_gbps: float = 0.0,
     c: SpeedConstants | None = None,
 ) -> Speed | None:
-    """Seconds per optimizer step of `job` on `job.gpus` GPUs; None if the GPU lacks the dtype."""
+    """Seconds per optimizer step of `job` on `job.gpus` GPUs; None if the GPU lacks the dtype.
+    (`hidden` is not read: the op table knows every shape; kept for the callers' sake.)"""
     c = c or load_speed_constants(gpu.name, job.method)
     peak_tf = gpu.peak_tflops(job.compute_dtype)
     if not peak_tf:
         return None
-    peak, bw = peak_tf * 1e12, gpu.bandwidth_gbps * 1e9
-    f_micro = sum(prof.flops(job.batch, job.seq).values())
-    m = _micro_batch(prof, job, gpu, hidden, c, f_micro, peak)
-    trainable = prof.start_bytes("trainable_weights")
-    opt_bytes = prof.start_bytes("optimizer_state")
-    optimizer = 2 * (opt_bytes + 3 * trainable) / bw / (job.gpus if job.sharding != "ddp" else 1)
+    peak = peak_tf * 1e12
+    ops = prof.step_ops(job.batch, job.seq)
+    shards = job.gpus if job.sharding != "ddp" else 1
     comm = _comm_s(prof, job, gpu, gpus_per_node or job.gpus, node_gbps, c)
-    exposed = max(0.0, comm - c.overlap * (job.grad_accum * m.compute))
-    step = job.grad_accum * m.seconds + optimizer + exposed + c.step_fixed_s
-    parts = {k: job.grad_accum * v for k, v in asdict(m).items()}
-    bound = "compute"
+    accum = job.grad_accum
+
+    g, h = ops.by_class(prof.n_layers, gpu, peak, c)  # the GPU's work, the typical host's
+    g[2] /= shards
+    (g0, g1, g2), (h0, h1, h2) = g.sum(axis=1).tolist(), h.tolist()  # floats, not numpy's
+    exposed = max(0.0, comm - c.overlap * accum * (g0 + g1))
+
+    def on(host: float) -> float:
+        """The step's seconds on a host `host` times as slow as the typical one."""
+        micro = max(g0, h0 * host) + max(g1, h1 * host)
+        return accum * micro + max(g2, h2 * host) + exposed + c.step_fixed_s
+
+    step = on(1.0)
+    per_class = accum * (g[0] + g[1]) + g[2]
+    gpu_s, host_s = float(per_class.sum()), accum * (h0 + h1) + h2
+    tokens = job.tokens_per_step
     if exposed > 0.3 * step:
         bound = "communication"
-    elif m.memory_floor > m.compute or m.dequant + m.elementwise > m.compute:
+    elif host_s > gpu_s:
+        bound = "launch"
+    elif per_class[BANDWIDTH].sum() > per_class[COMPUTE].sum():
         bound = "memory"
+    else:
+        bound = "compute"
+    slow, fast = on(c.host_slow), on(c.host_fast)
+    f_micro = sum(prof.flops(job.batch, job.seq).values())
+    parts = {name: float(per_class[i]) for i, name in enumerate(OP_CLASSES) if per_class[i]}
     return Speed(
         step_time_s=step,
-        tokens_per_s=job.tokens_per_step / step,
-        efficiency=f_micro * job.grad_accum / (peak * step),
+        tokens_per_s=tokens / step,
+        efficiency=f_micro * accum / (peak * step),
         bound=bound,
-        parts_s=parts | {"optimizer": optimizer, "comm_exposed": exposed},
-    )
-
-
-@dataclass
-class _MicroBatch:
-    """Seconds of one micro-batch's forward and backward, by what they are spent on."""
-
-    compute: float  # the FLOPs at the efficiency a micro-batch of this size reaches
-    memory_floor: float  # reading the weights once per pass
-    elementwise: float  # norms, activations, residuals: memory-bound per token
-    dequant: float  # QLoRA: unpacking the 4-bit weights each pass
-    overhead: float  # kernel launches
-    offload: float  # activations to the host and back
-
-    @property
-    def seconds(self) -> float:
-        floor = max(self.compute, self.memory_floor)
-        return floor + self.elementwise + self.dequant + self.overhead + self.offload
-
-
-def _micro_batch(
-    prof: Profile, job: TrainJob, gpu: GPU, hidden: int, c: SpeedConstants, flops: float,
-    peak: float,
-) -> _MicroBatch:  # fmt: skip
-    """One micro-batch's time: its `flops` on a GPU of `peak` FLOP/s."""
-    bw = gpu.bandwidth_gbps * 1e9
-    tokens = job.batch * job.seq
-    passes = 3 if job.grad_checkpointing else 2
-    eff_max = {
-        "consumer": c.eff_max_consumer,
-        "workstation": c.eff_max_workstation,
-    }.get(gpu.tier, c.eff_max_datacenter)
-    eff = eff_max * tokens / (tokens + c.t_half)
-    frozen = prof.start_bytes("frozen_weights")
-    weights = frozen + prof.start_bytes("trainable_weights")
-    dequant = 0.0
-    if job.method == "qlora":
-        # packed 4-bit bytes are 1/4 of bf16: each pass reads them and writes a bf16 copy
-        q_params = frozen * 2  # ~2 values per packed byte; embeddings are a small share
-        dequant = q_params * passes * 2.5 / (bw * c.dequant_eff)
-    host_link = gpu.host_link_gbps * 1e9 * c.host_link_eff
-    return _MicroBatch(
-        compute=flops / (peak * eff),
-        memory_floor=weights * passes / bw,
-        elementwise=tokens * prof.n_layers * hidden * c.elem_bytes * passes / 3 / bw,
-        dequant=dequant,
-        overhead=prof.n_layers * c.launch_s_per_layer * passes / 3,
-        offload=2 * prof.host_bytes(job.batch, job.seq) / host_link,
+        parts_s=parts | {"host": host_s, "comm_exposed": exposed, "fixed": c.step_fixed_s},
+        host_share=host_s / step,
+        tokens_per_s_range=(tokens / slow * c.spread_lo, tokens / fast * c.spread_hi),
     )
 
 

@@ -6,20 +6,23 @@ prediction: the run config's job at the micro-batch and accumulation that ran, o
 catalog GPU it ran on) with candidate constants, and the constants that bring the
 predictions closest to the measurements are kept:
 
-- **speed**: two factors of the throughput model, pooled over all runs, then per GPU and
-  method with enough runs (a `groups` section, `"A100 80GB/lora"`): one on the matmul
-  efficiency `eff_max` of the runs' GPU tier (the GPU side: kernels, clocks, power caps),
-  one dividing the host's time per layer and per step (`launch_s_per_layer`,
-  `step_fixed_s`: Python and launches in eager mode, data loading, logging). Large steps
-  are ruled by the first, small ones by the second; where the runs' compute shares differ
-  (by 10 points or more) both are fitted, else the runs cannot tell them apart and one
-  factor scales both (a uniformly faster or slower stack, keeping the published balance).
-  Found by bounded searches on the squared log ratio of predicted to measured tokens/s
-  (relative errors). Why these and not a flat tokens/s factor per GPU: the roofline keeps
-  its shape, so what is learnt transfers to the micro-batches, lengths, models and GPU
-  counts a plan tries (the memory floor and NCCL time do not scale with a host's speed,
-  nor launch overhead with a GPU's); and why not the tier's efficiency alone: a small
-  step is mostly fixed costs, which no matmul efficiency can move.
+- **speed**: two factors of the op model (`estimate/optime.py`), pooled over all runs,
+  then per GPU and method with enough runs (a `groups` section, `"A100 80GB/lora"`): one on
+  the share of the tensor peak that products and attention reach (`matmul_eff`,
+  `attention_eff`: the GPU side, its kernels, clocks and power caps), one dividing the
+  host's time per op dispatched and per step (`host_op_s`, `host_view_s`, `step_fixed_s`:
+  the host CPU, eager mode, data loading, logging). Large steps are ruled by the first,
+  launch-bound ones by the second; where the runs' compute shares differ (by 10 points or
+  more) both are fitted, else the runs cannot tell them apart and one factor scales both (a
+  uniformly faster or slower stack, keeping the fitted balance). Found by bounded searches
+  on the squared log ratio of predicted to measured tokens/s (relative errors). Why these
+  and not a flat tokens/s factor per GPU: the op model keeps its shape, so what is learnt
+  transfers to the micro-batches, lengths, models and GPU counts a plan tries (bandwidth-
+  bound ops and NCCL time do not scale with a host's speed, nor dispatch with a GPU's).
+  The fitted runs' remaining errors then set the range every figure carries
+  (`spread_lo`, `spread_hi`: their 10th and 90th percentiles of measured over predicted),
+  and the host range collapses to the runs' own host (`host_fast`, `host_slow` 1): a plan
+  for the user's own machines is as uncertain as their own runs say.
 - **memory**: `kernel_slack` from measured peak allocated, then `reserve_transient_frac`
   and `reserve_fixed_mib` from measured peak reserved: the estimate is linear in each, so
   its derivatives (taken from `memory_at` itself) give a closed-form least squares on
@@ -50,7 +53,7 @@ from frugal import calibration
 from frugal.errors import FrugalError
 from frugal.estimate.overheads import Overheads
 from frugal.estimate.throughput import SpeedConstants
-from frugal.ledger.samples import METRICS, Profiles, Sample, hold_back, samples, tier_field
+from frugal.ledger.samples import METRICS, Profiles, Sample, hold_back, samples
 from frugal.ledger.schema import RunRecord
 from frugal.ledger.store import Ledger
 
@@ -59,9 +62,12 @@ MIN_RUNS = 5  # runs with a measured figure before anything is fitted
 MIN_POOLED = 3  # fitting runs behind one pooled constant (a tier's efficiency, memory)
 MIN_GROUP = 5  # fitting runs of one GPU and method (speed) or one method (memory)
 SAME = 0.02  # a group's constant within 2% of the pooled one is not written
-EFF = (0.05, 1.0)  # eff_max: share of the GPU's peak
-HOST = ("launch_s_per_layer", "step_fixed_s")  # the host's time per layer and per step
-HOST_KNOB = "host"
+EFF = (0.05, 1.0)  # a share of the GPU's peak
+GPU_SIDE = ("matmul_eff", "attention_eff")  # the products' and attention's share of the peak
+HOST = ("host_op_s", "host_view_s", "step_fixed_s")  # the host's time per op and per step
+GPU_KNOB, HOST_KNOB = "gpu", "host"
+SPREAD = (0.1, 0.9)  # the quantiles of the fitted runs' errors that make the range
+LEAST_SPREAD = 0.02  # a range never narrower than +-2%: the runs' own noise
 BOUNDS = {
     "kernel_slack": (-0.2, 1.0),  # of the simulated peak
     "reserve_transient_frac": (0.0, 2.0),  # of the logits and loss bytes at the peak
@@ -123,32 +129,32 @@ def _sig(v: float) -> float:
 def fit_speed(items: list[Sample], data: dict[str, Any],
               where: str | None) -> dict[str, float] | None:  # fmt: skip
     """The speed constants at `where` that best predict `items`' tokens/s (least squares on
-    log(predicted / measured)): a factor on the matmul efficiency of each GPU tier among
-    them (with `MIN_POOLED` runs), and one on the host's overheads (`HOST`, divided by it).
-    Both are fitted when the runs' compute shares differ by 10 points or more (std);
-    otherwise the runs cannot tell them apart and one factor scales both. None when neither
-    moves the runs (bound by memory traffic or communication)."""
-    per_tier = Counter(tier_field(s.gpu) for s in items if s.gpu)
-    tiers = sorted(t for t, n in per_tier.items() if n >= MIN_POOLED)  # the others stay
-    base = {n: _applies(data, where, "speed", SpeedConstants, n) for n in (*tiers, *HOST)}
+    log(predicted / measured)): a factor on the GPU's compute efficiencies (`GPU_SIDE`) and
+    one on the host's overheads (`HOST`, divided by it). Both are fitted when the runs'
+    compute shares differ by 10 points or more (std); otherwise the runs cannot tell them
+    apart and one factor scales both. Then the range: the fitted runs' spread of errors,
+    on their own host. None when neither factor moves the runs (bound by memory traffic or
+    communication)."""
+    base = {n: _applies(data, where, "speed", SpeedConstants, n) for n in (*GPU_SIDE, *HOST)}
 
     def values(k: dict[str, float]) -> dict[str, float]:
-        out = {t: base[t] * k[t] for t in tiers}
+        out = {n: base[n] * k[GPU_KNOB] for n in GPU_SIDE}
         return out | {h: base[h] / k[HOST_KNOB] for h in HOST}
 
-    def log_ratios(k: dict[str, float]) -> np.ndarray:
-        d = _with(data, where, "speed", values(k))
+    def log_ratios(k: dict[str, float], extra: dict[str, float] | None = None) -> np.ndarray:
+        d = _with(data, where, "speed", values(k) | (extra or {}))
         return np.array([math.log((s.speed(d) or math.nan) / (s.tps or math.nan)) for s in items])
 
-    knobs = [*tiers, HOST_KNOB]
+    knobs = [GPU_KNOB, HOST_KNOB]
     one = dict.fromkeys(knobs, 1.0)
     at_one = log_ratios(one)
-    gpu_side = (log_ratios(one | dict.fromkeys(tiers, 1.2)) - at_one) / math.log(1.2)
+    gpu_side = (log_ratios(one | {GPU_KNOB: 1.2}) - at_one) / math.log(1.2)
     host_side = (log_ratios(one | {HOST_KNOB: 1.2}) - at_one) / math.log(1.2)
     moved = gpu_side + host_side
     if not np.all(np.isfinite(moved)) or median(moved) < 0.25:
         return None
-    bounds = {t: (EFF[0] / base[t], EFF[1] / base[t]) for t in tiers} | {HOST_KNOB: (0.1, 10.0)}
+    top = max(base[n] for n in GPU_SIDE)
+    bounds = {GPU_KNOB: (EFF[0] / top, EFF[1] / top), HOST_KNOB: (0.1, 10.0)}
 
     def loss(k: dict[str, float]) -> float:
         return float(np.sum(log_ratios(k) ** 2))
@@ -166,7 +172,15 @@ def fit_speed(items: list[Sample], data: dict[str, Any],
         lo, hi = max(b[0] for b in bounds.values()), min(b[1] for b in bounds.values())
         common = _minimize(lambda x: loss(dict.fromkeys(knobs, x)), lo, hi)
         k = dict.fromkeys(knobs, common)
-    return {n: _sig(v) for n, v in values(k).items()}
+    # measured / predicted on the runs' own host, at the fitted constants
+    host = {"host_fast": 1.0, "host_slow": 1.0}
+    ratio = np.exp(-log_ratios(k, host))
+    q_lo, q_hi = np.quantile(ratio, SPREAD)
+    spread = {
+        "spread_lo": min(float(q_lo), 1 - LEAST_SPREAD),
+        "spread_hi": max(float(q_hi), 1 + LEAST_SPREAD),
+    }
+    return {n: _sig(v) for n, v in (values(k) | host | spread).items()}
 
 
 def _ls(cols: list[np.ndarray], r: np.ndarray) -> list[float]:

@@ -10,7 +10,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -35,12 +35,6 @@ def _pos(x: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if math.isfinite(v) and v > 0 else None
-
-
-def tier_field(gpu: GPU) -> str:
-    """The `SpeedConstants` field of `gpu`'s efficiency (as `step_time` picks it)."""
-    name = f"eff_max_{gpu.tier}"
-    return name if name in {f.name for f in fields(SpeedConstants)} else "eff_max_datacenter"
 
 
 def run_job(r: RunRecord) -> TrainJob | None:

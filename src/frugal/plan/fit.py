@@ -23,8 +23,8 @@ from frugal.estimate.profile import Profile
 from frugal.estimate.throughput import Speed, SpeedConstants, load_speed_constants, step_time
 from frugal.hardware.gpus import GIB, GPU, memory_budget
 from frugal.models.specs import ModelSpec
-from frugal.plan.constraints import Constraints
-from frugal.plan.plans import Rejected
+from frugal.plan.constraints import Constraints, node_network
+from frugal.plan.plans import Plan, Rejected
 from frugal.step.job import TrainJob, in_backward_refusal
 
 AUTO_LOSS_CHUNKS = 16  # the chunks of the loss a plan turns on
@@ -177,6 +177,39 @@ class Fitter:
                     ):
                         out.best = Config(fit.job, fit.memory, speed, fit.profile)
         return out
+
+    def launch_note(self, plan: Plan) -> str | None:
+        """Why the plan's micro-batch where the host's dispatch sets the pace: its step is
+        launch-bound (the host outlasts the GPU's work), or would be at micro-batch 1, which
+        the larger micro-batch it takes avoids. None where the host never bounds it."""
+        sp, j, prof = plan.speed, plan.job, plan.profile
+        if sp.bound == "launch":
+            step = j.batch * j.grad_accum * j.gpus
+            what = (
+                "the largest that fits"
+                if j.grad_accum > 1
+                else f"the GPU's whole share of the {step}-sequence step: fewer GPUs or a "
+                "larger --effective-batch give each GPU more at a time"
+            )
+            return (
+                f"launch-bound: the host's dispatch holds {sp.host_share:.0%} of the step at "
+                f"micro-batch {j.batch} ({what}); the GPU waits for the host CPU, so a faster "
+                "host buys more than a faster GPU"
+            )
+        if j.batch == 1 or prof is None:
+            return None
+        gpu = plan.offer.gpu
+        one = j.model_copy(update={"batch": 1, "grad_accum": j.batch * j.grad_accum})
+        node_gbps = node_network(plan.offer, self.k)[0] if plan.nodes > 1 else 0.0
+        at_one = step_time(prof, one, gpu, self.spec.hidden_size, plan.offer.gpus, node_gbps,
+                           self.calibrated(gpu, j.method)[0])  # fmt: skip
+        if at_one is None or at_one.bound != "launch":
+            return None
+        return (
+            f"launch-bound at micro-batch 1: the host's dispatch would hold "
+            f"{at_one.host_share:.0%} of the step; micro-batch {j.batch} fits and is "
+            f"{sp.tokens_per_s / at_one.tokens_per_s:.1f}x faster per token"
+        )
 
     def _optimizers(self, base: TrainJob, method: str) -> tuple[str, ...]:
         """Full fine-tuning tries every optimizer; LoRA the first, or the 8-bit one as a

@@ -3,10 +3,13 @@ an option it rejected and why, the result, and the Pareto frontier of cost vs ti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from frugal.errors import FrugalError
+from frugal.estimate.profile import Profile
 from frugal.estimate.throughput import Speed
 from frugal.hardware.offers import Offer
 from frugal.plan import spot as spot_math
@@ -42,6 +45,30 @@ class Plan:
     data_out: Move = NO_MOVE  # the result back to where the data lives (in egress_usd)
     host_offload_gib: float = 0.0  # pinned host memory per GPU (--offload-activations)
     why_on: dict[str, str] = field(default_factory=dict)  # techniques the plan turned on, why
+    profile: Profile | None = field(default=None, repr=False, compare=False)  # of its step
+    # the same plan with its hours of work scaled by a factor, priced alike (set-up, spot
+    # interruptions and fallback): what its range is priced with, when asked
+    reprice: Callable[[float], Plan | None] | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def _ends(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(hours, dollars) at the fastest and at the slowest speed expected."""
+        out = []
+        for f in self.speed.hours_factor:
+            p = self.reprice(f) if self.reprice else None
+            out.append((p.hours, p.cost_usd) if p else (self.hours * f, self.cost_usd * f))
+        return out[0], out[1]
+
+    @property
+    def hours_range(self) -> tuple[float, float]:
+        """The plan's hours at the fastest and the slowest speed expected
+        (`Speed.tokens_per_s_range`)."""
+        return self._ends[0][0], self._ends[1][0]
+
+    @property
+    def cost_range(self) -> tuple[float, float]:
+        """Its dollars at the fastest and the slowest speed expected."""
+        return self._ends[0][1], self._ends[1][1]
 
     @property
     def cost_usd(self) -> float:
@@ -127,7 +154,9 @@ class Plan:
         """What it is expected to take: hours, dollars, memory, speed, interruptions."""
         return {
             "est_hours": round(self.hours, 3),
+            "est_hours_range": [round(h, 3) for h in self.hours_range],
             "est_cost_usd": round(self.cost_usd, 2),
+            "est_cost_usd_range": [round(c, 2) for c in self.cost_range],
             "cost_breakdown_usd": {
                 "compute": round(self.compute_usd, 2),
                 "storage": round(self.storage_usd, 2),
@@ -139,6 +168,9 @@ class Plan:
             "device_total_gib": round(self.device_total_gib, 2),
             "usable_gib": round(self.offer.gpu.usable_gib, 2),
             "tokens_per_s": round(self.speed.tokens_per_s, 1),
+            "tokens_per_s_range": [round(v, 1) for v in self.speed.tokens_per_s_range],
+            "bound": self.speed.bound,
+            "host_share": round(self.speed.host_share, 3),
             "step_time_s": round(self.speed.step_time_s, 4),
             "mfu": round(self.speed.efficiency, 3),
             "checkpoint_interval_min": (

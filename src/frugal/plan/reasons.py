@@ -8,11 +8,15 @@ from frugal.plan.constraints import Constraints, node_network
 from frugal.plan.plans import Plan, Rejected
 
 
-def give_reasons(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constraints) -> None:
+def give_reasons(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constraints,
+                 launch: str | None = None) -> None:  # fmt: skip
     """Give the recommended plan its reasons, in the order a reader asks: does it fit, how
-    fast, what the plan turned on, the data, why this one, spot, the frontier."""
+    fast (`launch`: where the host's dispatch bounds its step, or would at a smaller
+    micro-batch: `Fitter.launch_note`), what the plan turned on, the data, why this one,
+    spot, the frontier."""
     best.reasons += [
         *_set_up(best, k),
+        *([launch] if launch else []),
         *_techniques(best),
         *_data(best, feasible, k),
         *_ranking(best, feasible, k),
@@ -38,10 +42,14 @@ def _set_up(best: Plan, k: Constraints) -> list[str]:
             f"step; frugal train joins the nodes into one job (--emit skypilot, slurm or "
             "torchrun launches it)"
         )
+    sp = best.speed
+    lo, hi = sp.tokens_per_s_range
+    (h_lo, h_hi), (c_lo, c_hi) = best.hours_range, best.cost_range
     out.append(
-        f"{best.speed.tokens_per_s:,.0f} tokens/s ({best.speed.bound}-bound, "
-        f"{best.speed.efficiency:.0%} of peak): {best.hours:.1f} h including "
-        f"{best.setup_h * 60:.0f} min setup"
+        f"{sp.tokens_per_s:,.0f} tokens/s ({sp.bound}-bound, {sp.efficiency:.0%} of peak; "
+        f"{lo:,.0f}-{hi:,.0f} on the hosts and errors seen): {best.hours:.2f} h "
+        f"({h_lo:.2f}-{h_hi:.2f}) including {best.setup_h * 60:.0f} min setup, "
+        f"${best.cost_usd:,.2f} (${c_lo:,.2f}-{c_hi:,.2f})"
     )
     return out
 

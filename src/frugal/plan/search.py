@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 
 from frugal.errors import FrugalError
 from frugal.estimate.throughput import SpeedConstants
@@ -58,7 +59,7 @@ def search(
     feasible.sort(key=key)
     best = feasible[0]
     frontier = pareto(feasible)
-    give_reasons(best, feasible, frontier, k)
+    give_reasons(best, feasible, frontier, k, fitter.launch_note(best))
     over.sort(key=lambda r: r.cost_usd or 0.0)
     fit_rej = sorted(rejected, key=lambda r: r.label)
     return Result(best, frontier, feasible, _distinct(over)[:5] + _distinct(fit_rej)[:5], [])
@@ -160,7 +161,7 @@ class _Bill:
             spot, hours, compute_usd, self.setup_h, storage, self.egress_usd,
             value_of_time_usd_h=self.k.value_of_time_usd_h, output_gb=self.output_gb,
             data_in=self.data_in, data_out=self.data_out, host_offload_gib=mem.host / GIB,
-            why_on=c.why_on,
+            why_on=c.why_on, profile=c.profile,
         )  # fmt: skip
 
 
@@ -192,8 +193,25 @@ def _bill(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> _Bill:
 
 
 def _priced(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
-    """The on-demand and spot plans of one configuration on one offer."""
+    """The on-demand and spot plans of one configuration on one offer, each able to price
+    itself at the fastest and the slowest speed expected (`Plan.hours_range`: set-up,
+    interruptions and fallback included), which only the plans shown are asked to do."""
     b = _bill(offer, nodes, cfg, k)
+    plans = _priced_at(b)
+    for p in plans:
+        p.reprice = partial(_repriced, b, p.spot)
+    return plans
+
+
+def _repriced(b: _Bill, spot: bool, factor: float) -> Plan | None:
+    """The plan of `b` (on spot or not) with `factor` times its hours of work."""
+    return next((p for p in _priced_at(replace(b, solve_h=b.solve_h * factor)) if p.spot == spot),
+                None)  # fmt: skip
+
+
+def _priced_at(b: _Bill) -> list[Plan]:
+    """The on-demand and spot plans of `b`'s hours of work."""
+    offer, nodes, k = b.offer, b.nodes, b.k
     out = []
     od_h = b.setup_h + b.solve_h
     if k.spot != "only" or offer.provider == "local":
