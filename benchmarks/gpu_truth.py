@@ -9,8 +9,8 @@ the same step (same micro-batch and accumulation) and its error. A config that f
 row with its error; the matrix never stops early. One CSV row per config, plus the
 environment (GPU, driver, library versions) in a JSON file beside it.
 
-    python benchmarks/gpu_truth.py --out DIR [--matrix first|core|long|moe|full] [--steps 6]
-        [--only SUBSTR] [--warm-workers 4]
+    python benchmarks/gpu_truth.py --out DIR [--matrix first|speed|core|long|moe|full]
+        [--steps 6] [--only SUBSTR] [--warm-workers 4] [--no-dispatch]
     python benchmarks/gpu_truth.py --out DIR --smoke     # four tiny configs, CPU is enough
 
 `--matrix first` is for a short loan of a GPU, most valuable rows first, so a run cut short
@@ -37,6 +37,19 @@ and Llama-3.2-1B full fine-tuning with the optimizer after backward and in it.
 `--matrix moe` (issue 42): Qwen3-30B-A3B reduced to 8 layers (LoRA with the experts'
 adapters, attention only, QLoRA's 4-bit experts) and gpt-oss-20b to 6 (eager attention):
 the first MoE steps measured beside their estimate; `first` carries its first three rows.
+
+`--matrix speed` (issue 43): the rows whose pace followed the host CPU on earlier loans, each
+at micro-batch 1 and 4 (the same four sequences a step), so the speed model can tell the
+host's share from the GPU's: the host's dispatch is the same per micro-step at both, the
+GPU's work grows with the micro-batch. Before the first row, on every matrix but the smoke,
+the host's own per-op dispatch cost is measured (`dispatch_cost.py`, tiny dimensions on the
+CPU, about 10 s): `host_dispatch.json` beside the CSV, and `host_us_per_op` in the
+environment JSON, so the fit can tie each loan's host factor to a measurement.
+
+Each row's `estimated_tokens_per_s` is the shipped constants' prediction, made before the
+row runs and fitted on no row of this loan: on a GPU kind never measured (the catalog's
+other cards), the CSV is the H200-fitted model's prediction beside the measurement
+(NeuSight's test) before `benchmarks/speed_fit.py` refits with it.
 
 Commit the CSV under benchmarks/data/ with the date and GPU in its name.
 """
@@ -182,6 +195,22 @@ def matrix(name: str) -> list[Config]:
             c(l1, "qlora", "bf16-mixed", True, 2048, None, effective=16),
             *[x for x in matrix("long") if x.max_seq_share],
         ]))  # fmt: skip
+    if name == "speed":
+        # issue 43: the small steps two loans ran up to 65% apart, at micro-batch 1 and 4
+        c, l1, l3, l8 = Config, "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", \
+            "meta-llama/Llama-3.1-8B"  # fmt: skip
+        rows = [
+            (l1, "lora", True, 2048),
+            (l1, "qlora", True, 2048),
+            (l8, "lora", True, 2048),
+            (l8, "qlora", True, 2048),
+            (l3, "lora", False, 2048),
+            ("Qwen/Qwen3-0.6B", "lora", True, 2048),
+            ("HuggingFaceTB/SmolLM2-360M", "full", False, 2048),
+            (l1, "lora", False, 512),
+        ]
+        return [c(m, method, "bf16-mixed", ckpt, seq, micro, effective=4)
+                for m, method, ckpt, seq in rows for micro in (1, 4)]  # fmt: skip
     if name == "moe":
         # issue 42: mixtures of experts, reduced in depth to fit beside their estimate: the
         # grouped-GEMM experts with PEFT's adapters on them (LoRA), attention only, and
@@ -558,6 +587,25 @@ def _warm_one(item: tuple[Config, int]) -> None:
         get_profile(load_spec(cfg.model), job, job.seq, "gpu_truth's warm-up")
 
 
+DISPATCH_MODELS = ("meta-llama/Llama-3.2-1B", "Qwen/Qwen3-0.6B")
+
+
+def host_dispatch(models: tuple[str, ...] = DISPATCH_MODELS, runs: int = 5) -> dict[str, Any]:
+    """This host's eager dispatch cost per op (`dispatch_cost.measure`: each model at tiny
+    dimensions on the CPU, LoRA with checkpointing), and its median over the models."""
+    import torch
+    from dispatch_cost import measure  # beside this script
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # dispatch, not arithmetic: one thread, as the script measures
+    try:
+        each = {m: measure(m, "lora", runs, checkpointing=True) for m in models}
+    finally:
+        torch.set_num_threads(threads)
+    us = sorted(r["us_per_op"] for r in each.values())
+    return {"models": each, "us_per_op": us[len(us) // 2]}
+
+
 def environment() -> dict[str, Any]:
     import platform
     import subprocess
@@ -588,7 +636,9 @@ def environment() -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for the CSV and env JSON")
-    ap.add_argument("--matrix", default="core", choices=("first", "core", "long", "moe", "full"))
+    ap.add_argument(
+        "--matrix", default="core", choices=("first", "speed", "core", "long", "moe", "full")
+    )
     ap.add_argument("--smoke", action="store_true", help="three tiny configs (CPU is enough)")
     ap.add_argument("--steps", type=int, default=6, help="dry-run steps per config")
     ap.add_argument("--effective-batch", type=int, default=16)
@@ -601,13 +651,21 @@ def main() -> int:
         default=4,
         help="processes simulating the next configs' profiles (0: none)",
     )
+    ap.add_argument("--no-dispatch", action="store_true",
+                    help="skip measuring the host's per-op dispatch cost first")  # fmt: skip
     args = ap.parse_args()
     configs = [c for c in matrix("smoke" if args.smoke else args.matrix) if args.only in c.id]
     configs = configs[args.start :]
     effective = 2 if args.smoke else args.effective_batch
     steps = 2 if args.smoke else args.steps
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_truth_env.json").write_text(json.dumps(environment(), indent=1))
+    env = environment()
+    if not (args.smoke or args.no_dispatch):  # before any row: the host alone
+        host = host_dispatch()
+        (args.out / "host_dispatch.json").write_text(json.dumps(host, indent=1))
+        env["host_us_per_op"] = host["us_per_op"]
+        print(json.dumps({"host_us_per_op": host["us_per_op"]}))
+    (args.out / "gpu_truth_env.json").write_text(json.dumps(env, indent=1))
     path = args.out / "gpu_truth.csv"
     ctx = mp.get_context("spawn")  # a fresh CUDA context and allocator per config
     warmer = None

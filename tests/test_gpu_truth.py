@@ -12,7 +12,7 @@ gt = load_benchmark("gpu_truth")
 
 
 def test_the_matrices_name_each_config_once() -> None:
-    for name in ("smoke", "first", "core", "long", "moe"):
+    for name in ("smoke", "first", "speed", "core", "long", "moe"):
         ids = [c.id for c in gt.matrix(name)]
         assert len(ids) == len(set(ids)), name
     long = gt.matrix("long")
@@ -52,3 +52,25 @@ def test_a_row_reduced_in_depth_trains_the_reduced_config(tmp_path: Path) -> Non
     import json
 
     assert json.loads((tmp_path / "model" / "config.json").read_text())["num_hidden_layers"] == 1
+
+
+def test_the_speed_rows_come_in_pairs_of_micro_batches_of_one_step() -> None:
+    """Issue 43: each small row at micro-batch 1 and 4 with the same sequences a step, so
+    the host's share (the same per micro-step) and the GPU's (growing with the micro-batch)
+    can be told apart."""
+    from dataclasses import replace
+
+    speed = gt.matrix("speed")
+    assert len(speed) == 16 and all(c.effective == 4 for c in speed)
+    for one, four in zip(speed[::2], speed[1::2], strict=True):
+        assert (one.micro, four.micro) == (1, 4) and replace(one, micro=4) == four
+
+
+def test_the_hosts_dispatch_cost_is_measured_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a loan's host CPU costs per dispatched op, measured before the rows: the factor
+    that sets a launch-bound step's pace."""
+    monkeypatch.syspath_prepend(str(Path(gt.__file__).parent))  # as when run as a script
+    host = gt.host_dispatch(("Qwen/Qwen3-0.6B",), runs=1)
+    r = host["models"]["Qwen/Qwen3-0.6B"]
+    assert r["layers"] == 28 and r["ops"] > 28 * 100  # hundreds of ops a layer
+    assert 0 < host["us_per_op"] == r["us_per_op"] < 1000
