@@ -400,7 +400,24 @@ def test_the_plan_page_draws_the_recorded_frontier(
     drawn = page.evaluate("document.getElementById('frontier').data[0]")
     assert drawn["y"] == pytest.approx([p["est_cost_usd"] for p in frontier])
     chosen = page.evaluate("document.getElementById('frontier').data[1].y[0]")
-    assert chosen == pytest.approx(books["plan"]["recommendation"]["est_cost_usd"])
+    rec = books["plan"]["recommendation"]
+    assert chosen == pytest.approx(rec["est_cost_usd"])
+    # each plan with its range: error bars from the fastest to the slowest speed expected
+    bars = page.evaluate("document.getElementById('frontier').data[0].error_y")
+    lo = [y - m for y, m in zip(drawn["y"], bars["arrayminus"], strict=True)]
+    hi = [y + p for y, p in zip(drawn["y"], bars["array"], strict=True)]
+    assert lo == pytest.approx([p["est_cost_usd_range"][0] for p in frontier])
+    assert hi == pytest.approx([p["est_cost_usd_range"][1] for p in frontier])
+    c_lo, c_hi = rec["est_cost_usd_range"]
+    facts = page.inner_text("dd[data-fact=estimate]")
+    (h_lo, h_hi), usd = rec["est_hours_range"], rec["est_cost_usd"]
+
+    def dollars(x: float) -> str:  # the page's cents: four places under a dollar
+        return f"{x:.2f}" if abs(x) >= 1 or x == 0 else f"{x:.4f}"
+
+    said = f"${dollars(usd)} (${dollars(c_lo)}-{dollars(c_hi)}) in {rec['est_hours']:.2f} h "
+    assert facts.startswith(said + f"({h_lo:.2f}-{h_hi:.2f})")  # as the command prints it
+    assert f"{rec['bound']}-bound" in facts
     missing, _ = _open(browser, f"{served}/plans/999")
     assert "no plan 999" in missing.inner_text("#status")
 

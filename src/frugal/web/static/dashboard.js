@@ -164,16 +164,28 @@ const frugal = {
   drawPlan(p) {  // a plan as the books keep it: {id, created_at, model, tags, plan}
     const rec = p.plan.recommendation || p.plan;
     const label = x => `${x.provider} ${x.instance}${x.spot ? " spot" : ""} ${x.method}`;
+    // a figure and its range (plans recorded before ranges have none)
+    // as the command prints it: "$0.66 ($0.60-0.76) in 2.20 h (1.99-2.54)"
+    const range = (key, fmt) => rec[key + "_range"]
+      ? ` (${fmt(rec[key + "_range"][0])}-${fmt(rec[key + "_range"][1]).replace(/^\$/, "")})` : "";
+    const hours = h => h.toFixed(2);
     frugal.facts([["model", p.model], ["plan", label(rec)], ["GPUs", `${rec.gpus}x ${rec.gpu}`],
-      ["estimate", `${frugal.usd(rec.est_cost_usd)} in ${rec.est_hours} h`],
+      ["estimate", `${frugal.usd(rec.est_cost_usd)}${range("est_cost_usd", frugal.usd)} in `
+        + `${hours(rec.est_hours)} h${range("est_hours", hours)}` + (rec.bound ? `, ${rec.bound}-bound` : "")],
       ["tags", frugal.scope(p.tags)]]);
     frugal.items("reasons", rec.reasons || [], x => x);
     frugal.items("settings", p.plan.settings || [], s => s.yours
       ? `${s.setting} ${s.value}: yours` : `${s.setting} ${s.value}: ${s.reason} [${s.source}]`);
     const f = p.plan.frontier || [];
+    // each plan's range as error bars: the same plan at the fastest and slowest speed expected
+    const bars = (xs, key) => xs.every(x => x[key + "_range"]) ? { type: "data", symmetric: false,
+      array: xs.map(x => x[key + "_range"][1] - x[key]),
+      arrayminus: xs.map(x => x[key] - x[key + "_range"][0]) } : undefined;
+    const trace = (xs, extra) => ({ x: xs.map(x => x.est_hours), y: xs.map(x => x.est_cost_usd),
+      text: xs.map(label), error_x: bars(xs, "est_hours"), error_y: bars(xs, "est_cost_usd"), ...extra });
     Plotly.newPlot("frontier", [
-      { name: "frontier", mode: "lines+markers", x: f.map(x => x.est_hours), y: f.map(x => x.est_cost_usd), text: f.map(label) },
-      { name: "chosen", mode: "markers", marker: { size: 14 }, x: [rec.est_hours], y: [rec.est_cost_usd], text: [label(rec)] },
+      trace(f, { name: "frontier", mode: "lines+markers" }),
+      trace([rec], { name: "chosen", mode: "markers", marker: { size: 14 } }),
     ], { margin: { t: 10 }, xaxis: { title: "hours", type: "log" }, yaxis: { title: "USD", type: "log" } },
     { displayModeBar: false });
     frugal.items("rejected", p.plan.rejected || [], r => `${r.option}: ${r.why}`);
