@@ -140,6 +140,32 @@ def test_an_earlier_speed_models_keys_are_said_and_left_unused(
     assert "['eff_max_datacenter', 'launch_s_per_layer']" in err and "frugal calibrate" in err
     with pytest.raises(FrugalError, match="unknown speed keys"):
         calibration.resolve({"speed": {"matmul_eff_typo": 1}}, "speed", SpeedConstants)
+    # groups with other retired keys: one line for the file, however many GPUs a plan asks
+    data["groups"] = {"H100 SXM/lora": {"speed": {"t_half": 20}}}
+    for gpu in ("H100 SXM", "A100 80GB", "L4"):
+        calibration.resolve(data, "speed", SpeedConstants, gpu, "lora", where="d.json")
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "['eff_max_datacenter', 'launch_s_per_layer', 't_half']" in line
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"matmul_eff": 0}, "matmul_eff 0.0 is a share of a peak rate"),
+        ({"copy_bw_eff": 1.5}, "at most 1"),
+        ({"attention_eff": 2.5}, "at most 2"),
+        ({"host_op_s": -1e-6}, "host_op_s -1e-06 must be a number of at least 0"),
+        ({"spread_lo": 1.3, "spread_hi": 0.5}, "0 < spread_lo <= 1 <= spread_hi"),
+        ({"host_fast": 1.2}, "0 < host_fast <= 1 <= host_slow"),
+    ],
+)
+def test_unphysical_speed_constants_are_one_line(values: dict, words: str) -> None:
+    """A hand-edited calibration that would make a step free, a range upside down or a
+    share of the peak above it is refused, naming the key, instead of pricing plans."""
+    assert SpeedConstants().problems() == []  # the shipped ones pass
+    with pytest.raises(FrugalError, match="frugal calibrate") as e:
+        calibration.resolve({"speed": values}, "speed", SpeedConstants, where="c.json")
+    assert words in str(e.value) and "c.json" in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -127,10 +127,11 @@ def resolve(data: dict[str, Any], section: str, defaults: type[T], gpu: str | No
             method: str | None = None, where: str = "calibration") -> T:  # fmt: skip
     """`defaults()` with the fields `data` (a parsed calibration) sets for this job."""
     values = overrides(data, section, gpu, method)
-    retired = set(values) & getattr(defaults, "RETIRED", frozenset())
-    if retired:  # constants of a model frugal no longer uses: fitted for it, not for this one
+    retired: frozenset[str] = getattr(defaults, "RETIRED", frozenset())
+    if set(values) & retired:  # constants of a model frugal no longer uses: fitted for it
+        in_file = {k for d in _sections(data, section) for k in d} & retired  # said once
         notice(
-            f"calibration file {where}: {section} keys {sorted(retired)} belong to an earlier "
+            f"calibration file {where}: {section} keys {sorted(in_file)} belong to an earlier "
             f"{section} model and are not used; run `frugal calibrate` again to refit"
         )
         values = {k: v for k, v in values.items() if k not in retired}
@@ -142,9 +143,21 @@ def resolve(data: dict[str, Any], section: str, defaults: type[T], gpu: str | No
             f"known: {sorted(known)}"
         )
     try:
-        return defaults(**{k: float(v) for k, v in values.items()})
+        made = defaults(**{k: float(v) for k, v in values.items()})
     except (TypeError, ValueError) as e:
         raise FrugalError(f"calibration file {where}: {section} values must be numbers") from e
+    problems = getattr(made, "problems", None)
+    for problem in problems() if problems else []:
+        raise FrugalError(
+            f"calibration file {where}: {section} {problem}; fix it or run `frugal calibrate` again"
+        )
+    return made
+
+
+def _sections(data: dict[str, Any], section: str) -> list[dict[str, Any]]:
+    """Every `section` object of `data`: the top level's and each group's."""
+    groups = (g.get(section) for g in (data.get(GROUPS) or {}).values())
+    return [d for d in (data.get(section), *groups) if d]
 
 
 _made: dict[tuple[str, str, type, str | None, str | None], Any] = {}  # parsed once per text

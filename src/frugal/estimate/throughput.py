@@ -29,7 +29,8 @@ GPU rows and third-party ones (docs/accuracy.md) and calibrated from the user's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from frugal import calibration
@@ -56,6 +57,30 @@ class SpeedConstants(OpSpeedConstants):
     # percentiles (benchmarks/speed_fit.py --fit)
     spread_lo: float = 0.862
     spread_hi: float = 1.113
+
+    def problems(self) -> list[str]:
+        """What makes these constants unphysical, one line each (a calibration file's
+        values are checked with this): shares of a peak within (0, 1] (attention's up to 2:
+        torch counts the whole score matrix, a causal kernel computes half), times and
+        counts positive, and each range around its point."""
+        out = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            top = 2.0 if f.name == "attention_eff" else 1.0
+            if not math.isfinite(v) or v < 0:
+                out.append(f"{f.name} {v} must be a number of at least 0")
+            elif f.name.endswith("_eff") and not 0 < v <= top:
+                out.append(f"{f.name} {v} is a share of a peak rate: above 0, at most {top:g}")
+        for lo, hi, what in (("host_fast", "host_slow", "hosts' dispatch cost"),
+                             ("spread_lo", "spread_hi", "model's spread")):  # fmt: skip
+            a, b = getattr(self, lo), getattr(self, hi)
+            if not 0 < a <= 1 <= b:
+                out.append(
+                    f"{lo} {a} and {hi} {b} bound the {what} around the point: "
+                    f"0 < {lo} <= 1 <= {hi}"
+                )
+        return out
+
     # the roofline model's keys (frugal before the op model): a calibration file that
     # still sets them is read without them, and says so
     RETIRED: ClassVar[frozenset[str]] = frozenset({

@@ -148,8 +148,9 @@ def fit_speed(items: list[Sample], data: dict[str, Any],
     knobs = [GPU_KNOB, HOST_KNOB]
     one = dict.fromkeys(knobs, 1.0)
     at_one = log_ratios(one)
-    gpu_side = (log_ratios(one | {GPU_KNOB: 1.2}) - at_one) / math.log(1.2)
-    host_side = (log_ratios(one | {HOST_KNOB: 1.2}) - at_one) / math.log(1.2)
+    # how far each factor moves the runs, probed downwards: a share of the peak stays a share
+    gpu_side = (log_ratios(one | {GPU_KNOB: 1 / 1.2}) - at_one) / math.log(1 / 1.2)
+    host_side = (log_ratios(one | {HOST_KNOB: 1 / 1.2}) - at_one) / math.log(1 / 1.2)
     moved = gpu_side + host_side
     if not np.all(np.isfinite(moved)) or median(moved) < 0.25:
         return None
