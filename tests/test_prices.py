@@ -155,7 +155,12 @@ def test_a_directory_mirror_and_a_single_file_are_sources_too(
         "provider,instance,gpu,gpus,ondemand_usd_h,spot_usd_h,region\n"
         "lambda,gpu_1x_h100_sxm5,H100 SXM,1,2.10,,us-east-1\n"
     )
-    done = run_json(capsys, "offers", "update", "--source", str(own), "--json")
+    before = (offers_dir() / "offers.csv").read_text()
+    # one Lambda offer where the last update holds several: refused unless forced
+    msg = run_error(capsys, "offers", "update", "--source", str(own))
+    assert "lambda has 1 offers, down from" in msg and "--force" in msg
+    assert (offers_dir() / "offers.csv").read_text() == before
+    done = run_json(capsys, "offers", "update", "--source", str(own), "--force", "--json")
     assert [p["offers"] for p in done["providers"]] == [1]
     assert [o.ondemand_usd_h for o in base().offers if o.provider == "lambda"] == [2.10]
 
@@ -451,3 +456,92 @@ def test_gpuhunt_catalogs_are_a_source_too(
     assert (p4d.gpu.name, p4d.gpus, p4d.ondemand_usd_h) == ("A100 40GB", 8, 32.7726)
     # gpuhunt names the 80 GB A100 by its memory: frugal's A100 80GB
     assert any(o.gpu.name == "A100 80GB" for o in aws)
+
+
+class _CutOff(http.server.BaseHTTPRequestHandler):
+    """Serves the recorded catalog file asked for, then closes the connection halfway
+    through it: announced whole (Content-Length) or in chunks never finished."""
+
+    chunked = False
+
+    def do_GET(self) -> None:
+        path = CATALOGS / self.path.lstrip("/")
+        if not path.is_file():
+            self.send_error(404)
+            return
+        body = path.read_bytes()
+        self.send_response(200)
+        if self.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            half = body[: len(body) // 2]
+            self.wfile.write(f"{len(body):x}\r\n".encode() + half)  # a chunk, cut short
+        else:
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) * 3 // 5])
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_download_cut_off_installs_nothing(
+    chunked: bool, catalog_server: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The server closes the connection partway through AWS's catalog: one line saying so,
+    and the prices in use stay as they were (the partial catalog held 1 of 3 instances)."""
+    run_json(capsys, "offers", "update", "--providers", "aws", "--json")
+    before = (offers_dir() / "offers.csv").read_text()
+    handler = type("Cut", (_CutOff,), {"chunked": chunked})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("FRUGAL_SKYPILOT_URL", f"http://127.0.0.1:{server.server_address[1]}")
+        msg = run_error(capsys, "offers", "update", "--providers", "aws")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "was cut off" in msg and "v8/aws/vms.csv" in msg and "\n" not in msg.strip()
+    assert (offers_dir() / "offers.csv").read_text() == before
+
+
+def _renamed_gpus(text: str, name: str) -> str:
+    """A SkyPilot catalog whose every GPU is `name`."""
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(text)))
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows([r | {"AcceleratorName": name} if r["AcceleratorName"] else r for r in rows])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda t: t.replace(",Price,", ",Cost,", 1), "without its Price column"),
+        (
+            lambda t: _renamed_gpus(t, "Quasar9"),
+            "GPUs without specs in gpus.csv, left out: Quasar9",
+        ),
+    ],
+    ids=["no-price-column", "unknown-gpus"],
+)
+def test_a_catalog_frugal_cannot_use_says_why_and_names_the_provider(
+    edit: object, words: str, own_offers_dir: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    mirror = tmp_path / "mirror" / "v8" / "aws"
+    mirror.mkdir(parents=True)
+    text = (CATALOGS / SKYPILOT_FILES["aws"]).read_text()
+    (mirror / "vms.csv").write_text(edit(text))  # type: ignore[operator]
+    msg = run_error(capsys, "offers", "update", "--source", str(tmp_path / "mirror"),
+                    "--providers", "aws")  # fmt: skip
+    assert words in msg and "\n" not in msg.strip()
+    if "Price" not in words:
+        assert "is it the aws catalog?" in msg
+    assert not (own_offers_dir / "offers.csv").exists()

@@ -122,6 +122,9 @@ def update(
     providers: str | None = typer.Option(
         None, help=f"Comma-separated providers to update \\[default: {', '.join(SKYPILOT_FILES)}]."
     ),
+    force: bool = typer.Option(
+        False, help="Take a provider's catalog even if it lost over half of its offers."
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Download today's prices into frugal's cache; plans use them from then on."""
@@ -139,7 +142,7 @@ def update(
             bar.update(tasks[where], completed=got, total=total)
 
         try:
-            done = refresh(source, providers, shown)
+            done = refresh(source, providers, shown, force=force)
         except FrugalError as e:  # nothing was installed: say what the plans price from
             kept = base().snapshot.describe()
             raise FrugalError(f"{e}; plans keep the prices of the {kept}") from None

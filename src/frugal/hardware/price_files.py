@@ -173,5 +173,10 @@ def parse_price_text(
                 f"{where}: a SkyPilot catalog, but which cloud? keep the cloud in its path "
                 "(e.g. catalogs/v8/aws/vms.csv) or rename it aws-vms.csv"
             )
+        if "Price" not in columns:
+            raise FrugalError(
+                f"{where}: a SkyPilot catalog without its Price column (each row's on-demand "
+                "dollars per hour); is the file whole?"
+            )
         return parse_skypilot(text, where, cloud, retrieved, source)
     return Normalized(parse_offers(text, where, retrieved), Counter())

@@ -20,6 +20,7 @@ go on pricing from the snapshot they had.
 
 from __future__ import annotations
 
+import http.client
 import importlib
 import json
 import logging
@@ -169,10 +170,18 @@ def read_source(where: str, progress: Progress | None = None) -> str:
                     raise FrugalError(f"{where}: over {MAX_BYTES >> 20} MB, not a price catalog")
                 if progress:
                     progress(where, got, total)
+        if total is not None and got != total:  # http.client returns what came, unchecked
+            raise FrugalError(
+                f"the download of {where} was cut off at {got:,} of {total:,} bytes; try again"
+            )
         return b"".join(chunks).decode("utf-8-sig")
     except urllib.error.HTTPError as e:
         raise FrugalError(f"cannot download {where}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
+    except http.client.IncompleteRead as e:  # a chunked download cut off
+        raise FrugalError(
+            f"the download of {where} was cut off after {len(e.partial):,} bytes; try again"
+        ) from None
+    except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException) as e:
         why = getattr(e, "reason", None) or e
         raise FrugalError(f"cannot download {where} ({why})") from None
     except UnicodeDecodeError:
@@ -290,7 +299,9 @@ def fetch(provider: str, where: str, retrieved: str, progress: Progress | None) 
     rel = next((r for r in SKYPILOT_FILES.values() if where.endswith(r)), where)
     got = parse_price_text(text, where, provider, retrieved, f"SkyPilot catalog {rel}")
     if not got.offers:
-        raise FrugalError(f"{where}: no GPU offers in it (is it the {provider} catalog?)")
+        why = got.summary() or "no row names a GPU"
+        what = f"the {provider} catalog" if provider else "a price file"
+        raise FrugalError(f"{where}: no GPU offers in it ({why}); is it {what}?")
     by: dict[str, list[Offer]] = {}
     for o in got.offers:
         by.setdefault(o.provider, []).append(o)
@@ -302,8 +313,13 @@ def update(
     only: str | None = None,
     progress: Progress | None = None,
     now: datetime | None = None,
+    force: bool = False,
 ) -> Update:
-    """Download, normalize and install a new snapshot (see the module docstring)."""
+    """Download, normalize and install a new snapshot (see the module docstring). A
+    provider that lost most of its offers since the snapshot before is refused, unless
+    `force`: a catalog that shrank by half since the last update is more likely damaged
+    than true. (The bundled catalog is not compared: a first update from a mirror or from
+    one's own file may well cover fewer offers than frugal ships.)"""
     chosen = [find_provider(p) for p in only.split(",") if p.strip()] if only else None
     when = now or datetime.now(UTC)
     stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -321,10 +337,25 @@ def update(
             f.advised = with_advisor(f.offers, buckets, stamp)
     if not fetched:
         raise FrugalError(f"{source}: no offers for {only}")
+    before = base()
+    if not force and before.snapshot.path is not None:  # against the last update's prices
+        _check_losses(fetched, before.offers)
     fresh = {f.provider for f in fetched}
-    kept = [o for o in base().offers if o.provider not in fresh]
+    kept = [o for o in before.offers if o.provider not in fresh]
     rows = [o for f in fetched for o in f.offers] + kept
     if source == "skypilot":
         source = f"SkyPilot catalogs {os.environ.get('FRUGAL_SKYPILOT_URL', SKYPILOT_URL)}"
     path = install(header(when, source) + offers_csv(rows))
     return Update(fetched, str(path), len(kept), when)
+
+
+def _check_losses(fetched: list[Fetched], before: tuple[Offer, ...]) -> None:
+    """Refuse an update in which a provider keeps fewer than half of its offers."""
+    had = Counter(o.provider for o in before)
+    for f in fetched:
+        if len(f.offers) * 2 < had[f.provider]:
+            raise FrugalError(
+                f"{f.where}: {f.provider} has {len(f.offers)} offers, down from "
+                f"{had[f.provider]} in the prices in use: more likely a damaged or partial "
+                "file than the provider's catalog; check it, or give --force to take it"
+            )
