@@ -24,7 +24,7 @@ from frugal.hardware.gpus import lookup_gpu
 from frugal.hardware.offers import Offer, base, bundled
 from frugal.hardware.price_files import parse_skypilot
 from frugal.hardware.refresh import SKYPILOT_FILES
-from frugal.hardware.sanity import suspicious
+from frugal.hardware.sanity import error, errors, findings
 from frugal.hardware.snapshot import header, offers_dir
 
 CATALOGS = Path(__file__).parent / "data" / "catalogs"
@@ -289,46 +289,75 @@ def _offer(gpu: str, od: float, spot: float | None = None, n: int = 1, name: str
     return Offer(provider, name or f"{gpu}-{od}-{spot}", g, n, od, spot, "r", ">20%", "test")
 
 
-def test_suspicious_rows_are_zero_spot_above_on_demand_or_far_from_the_median() -> None:
+def test_price_errors_are_zero_spot_above_on_demand_or_a_gpu_count_the_name_contradicts() -> None:
+    rows = [
+        _offer("H100 SXM", 2.5, provider="lambda"),
+        _offer("H100 SXM", 0.0, name="zero"),
+        _offer("H100 SXM", 2.0, 2.6, name="spot-above"),
+        _offer("T4", 0.5, 0.0, name="free-spot"),
+        _offer("A100 80GB", 1.1, name="gpu_8x_a100_80gb_sxm4", provider="lambda"),  # 1 of 8
+        _offer("A100 80GB", 8.8, n=8, name="gpu_8x_a100_80gb_sxm4", provider="lambda"),
+        _offer("H100 SXM", 4.0, n=2, name="H100:2", provider="modal"),
+        _offer("H100 SXM", 4.0, name="H100:2.", provider="modal"),  # no count in the name
+    ]
+    why = {(o.instance, o.gpus): error(o) for o in rows if error(o)}
+    assert len(errors(rows)) == len(why)  # by offer key
+    assert set(why) == {("zero", 1), ("spot-above", 1), ("free-spot", 1),
+                        ("gpu_8x_a100_80gb_sxm4", 1)}  # fmt: skip
+    assert "$0" in why["zero", 1] and "above on-demand" in why["spot-above", 1]
+    assert why["gpu_8x_a100_80gb_sxm4", 1] == "listed with 1 GPUs, but the instance's name says 8"
+
+
+def test_a_price_far_from_its_peers_is_a_finding_judged_per_provider() -> None:
     rows = [
         _offer("H100 SXM", 2.5, provider="lambda"),
         _offer("H100 SXM", 3.0, 1.5, provider="runpod"),
         _offer("H100 SXM", 24.0, n=8, name="8x", provider="nebius"),  # 3.0/GPU: fine
         *(_offer("H100 SXM", 2.0, name=f"lambda-{i}", provider="lambda") for i in range(30)),
-        _offer("H100 SXM", 0.0, name="zero"),
         _offer("H100 SXM", 0.01, name="penny", provider="vast"),
-        _offer("H100 SXM", 2.0, 2.6, name="spot-above"),
         _offer("H100 SXM", 11.0, name="dear", provider="gcp"),
-        _offer("T4", 0.5, 0.0, name="free-spot"),
+        _offer("H100 SXM", 2.0, name="aws-1"),
+        _offer("H100 SXM", 0.0, name="zero"),  # an error: not a finding, nor a vote
     ]
-    why = {k[1]: v for k, v in suspicious(rows).items()}
-    assert set(why) == {"zero", "penny", "spot-above", "dear", "free-spot"}
-    assert "$0" in why["zero"] and "above on-demand" in why["spot-above"]
+    why = {k[1]: v for k, v in findings(rows).items()}
+    assert set(why) == {"penny", "dear"}
     assert "below the median" in why["penny"] and "above the median" in why["dear"]
     # thirty listings of one provider are one vote: the median of the six providers' medians
     # (0.01, 2, 2, 3, 3, 11) is 2.5, where the median of the offers would be lambda's 2.0
     assert "median of 6 providers' H100 SXM on-demand prices ($2.500)" in why["dear"]
 
 
-def test_the_bundled_catalog_holds_no_suspicious_row() -> None:
-    assert bundled().suspicious == {}
+def test_the_bundled_catalog_holds_no_price_error() -> None:
+    assert bundled().errors == {}
 
 
-def test_suspicious_offers_are_listed_with_the_reason_and_left_out_of_plans(
+def test_a_finding_is_planned_with_and_said_an_error_is_left_out(
     own_offers_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Cheap is not suspicious: a price far below its peers' stays in plans (a plan that
+    takes it says so); a price that is an error does not (--include-suspicious keeps it)."""
     rows = list(bundled().offers)
     h100 = next(o for o in rows if o.gpu.name == "H100 SXM" and o.gpus == 1)
-    rows.append(h100.__class__(**{**h100.__dict__, "instance": "too-good", "ondemand_usd_h": 0.01}))
-    _snapshot(days_old=0, rows=rows)
+    cheap = h100.__class__(**{**h100.__dict__, "instance": "too-good", "ondemand_usd_h": 0.05,
+                              "spot_usd_h": None})  # fmt: skip
+    free = h100.__class__(**{**h100.__dict__, "instance": "free", "ondemand_usd_h": 0.0})
+    _snapshot(days_old=0, rows=[*rows, cheap, free])
     listed = run_json(capsys, "offers", "--suspicious", "--json")
-    assert [o["instance"] for o in listed["offers"]] == ["too-good"]
-    assert "below the median" in listed["offers"][0]["suspicious"]
+    got = {o["instance"]: o for o in listed["offers"]}
+    assert set(got) == {"too-good", "free"}
+    assert "below the median" in got["too-good"]["suspicious"] and not got["too-good"]["left_out"]
+    assert "$0" in got["free"]["suspicious"] and got["free"]["left_out"]
     everything = run_json(capsys, "offers", "--json")
-    assert "too-good" not in {o["instance"] for o in everything["offers"]}
+    shown = {o["instance"] for o in everything["offers"]}
+    assert "too-good" in shown and "free" not in shown
     assert everything["prices"]["suspicious_left_out"] == 1
-    kept = select_offers(include_suspicious=True)
-    assert "too-good" in {o.instance for o in kept}
+    assert "free" in {o.instance for o in select_offers(include_suspicious=True)}
+    plan = run_json(capsys, *PLAN)
+    assert plan["recommendation"]["instance"] == "too-good"
+    (note,) = [n for n in plan["notes"] if n.startswith("price finding:")]
+    assert f"{h100.provider} too-good in {h100.region}" in note and "below the median" in note
+    text = run_json(capsys, "offers", "--suspicious", "--json")  # the same rows, as rows
+    assert text["offers"] == listed["offers"]
 
 
 def test_prices_say_where_they_came_from_in_every_priced_command(
@@ -377,13 +406,11 @@ def test_the_bundle_builder_normalizes_every_recorded_file_like_the_update(
                         "--retrieved", "2026-11-25"]) == 0  # fmt: skip
     out, err = capsys.readouterr()
     rows = parse_offers(out, "built.csv")
-    # a provider may lose every recorded row as suspicious (Hyperbolic's three H100s at $1.29
-    # sit 3x below this small sample's median): it is named on stderr
-    assert len({o.provider for o in rows}) >= 12 and {o.provider for o in rows} <= set(
-        SKYPILOT_FILES
-    )
-    assert "left out as suspicious" in err
-    assert not suspicious(rows + modal_offers("2026-11-25"))  # until none is left to flag
+    # every provider's rows, Hyperbolic's three H100s at $1.29 among them: 3x below this
+    # small sample's median is a finding, named on stderr and kept; price errors are left out
+    assert {o.provider for o in rows} == set(SKYPILOT_FILES)
+    assert "kept, a finding: hyperbolic" in err
+    assert not errors(rows + modal_offers("2026-11-25"))
     assert all("@0123456" in o.source and o.retrieved == "2026-11-25" for o in rows)
     advised = [o for o in rows if o.advised]
     assert advised and all(o.provider == "aws" and o.spot_usd_h for o in advised)

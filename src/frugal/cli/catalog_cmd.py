@@ -64,7 +64,10 @@ class OffersOptions:
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'.")
     kwh_usd: float = number(KWH_USD, "Electricity price for --local, $/kWh.", ge=0, le=10)
     suspicious_only: bool = typer.Option(
-        False, "--suspicious", help="Only the offers left out of plans as suspicious, and why."
+        False,
+        "--suspicious",
+        help="Only the offers whose price is an error (left out of plans) or stands far from "
+        "its peers' (kept, a finding), and why.",
     )
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP)
 
@@ -80,18 +83,24 @@ def offers(ctx: typer.Context, o: OffersOptions) -> None:
         o.prices or [], o.discount or [], o.local or [], o.kwh_usd, o.providers, o.gpu,
         include_suspicious=o.suspicious_only,
     )  # fmt: skip
-    why = base().suspicious
+    b = base()
+    why = b.findings | b.errors
     if o.suspicious_only:
         chosen = [offer for offer in chosen if offer.key in why]
     basis = price_basis(chosen, o.prices or [])
-    rows = [x.to_json() | ({"suspicious": why[x.key]} if x.key in why else {}) for x in chosen]
+    rows = [
+        x.to_json() | ({"suspicious": why[x.key], "left_out": x.key in b.errors}
+                       if x.key in why else {})
+        for x in chosen
+    ]  # fmt: skip
     if o.json_out:
         print_json({"offers": rows, "prices": basis.to_json()})
         show_prices(basis, o.json_out)
         return
 
     con = console()
-    what = "suspicious offers, left out of plans" if o.suspicious_only else "offers"
+    what = "offers with a price error (left out) or finding (kept)" if o.suspicious_only \
+        else "offers"  # fmt: skip
     t = Table(title=f"{len(rows)} {what} ($/hour for the whole instance)")
     cols = ("provider", "instance", "GPUs", "on-demand", "spot", "interrupt", "region", "why")
     for col in cols if o.suspicious_only else cols[:-1]:
@@ -106,10 +115,15 @@ def offers(ctx: typer.Context, o: OffersOptions) -> None:
             f"${spot:.3f}" if spot is not None else "-",
             str(r["interruption"] or "-"),
             str(r["region"]),
-            *((str(r["suspicious"]),) if o.suspicious_only else ()),
+            *((_why(r),) if o.suspicious_only else ()),
         )
     con.print(t)
     show_prices(basis)
+
+
+def _why(row: dict[str, object]) -> str:
+    """A listed offer's verdict: left out of plans (a price error) or kept (a finding)."""
+    return ("left out: " if row["left_out"] else "kept: ") + str(row["suspicious"])
 
 
 @offers_app.command("update")

@@ -88,7 +88,9 @@ class PlanOptions:
     network_gbps: float | None = option(Constraints, "network_gbps")
     offers: list[str] | None = typer.Option(None, "--offers", "--prices", help=OFFERS_HELP)
     include_suspicious: bool = typer.Option(
-        False, help="Plan with offers flagged as suspicious too (frugal offers --suspicious)."
+        False,
+        help="Plan with offers whose price is an error too: zero, spot above on-demand, a GPU "
+        "count the instance contradicts (frugal offers --suspicious).",
     )
     discount: list[str] | None = typer.Option(None, help="PROVIDER=PERCENT off, e.g. aws=15.")
     local: list[str] | None = typer.Option(None, help="Your own GPUs, e.g. '2x RTX 4090'.")

@@ -1,7 +1,8 @@
 """Build the bundled catalog (data/offers.csv) from SkyPilot's catalog files: the same
 normalizer `frugal offers update` runs, over files a maintainer recorded, each provider's
-rows stamped with the catalog commit they came from. Suspicious rows are left out (the
-bundled catalog holds none; a test checks it) and listed on stderr.
+rows stamped with the catalog commit they came from. Rows whose price is an error are left
+out (the bundled catalog holds none; a test checks it) and listed on stderr, with the
+prices far from their peers', which stay (`sanity`: findings, said where a plan takes one).
 
     python -m frugal.hardware.bundle CATALOGS --commit aws=00148f2 ... \\
         [--advisor spot-advisor-data.json] [--retrieved 2026-11-25] > offers.csv
@@ -19,7 +20,7 @@ from pathlib import Path
 from frugal.hardware.offers import Offer, modal_offers, offers_csv
 from frugal.hardware.price_files import parse_skypilot
 from frugal.hardware.refresh import SKYPILOT_FILES, parse_advisor, with_advisor
-from frugal.hardware.sanity import suspicious
+from frugal.hardware.sanity import errors, findings
 from frugal.hardware.snapshot import header
 from frugal.times import parse_time
 
@@ -55,15 +56,14 @@ def build(
         buckets = parse_advisor(advisor.read_text(), str(advisor))
         n = with_advisor(rows, buckets, f"({advisor.name})")
         notes.append(f"aws: {n} spot offers given their Spot Advisor bucket")
-    # leaving rows out moves the medians: again until none is left to flag (the catalog
-    # frugal loads is checked by the same rule, and must find nothing)
     # frugal loads these with Modal's offers (data/modal.csv): judged together
     modal = modal_offers(retrieved)
-    while flagged := suspicious(rows + modal):
-        for key, why in sorted(flagged.items()):
-            notes.append(f"left out as suspicious: {' '.join(key)}: {why}")
-        rows = [o for o in rows if o.key not in flagged]
-        modal = [o for o in modal if o.key not in flagged]  # fix modal.csv: a note says why
+    wrong = errors(rows + modal)
+    for key, why in sorted(wrong.items()):
+        notes.append(f"left out, a price error: {' '.join(key)}: {why}")
+    rows = [o for o in rows if o.key not in wrong]
+    for key, why in sorted(findings(rows + modal).items()):
+        notes.append(f"kept, a finding: {' '.join(key)}: {why}")
     return rows, notes
 
 

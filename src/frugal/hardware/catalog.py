@@ -32,7 +32,7 @@ class PriceBasis:
     files: tuple[str, ...]  # your own offers files, on top of the snapshot
     oldest: datetime  # the oldest price among the offers considered
     max_age_days: float
-    left_out: int  # suspicious offers left out
+    left_out: int  # offers with a price error, left out
 
     def age_days(self, now: datetime | None = None) -> float:
         return max(0.0, ((now or datetime.now(UTC)) - self.oldest).total_seconds() / 86400)
@@ -46,7 +46,9 @@ class PriceBasis:
         if self.files:
             text += f", with your offers from {', '.join(self.files)}"
         if self.left_out:
-            text += f"; {self.left_out} suspicious offers left out (frugal offers --suspicious)"
+            text += (
+                f"; {self.left_out} offers with price errors left out (frugal offers --suspicious)"
+            )
         return text
 
     def warning(self, now: datetime | None = None) -> str | None:
@@ -94,7 +96,7 @@ def price_basis(offers: Iterable[Offer], files: Iterable[str] = ()) -> PriceBasi
         files=tuple(dict.fromkeys([*own, *files])),
         oldest=min(times, default=b.snapshot.retrieved),
         max_age_days=max_age,
-        left_out=sum(1 for k in b.suspicious if k in keys),
+        left_out=sum(1 for k in b.errors if k in keys),
     )
 
 
@@ -149,7 +151,8 @@ def catalog(
     bundled: bool = True,
     include_suspicious: bool = False,
 ) -> list[Offer]:
-    """All offers: the snapshot (suspicious ones left out unless asked for), then your own
+    """All offers: the snapshot (those with a price error left out unless asked for: the
+    flag's old name, `include_suspicious`), then your own
     offers files (settings, then each price file), then local GPUs; discounts applied.
 
     A row of yours with the same provider, instance and region as a catalog one replaces it.
@@ -157,7 +160,7 @@ def catalog(
     merged: dict[tuple[str, str, str], Offer] = {}
     b = base()
     for o in b.offers if bundled else ():
-        if include_suspicious or o.key not in b.suspicious:
+        if include_suspicious or o.key not in b.errors:
             merged[o.key] = o
     own, _ = offer_settings()
     for f in dict.fromkeys([*own, *price_files]):
@@ -202,3 +205,17 @@ def select_offers(
         g = find_gpu(gpu)
         out = [o for o in out if o.gpu == g]
     return out
+
+
+def finding(offer: Offer) -> str | None:
+    """Why `offer`'s price stands far from its peers' (`sanity.findings`, judged over the
+    whole snapshot, so the providers a command selects do not move it); None when it does
+    not, or when it is not the snapshot's row (your own, or discounted)."""
+    b = base()
+    why = b.findings.get(offer.key)
+    if why is None:
+        return None
+    row = next((o for o in b.offers if o.key == offer.key), None)
+    same = row is not None and (row.ondemand_usd_h, row.spot_usd_h) == (
+        offer.ondemand_usd_h, offer.spot_usd_h)  # fmt: skip
+    return why if same else None

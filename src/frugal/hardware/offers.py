@@ -18,9 +18,9 @@ from pathlib import Path
 
 from frugal.csvrows import Cells
 from frugal.errors import FrugalError, notice
+from frugal.hardware import sanity
 from frugal.hardware.csvdata import data_rows, header
 from frugal.hardware.gpus import GPU, gpus, lookup_gpu
-from frugal.hardware.sanity import suspicious
 from frugal.hardware.snapshot import Snapshot, bundled_text, meta, read, stored
 from frugal.names import closest
 from frugal.settings import settings_path, table
@@ -287,15 +287,17 @@ def bundled_offers() -> tuple[Offer, ...]:
 
 @dataclass(frozen=True)
 class Base:
-    """The offers plans price from, what they are, and which of them look wrong."""
+    """The offers plans price from, what they are, the listings that are wrong (left out of
+    plans) and the prices that stand far from their peers' (kept, and said): `sanity`."""
 
     snapshot: Snapshot
     offers: tuple[Offer, ...]
-    suspicious: dict[tuple[str, str, str], str]
+    errors: dict[tuple[str, str, str], str]
+    findings: dict[tuple[str, str, str], str]
 
     @classmethod
     def of(cls, snap: Snapshot, offers: list[Offer]) -> Base:
-        return cls(snap, tuple(offers), suspicious(offers))
+        return cls(snap, tuple(offers), sanity.errors(offers), sanity.findings(offers))
 
 
 _READ: dict[tuple[str, int, int], Base | None] = {}  # None: it cannot be read (said once)

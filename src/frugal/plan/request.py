@@ -27,7 +27,7 @@ from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile
 from frugal.estimate.notes import classifier_note, profile_notes
 from frugal.files import write_text_atomic
-from frugal.hardware.catalog import PriceBasis, price_basis, select_offers
+from frugal.hardware.catalog import PriceBasis, finding, price_basis, select_offers
 from frugal.hardware.offers import KWH_USD, Offer
 from frugal.ledger.tags import parse_tags, resolve
 from frugal.models.specs import ModelSpec, load_spec
@@ -123,7 +123,11 @@ class PlanRequest(BaseModel):
     providers: Listed | None = Field(
         None, min_length=1, description="providers to consider [default: all]"
     )
-    include_suspicious: bool = Field(False, description="plan with suspicious offers too")
+    include_suspicious: bool = Field(
+        False,
+        description="plan with offers whose price is an error too (zero, spot above "
+        "on-demand, a GPU count the instance contradicts)",
+    )
     discount: tuple[str, ...] = Field((), description="PROVIDER=PERCENT off, e.g. aws=15")
     local: tuple[str, ...] = Field((), description="your own GPUs, e.g. '2x RTX 4090'")
     kwh_usd: float = Field(KWH_USD, description="electricity price for local GPUs, $/kWh")
@@ -274,6 +278,12 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
         raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
     best = result.recommendation.job
     notes += profile_notes(spec, best, get_profile(spec, best, best.seq, "the plan's notes"))
+    chosen = result.recommendation.offer
+    if why := finding(chosen):  # a price far from its peers': kept, and said
+        notes.append(
+            f"price finding: {chosen.provider} {chosen.instance} in {chosen.region}: {why}; "
+            "a marketplace's real price or a listing error: check it before you rent"
+        )
     result.notes[:0] = notes
     tags = resolve(q.tag, model=spec.id, required=False)
     settings = q.settings(spec, result.recommendation.job.method, per_epoch)
