@@ -79,11 +79,32 @@ def test_options_come_first_then_torchrun_then_skypilot_then_slurm() -> None:
         ({"nnodes": 2, "node_rank": 2, "master_addr": "h"}, "give 0 to 1"),
         ({"nnodes": 2, "rdzv_endpoint": "h"}, "HOST:PORT"),
         ({"nnodes": 2, "rdzv_endpoint": "h:1", "master_addr": "h"}, "or --master-addr"),
+        ({"nnodes": 1, "node_rank": 3}, r"--node-rank 3: give 0 to 0"),  # it trained
+        ({"nnodes": 0}, "--nnodes 0: give the number of machines"),
+        ({"nnodes": 2, "master_addr": "h", "master_port": 70000}, "port from 1 to 65535"),
     ],
 )
 def test_bad_node_options_are_one_line(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(FrugalError, match=match):
         resolve(**kwargs, env={})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [  # each waited at the rendezvous until killed, or was an internal error
+        ({**SLURM, "SLURM_JOB_NODELIST": "gpu[01-"}, "not a Slurm node list"),
+        ({**SLURM, "SLURM_NODEID": "2"}, "SLURM_NODEID=2 is past the job's 2 nodes"),
+        ({**SKY, "SKYPILOT_NUM_GPUS_PER_NODE": "0"}, "SkyPilot gave the nodes no GPU"),
+        ({**SKY, "SKYPILOT_NODE_RANK": "2"}, "lists 2 nodes for SKYPILOT_NUM_NODES=2"),
+        ({**SLURM, "SLURM_NODEID": "-1"}, "not a whole number"),
+    ],
+    ids=["nodelist-cut", "nodeid-past", "no-gpus", "sky-rank-past", "nodeid-negative"],
+)
+def test_launchers_environments_that_cannot_work_are_one_line(
+    env: dict[str, str], match: str
+) -> None:
+    with pytest.raises(FrugalError, match=match):
+        resolve(env=env)
 
 
 def test_gpus_must_spread_evenly_over_the_nodes() -> None:

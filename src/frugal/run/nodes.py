@@ -117,8 +117,14 @@ def _from_options(
 ) -> Nodes:
     if nnodes is None:
         raise FrugalError("--node-rank, --master-addr and --rdzv-endpoint need --nnodes N")
+    if nnodes < 1:
+        raise FrugalError(f"--nnodes {nnodes}: give the number of machines, 1 or more")
     if rdzv_endpoint is not None and (master_addr is not None or master_port is not None):
         raise FrugalError("give --rdzv-endpoint HOST:PORT, or --master-addr and --master-port")
+    if node_rank is not None and not 0 <= node_rank < nnodes:
+        raise FrugalError(f"--node-rank {node_rank}: give 0 to {nnodes - 1} (0 is the head)")
+    if master_port is not None and not 0 < master_port < 65536:
+        raise FrugalError(f"--master-port {master_port}: give a port from 1 to 65535")
     if nnodes == 1:
         return Nodes(source="--nnodes")
     if rdzv_endpoint is None:
@@ -129,8 +135,6 @@ def _from_options(
             )
         rdzv_endpoint = f"{master_addr}:{master_port or DEFAULT_PORT}"
     _endpoint(rdzv_endpoint, "--rdzv-endpoint")
-    if node_rank is not None and not 0 <= node_rank < nnodes:
-        raise FrugalError(f"--node-rank {node_rank}: give 0 to {nnodes - 1} (0 is the head)")
     return _local(Nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id or "frugal", source="--nnodes"))
 
 
@@ -147,6 +151,11 @@ def _from_skypilot(env: Mapping[str, str], rdzv_id: str | None) -> Nodes:
         )
     gpus = "SKYPILOT_NUM_GPUS_PER_NODE"
     per_node = _int(env, gpus) if gpus in env else None
+    if per_node == 0:
+        raise FrugalError(
+            f"{gpus}=0: SkyPilot gave the nodes no GPU; ask for them in the task's resources "
+            "(accelerators: H100:8), or run frugal train on one machine"
+        )
     run_id = rdzv_id or _safe_id(env.get("SKYPILOT_TASK_ID", "frugal"))
     endpoint = f"{ips[0]}:{_port(env)}"
     return Nodes(count, rank, endpoint, run_id, ips[rank], per_node or None, "SkyPilot")
@@ -166,14 +175,31 @@ def _from_slurm(env: Mapping[str, str], rdzv_id: str | None) -> Nodes:
     if not nodelist:
         raise FrugalError("Slurm's SLURM_JOB_NODELIST is not set: run frugal train under srun")
     rank = _int(env, "SLURM_NODEID")
+    if rank >= count:
+        raise FrugalError(
+            f"SLURM_NODEID={rank} is past the job's {count} nodes (0 to {count - 1}): run "
+            "frugal train under srun in the job, not with Slurm's variables set by hand"
+        )
     run_id = rdzv_id or f"slurm-{_safe_id(env['SLURM_JOB_ID'])}"
     endpoint = f"{first_host(nodelist)}:{_port(env)}"
     return _local(Nodes(count, rank, endpoint, run_id, source="Slurm"))
 
 
+# a Slurm host list: names with bracketed ranges, comma-separated (gpu[003-004,010],cpu7)
+_RANGES = r"\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\]"
+_HOST = rf"(?:[A-Za-z0-9_.-]|{_RANGES})+"
+NODELIST = re.compile(rf"{_HOST}(?:,{_HOST})*")
+
+
 def first_host(nodelist: str) -> str:
     """The first host of a Slurm node list, as `scontrol show hostnames` would print it first:
-    `gpu[003-004,010],cpu7` gives gpu003 (the zero-padding kept)."""
+    `gpu[003-004,010],cpu7` gives gpu003 (the zero-padding kept). A list that is not one
+    (cut short, `gpu[01-`) is one line."""
+    if not NODELIST.fullmatch(nodelist.strip()):
+        raise FrugalError(
+            f"SLURM_JOB_NODELIST={nodelist!r} is not a Slurm node list (e.g. gpu[01-04],cpu7): "
+            "run frugal train under srun in the job"
+        )
     head = re.split(r",(?![^\[]*\])", nodelist.strip(), maxsplit=1)[0]
     m = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", head)
     if not m:
