@@ -302,3 +302,64 @@ def test_the_plan_says_how_to_launch_each_file_it_wrote(tiny_llama: ModelSpec) -
     assert _use("slurm", "t.sbatch", two) == "submit with: sbatch t.sbatch"
     assert _use("torchrun", "n.sh", two) == "on each node: bash n.sh NODE_RANK HEAD_ADDRESS"
     assert all(_use(what, "x", two) for what in [*EMITTED, "plot"])
+    assert _use("slurm", "my job.sbatch", two) == "submit with: sbatch 'my job.sbatch'"
+    assert _use("run config", "bob's.yaml", one.recommendation) == (
+        "run it with: frugal train 'bob'\"'\"'s.yaml'"
+    )
+
+
+ODD_NAMES = ["my run.yaml", "bob's run.yaml", 'a "b" $(touch pwned) `x`.yaml', "réglage ü.yaml"]
+
+
+def _argv_of(command: str, cwd: Path) -> list[str]:
+    """The arguments bash gives `frugal` in `command` (frugal replaced by printf)."""
+    shim = "frugal() { printf '%s\\n' \"$@\"; }; "
+    shown = subprocess.run(["bash", "-c", shim + command, "bash", "0", "HEAD"], cwd=cwd,
+                           capture_output=True, text=True)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout.splitlines()
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_shell_files_pass_a_run_config_of_any_name_as_one_argument(
+    tiny_llama: ModelSpec, tmp_path: Path, name: str
+) -> None:
+    """The sbatch script, the torchrun lines and the SkyPilot task hand `frugal train` the
+    run config's name as it is: spaces, quotes, `$(...)` and non-ASCII included, and
+    nothing of the name runs."""
+    from frugal.plan.emit import slurm_script, torchrun_lines
+
+    plan = _two_node_plan(tiny_llama)
+    srun = next(ln for ln in slurm_script(plan, name).splitlines() if ln.startswith("srun "))
+    assert _argv_of(srun.split(" ", 2)[2], tmp_path)[:2] == ["train", name]
+    lines = torchrun_lines(plan, name, f"nodes {name}.sh").splitlines()
+    (tmp_path / "nodes.sh").write_text("\n".join(lines) + "\n")
+    assert subprocess.run(["bash", "-n", str(tmp_path / "nodes.sh")]).returncode == 0
+    exec_line = next(ln for ln in lines if ln.startswith("exec frugal "))
+    assert _argv_of(exec_line.removeprefix("exec "), tmp_path)[:2] == ["train", name]
+    run = yaml.safe_load(skypilot_task(plan, name))["run"]
+    assert _argv_of(run, tmp_path)[:2] == ["train", name]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_skypilot_task_mounts_a_run_config_outside_the_workdir(
+    tiny_llama: ModelSpec, tmp_path: Path
+) -> None:
+    """Only the working directory is synced to the VM: a run config written elsewhere
+    (`--write /elsewhere/run.yaml`, or `../run.yaml`) is mounted, and the run line names
+    the mounted copy, never a path of this machine."""
+    from frugal.plan.emit import CONFIG_MOUNT
+
+    plan = search(tiny_llama, make_job(seq=128), catalog(), Constraints(tokens=1e7)).recommendation
+    elsewhere = tmp_path / "else where" / "run.yaml"
+    for given in (str(elsewhere), "../run.yaml"):
+        task = yaml.safe_load(skypilot_task(plan, given))
+        skypilot_validator("task").validate(task)
+        mounted = f"{CONFIG_MOUNT}/run.yaml"
+        assert task["file_mounts"][mounted] == str(Path(given).resolve())
+        assert (
+            task["run"].startswith(f"frugal train {mounted} ") and str(tmp_path) not in task["run"]
+        )
+    inside = yaml.safe_load(skypilot_task(plan, "configs/run.yaml"))
+    assert list(inside["file_mounts"]) == ["/checkpoints"]  # synced with the workdir
+    assert inside["run"].startswith("frugal train configs/run.yaml ")

@@ -137,6 +137,11 @@ def test_write_gives_a_config_per_job_and_a_resumable_task_per_vm(
         resources_schema.validate(task["resources"])
         # a restart skips finished jobs and resumes the running one
         assert "run_summary.json ]; then" in task["run"] and "--resume auto" in task["run"]
+        # the configs were written outside the synced workdir: mounted, never named as paths
+        # of this machine in what the VM runs
+        assert str(tmp_path) not in task["run"]
+        mounted = {Path(v).name for k, v in task["file_mounts"].items() if k != "/checkpoints"}
+        assert mounted and mounted <= {p.name for p in configs}
     first = yaml.safe_load(tasks[0].read_text())["run"]
     names = [j["name"] for j in out["vms"][0]["jobs"]]
     assert [first.index(f"/checkpoints/{n} ") for n in names] == sorted(

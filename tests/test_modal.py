@@ -86,5 +86,33 @@ def test_emit_modal_needs_a_gpu_modal_sells_and_a_run_config(
     assert "--write" in run_error(capsys, *PLAN, "--emit", "modal")
     msg = run_error(capsys, *PLAN, "--local", "RTX 4090", "--providers", "local", "--write",
                     "f.yaml", "--emit", "modal")  # fmt: skip
-    assert "Modal has no RTX 4090" in msg and "--providers modal" in msg
+    assert "priced on local (your 1x RTX 4090)" in msg and "--providers modal" in msg
+    assert not (tmp_path / "f.yaml").exists() and not (tmp_path / "modal_app.py").exists()
+
+
+@pytest.mark.parametrize(
+    "name", ["bob's run.yaml", "x'); import os; os.system('touch pwned'); ('.yaml", 'a"""b ü.yaml']
+)
+def test_the_modal_app_takes_a_run_config_of_any_name_as_data(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name with quotes was a syntax error in modal_app.py, and a crafted one ran as
+    code: the name is a string literal of the app, whatever it holds."""
+    pytest.importorskip("modal")
+    monkeypatch.chdir(tmp_path)
+    rc = main([*PLAN, "--providers", "modal", "--write", name, "--emit", "modal", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    app = _load(tmp_path / "modal_app.py")
+    config, in_image = app.CONFIG, app.IN_IMAGE  # type: ignore[attr-defined]
+    assert (config, in_image) == (name, "/config/" + name)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_emit_modal_refuses_a_plan_priced_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Modal app for a GPU the plan priced on AWS would run at a price nobody planned."""
+    monkeypatch.chdir(tmp_path)
+    msg = run_error(capsys, *PLAN, "--providers", "aws", "--write", "f.yaml", "--emit", "modal")
+    assert "priced on aws" in msg and "--providers modal" in msg
     assert not (tmp_path / "f.yaml").exists() and not (tmp_path / "modal_app.py").exists()

@@ -114,7 +114,7 @@ def write_all(packing: Packing, planned: list[Planned], where: Path) -> list[str
             cfg = validate_run_config(apply_overrides(data, p.job.overrides), f"job {r.job}")
             path = where / f"{r.job}.yaml"
             cfg.write(str(path))
-            configs[r.job] = path.name
+            configs[r.job] = str(path)  # as the task launched from here finds it
             wrote.append(str(path))
         task = where / f"vm{i}.sky.yaml"
         write_text_atomic(task, skypilot_jobs_task(vm, configs, f"frugal-vm{i}"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,7 +167,9 @@ USE = {"hf": "run it with: python {}", "skypilot": "launch with: sky jobs launch
 
 
 def _use(what: str, path: str, plan: Plan) -> str:
-    """How a file the plan wrote is used: the words after `wrote PATH`."""
+    """How a file the plan wrote is used: the words after `wrote PATH`, its path quoted
+    for the shell that runs them."""
+    path = shlex.quote(path)
     if what != "run config":
         return USE[what].format(path)
     if plan.nodes == 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -182,20 +183,36 @@ SKYPILOT_NODES = (
 )  # the head node is the first of SKYPILOT_NODE_IPS
 
 
+CONFIG_MOUNT = "~/frugal-config"  # where a run config outside the synced workdir goes
+
+
+def on_the_vm(run_config: str) -> tuple[str, dict[str, str]]:
+    """The run config as a SkyPilot VM sees it, quoted for its shell, and the file mount it
+    needs: a path inside the working directory (relative, not climbing out of it) is synced
+    with it; any other (`--write /elsewhere/run.yaml`) is mounted into CONFIG_MOUNT, since
+    the VM has no such path of this machine."""
+    path = Path(run_config)
+    if not path.is_absolute() and ".." not in path.parts:
+        return shlex.quote(path.as_posix()), {}
+    remote = f"{CONFIG_MOUNT}/{path.name}"
+    return f"{CONFIG_MOUNT}/{shlex.quote(path.name)}", {remote: str(path.resolve())}
+
+
 def skypilot_task(plan: Plan, run_config: str) -> str:
     """A SkyPilot task YAML: resources, spot with job recovery, a checkpoint bucket mount,
     and frugal installed from the synced working directory with the extras the plan needs.
     On several nodes every node runs the same line, which joins them into one job at the
     head node's rendezvous, all writing the one checkpoint bucket."""
     package = ".[train]" if needs_bitsandbytes(plan.job) else "."
-    run = f"frugal train {run_config} output_dir={BUCKET} --resume auto"
+    config, mounts = on_the_vm(run_config)
+    run = f"frugal train {config} output_dir={BUCKET} --resume auto"
     if plan.nodes > 1:
         run = f"{run} {SKYPILOT_NODES}"
     task: dict[str, Any] = {
         "name": "frugal-train",
         "resources": _resources(plan.offer, plan.spot),
         "num_nodes": plan.nodes,
-        "file_mounts": {BUCKET: {"name": "frugal-checkpoints", "mode": "MOUNT"}},
+        "file_mounts": {BUCKET: {"name": "frugal-checkpoints", "mode": "MOUNT"}, **mounts},
         "workdir": ".",  # this checkout of frugal, with the run config, synced to the VM
         "setup": f"pip install '{package}'",
         "run": run,
@@ -230,7 +247,7 @@ def slurm_script(plan: Plan, run_config: str) -> str:
         "set -uo pipefail",
         "# the rendezvous port, from the job id: two jobs on one head node do not collide",
         "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
-        f"srun --kill-on-bad-exit=0 frugal train {run_config} --resume auto",
+        f"srun --kill-on-bad-exit=0 frugal train {shlex.quote(run_config)} --resume auto",
         "rc=$?",
         "if [ $rc -eq 75 ]; then  # stopped with a checkpoint (time limit, preemption): again",
         '  scontrol requeue "$SLURM_JOB_ID"',
@@ -249,10 +266,12 @@ def torchrun_lines(plan: Plan, run_config: str, path: str) -> str:
         "# run on every node, giving its rank (0 is the head) and the head's address:",
     ]
     for r in range(plan.nodes):
-        lines.append(f"#   bash {path} {r} HEAD_ADDRESS" + ("   (the head)" if r == 0 else ""))
+        lines.append(
+            f"#   bash {shlex.quote(path)} {r} HEAD_ADDRESS" + ("   (the head)" if r == 0 else "")
+        )
     lines += [
         "set -euo pipefail",
-        f"exec frugal train {run_config} --resume auto --nnodes {plan.nodes} "
+        f"exec frugal train {shlex.quote(run_config)} --resume auto --nnodes {plan.nodes} "
         '--node-rank "$1" --master-addr "$2" --master-port "${MASTER_PORT:-29500}"',
     ]
     return "\n".join(lines) + "\n"
@@ -263,13 +282,15 @@ def skypilot_jobs_task(vm: VM, configs: dict[str, str], name: str) -> str:
     dir on the checkpoint bucket. A restart after preemption runs the same script: a job that
     finished (its run_summary.json is there) is skipped, the one that was running resumes
     from its last checkpoint, the rest follow."""
-    steps = []
+    steps, mounts = [], {}
     for r in vm.runs:
-        out = f"/checkpoints/{r.job}"
+        out = shlex.quote(f"{BUCKET}/{r.job}")
         nodes = f" {SKYPILOT_NODES}" if vm.nodes > 1 else ""
+        config, mount = on_the_vm(configs[r.job])
+        mounts.update(mount)
         steps.append(
             f"if [ ! -f {out}/run_summary.json ]; then\n"
-            f"  frugal train {configs[r.job]} output_dir={out} --resume auto{nodes}\n"
+            f"  frugal train {config} output_dir={out} --resume auto{nodes}\n"
             "fi"
         )
     package = ".[train]" if any(needs_bitsandbytes(r.plan.job) for r in vm.runs) else "."
@@ -277,7 +298,7 @@ def skypilot_jobs_task(vm: VM, configs: dict[str, str], name: str) -> str:
         "name": name,
         "resources": _resources(vm.offer, vm.spot),
         "num_nodes": vm.nodes,
-        "file_mounts": {"/checkpoints": {"name": "frugal-checkpoints", "mode": "MOUNT"}},
+        "file_mounts": {BUCKET: {"name": "frugal-checkpoints", "mode": "MOUNT"}, **mounts},
         "workdir": ".",
         "setup": f"pip install '{package}'",
         "run": "set -e\n" + "\n".join(steps) + "\n",
@@ -295,6 +316,12 @@ def modal_app(plan: Plan, run_config: str) -> str:
     checkout of frugal installed into the image with the run config, a persistent Volume for
     the run directory, and retries that resume from the last checkpoint (Modal restarts a
     preempted GPU function on the same input; an attempt is cut at 24 h)."""
+    if plan.offer.provider != "modal":
+        raise FrugalError(
+            f"--emit modal: the plan is priced on {plan.offer.provider} "
+            f"({plan.offer.instance}), not on Modal: plan with --providers modal for a Modal "
+            "app of a run Modal prices"
+        )
     found = modal_gpu(plan.offer.gpu)
     if found is None:
         raise FrugalError(
