@@ -193,6 +193,11 @@ def test_the_shipped_sentiment_data_is_clean_and_balanced(
         ([{"text": "a", "label": -1}, {"text": "b", "label": 1}], "label -1"),
         ([{"text": "a", "label": True}, {"text": "b", "label": 1}], "label True"),
         ([{"prompt": "a", "label": 1}, {"text": "b", "label": 0}], "needs `text` and `label`"),
+        # it built that many class names (MemoryError, exit 1)
+        (
+            [{"text": "a", "label": 0}, {"text": "b", "label": 99_999_999_999}],
+            ":2: label id 99,999,999,999: ids number the classes from 0, at most 9,999",
+        ),
     ],
 )
 def test_bad_classification_rows_are_one_line_with_the_place(
@@ -216,3 +221,16 @@ def test_a_validation_file_keeps_the_training_files_classes(tmp_path: Path) -> N
     odd = write_jsonl(tmp_path / "o.jsonl", [{"text": "x", "label": "neutral"}])
     with pytest.raises(FrugalError, match="'neutral' is no class of the training data"):
         read_labelled(odd, classes)
+
+
+def test_a_null_or_blank_text_is_an_empty_row_not_a_row_of_special_tokens(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A null text read as "" was tokenized to BOS and EOS and trained: it is empty, said
+    and dropped, and two of them are not a repeat. So is a blank completion."""
+    rows = [{"text": "hello"}, {"text": None}, {"text": "  "}, {"text": "world"}]
+    d = check(capsys, write_jsonl(tmp_path / "t.jsonl", rows))
+    assert (d["empty"], d["duplicates"]) == (2, 0)
+    assert any("2 rows have no tokens to train on" in w for w in d["warnings"])
+    pc = [{"prompt": "ab", "completion": "cd"}, {"prompt": "ab", "completion": None}]
+    assert check(capsys, write_jsonl(tmp_path / "pc.jsonl", pc))["empty"] == 1

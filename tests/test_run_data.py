@@ -542,10 +542,11 @@ def test_mixed_formats_fail(tok: Any, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "m.jsonl", rows)
     with pytest.raises(FrugalError, match=r"m\.jsonl:2: .*one format per file"):
         load_examples(str(path), tok, 64)
-    # an explicit format reads every row that way
+    # an explicit format reads every row that way: the prompt/completion row has no text,
+    # an empty row, dropped
     st = DataStats()
     exs = load_examples(str(path), tok, 64, fmt="text", stats=st)
-    assert st.format == "text" and len(exs) == 2
+    assert st.format == "text" and (st.rows, st.empty, len(exs)) == (2, 1, 1)
 
 
 def test_unknown_format_name(tok: Any, tmp_path: Path) -> None:

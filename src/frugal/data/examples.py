@@ -80,7 +80,9 @@ def load_examples(
     st.trained_tokens = int(trained.sum())
     seen: set[bytes] = set()
     ids, offsets = full.ids, full.offsets.tolist()
-    for a, b in itertools.pairwise(offsets):
+    for (a, b), n in zip(itertools.pairwise(offsets), trained.tolist(), strict=True):
+        if not n:  # an empty row is counted as empty, not as a repeat
+            continue
         digest = hashlib.blake2b(ids[a:b].tobytes(), digest_size=16).digest()
         st.duplicates += digest in seen
         seen.add(digest)

@@ -45,6 +45,11 @@ class Classes:
         names, ids = set(), set()
         for value, where in raw:
             if _is_id(value):
+                if int(value) >= MAX_CLASSES:  # ids are classes 0..max: this many outputs
+                    raise FrugalError(
+                        f"{where}: label id {int(value):,}: ids number the classes from 0, "
+                        f"at most {MAX_CLASSES - 1:,}; give class names, or renumber the ids"
+                    )
                 ids.add(int(value))
                 seen.setdefault("id", where)
             elif isinstance(value, str) and value.strip():

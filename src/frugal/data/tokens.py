@@ -222,6 +222,12 @@ def tokenize_batch(batch: dict[str, list[Any]], fmt: str, tok: Any) -> Any:
         raise FrugalError(f"data.format {fmt!r}: use auto, {', '.join(FORMATS)}")
     starts = offsets[:-1][offsets[1:] > offsets[:-1]]
     labels[starts] = IGNORE
+    # a row whose text (or completion) is blank or null has nothing to learn but its special
+    # tokens: nothing of it is trained, so it counts as empty and is dropped
+    content = {"text": "text", "prompt_completion": "completion"}.get(fmt)
+    if content is not None:
+        blank = np.fromiter((not (t or "").strip() for t in batch[content]), bool, count=n)
+        labels[np.repeat(blank, np.diff(offsets))] = IGNORE
     arrow_offsets = pa.array(offsets.astype(np.int32))
     return pa.table({
         "input_ids": pa.ListArray.from_arrays(arrow_offsets, pa.array(ids)),
