@@ -67,10 +67,14 @@ def test_what_the_user_gives_wins_and_is_shown_as_theirs() -> None:
     got = choose(load_spec(SMALL).config, "lora", "causal", 5e6, 2048,
                  {"lora_r": 4, "epochs": 1.0, "learning_rate": None})  # fmt: skip
     by = {c.name: c for c in got}
-    assert by["lora_r"].value == 4 and by["lora_r"].yours and by["lora_r"].line.endswith("yours")
+    assert by["lora_r"].value == 4 and by["lora_r"].yours
+    # yours, and what frugal would have chosen, with its reason and source
+    assert by["lora_r"].line.startswith("job.lora_r 4: yours (frugal would choose 16: the rank")
+    assert by["lora_r"].line.endswith("[QLoRA])")
     assert by["epochs"].value == 1.0 and by["epochs"].yours
     assert by["learning_rate"].value == 2e-4 and not by["learning_rate"].yours  # None: not given
-    assert by["lora_r"].to_json()["source"] is None
+    assert by["lora_r"].to_json()["frugal_would_choose"] == 16
+    assert "frugal_would_choose" not in by["learning_rate"].to_json()
     # the user's epochs decide whether the data is large enough for a larger rank
     big = {c.name: c.value for c in choose(load_spec(SMALL).config, "lora", "causal", 600e6,
                                            2048, {"epochs": 2.0})}  # fmt: skip

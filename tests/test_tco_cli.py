@@ -57,6 +57,11 @@ def test_engineering_hours_and_training_enter_every_option(
 def test_tco_bad_load_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     err = run_error(capsys, "tco", LLAMA8, "--input-len", "10", "--output-len", "10")
     assert "--rate R or --requests-per-day N" in err
+    # a method frugal has no step for is named by its own flag, with or without training
+    load = ("--rate", "5", "--input-len", "100", "--output-len", "50")
+    for extra in ((), ("--train-tokens", "1M")):
+        err = run_error(capsys, "tco", LLAMA8, *load, "--train-method", "dora", *extra)
+        assert err.startswith("error: --train-method 'dora': give full, lora, qlora")
 
 
 def test_short_horizons_and_the_api_cheapest_for_this_workload(

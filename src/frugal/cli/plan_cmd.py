@@ -55,7 +55,13 @@ class PlanOptions:
     precision: str = option(TrainJob, "precision")
     optimizers: str = option(Constraints, "optimizers", listed=True)
     lora_r: int | None = option(TrainJob, "lora_r", unset=CHOSEN)
-    lora_alpha: int | None = option(TrainJob, "lora_alpha", unset=CHOSEN)
+    # the job's own default (2 x rank) is not what a plan picks: its help says the plan's
+    lora_alpha: int | None = option(
+        TrainJob,
+        "lora_alpha",
+        unset=CHOSEN,
+        help="LoRA alpha: the adapters' scale is alpha / rank.",
+    )
     lora_dropout: float | None = option(TrainJob, "lora_dropout", unset=CHOSEN)
     lora_targets: str | None = option(TrainJob, "lora_targets", unset=CHOSEN)
     learning_rate: float | None = option(TrainingConfig, "learning_rate", unset=CHOSEN)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import typer
 from rich.table import Table
@@ -21,7 +21,7 @@ from frugal.serve.plan import Option, plan
 from frugal.serve.prices import api_prices, conservative_commitment, purchase_price
 from frugal.serve.request import ServeRequest
 from frugal.serve.tco import HOURS_PER_MONTH, Api, Hourly, Owned, Training, Workload, tco
-from frugal.step.job import make_job
+from frugal.step.job import Method, make_job
 
 MONTHS = 240  # the longest horizon: 20 years, past any GPU's working life
 SPOT_OVERHEAD = 0.1  # serving on spot: a share of hours lost to interruptions and reboots
@@ -43,7 +43,9 @@ class TcoOptions:
     train_tokens: float | None = token_count(
         None, "Fine-tune on this many tokens first, e.g. 20M (planned as `frugal plan`)."
     )
-    train_method: str = typer.Option("lora", help="full, lora or qlora.")
+    train_method: str = typer.Option(
+        "lora", help=f"The fine-tune's method: {', '.join(get_args(Method))}."
+    )
     train_every_months: int = number(
         0, "Fine-tune again every K months (0: once).", ge=0, le=MONTHS, whole=True
     )
@@ -71,6 +73,8 @@ class TcoOptions:
 def tco_cmd(ctx: typer.Context, o: TcoOptions) -> None:
     """Self-hosted on-demand, committed, managed, hosted API and your own GPUs over N months:
     the cheapest option each month and where the totals cross."""
+    if o.train_method not in get_args(Method):  # checked whether or not there is training
+        raise FrugalError(f"--train-method {o.train_method!r}: give {', '.join(get_args(Method))}")
     serving = fields_of(ctx, ServeRequest) | {"commitment_months": ()}
     ask = ServeRequest.model_validate(serving).ask()  # what `frugal serve plan` is asked
     spec, arriving = ask.spec, ask.rate

@@ -70,22 +70,27 @@ class Choice:
 
     name: str  # as the run config names it under `WHERE[name]`
     value: Any
-    reason: str
+    reason: str  # why frugal chose its value (for a value of yours: why it would have)
     source: str  # a key of SOURCES
     yours: bool = False  # given by the user: kept as it is
+    ours: Any = None  # what frugal would have chosen, where the user gave the value
 
     @property
     def line(self) -> str:
-        value = f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
-        where = f"{WHERE[self.name]}.{self.name} {value}"
-        return (
-            f"{where}: yours" if self.yours else f"{where}: {self.reason} [{SOURCES[self.source]}]"
-        )
+        where = f"{WHERE[self.name]}.{self.name} {_shown(self.value)}"
+        why = f"{self.reason} [{SOURCES[self.source]}]"
+        if self.yours:
+            return f"{where}: yours (frugal would choose {_shown(self.ours)}: {why})"
+        return f"{where}: {why}"
 
     def to_json(self) -> dict[str, Any]:
         return {"setting": f"{WHERE[self.name]}.{self.name}", "value": self.value,
-                "reason": self.reason, "source": None if self.yours else SOURCES[self.source],
-                "yours": self.yours}  # fmt: skip
+                "reason": self.reason, "source": SOURCES[self.source], "yours": self.yours,
+                **({"frugal_would_choose": self.ours} if self.yours else {})}  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def choose(
@@ -115,7 +120,7 @@ def choose(
         )  # fmt: skip
     chosen["effective_batch"] = _batch(chosen["effective_batch"], tokens, seq)
     return [
-        Choice(c.name, given[c.name], "", c.source, yours=True)
+        Choice(c.name, given[c.name], c.reason, c.source, yours=True, ours=c.value)
         if given.get(c.name) is not None
         else c
         for c in chosen.values()

@@ -174,8 +174,9 @@ const frugal = {
         + `${hours(rec.est_hours)} h${range("est_hours", hours)}` + (rec.bound ? `, ${rec.bound}-bound` : "")],
       ["tags", frugal.scope(p.tags)]]);
     frugal.items("reasons", rec.reasons || [], x => x);
-    frugal.items("settings", p.plan.settings || [], s => s.yours
-      ? `${s.setting} ${s.value}: yours` : `${s.setting} ${s.value}: ${s.reason} [${s.source}]`);
+    frugal.items("settings", p.plan.settings || [], s => `${s.setting} ${s.value}: ` + (s.yours
+      ? `yours (frugal would choose ${s.frugal_would_choose}: ${s.reason} [${s.source}])`
+      : `${s.reason} [${s.source}]`));
     const f = p.plan.frontier || [];
     // each plan's range as error bars: the same plan at the fastest and slowest speed expected
     const bars = (xs, key) => xs.every(x => x[key + "_range"]) ? { type: "data", symmetric: false,
