@@ -186,6 +186,54 @@ def test_a_second_ctrl_c_while_a_checkpoint_is_written_keeps_the_last_one(
     assert_same_weights(uninterrupted, out)
 
 
+def test_a_second_ctrl_c_inside_torchs_checkpoint_writer_is_an_interrupt(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's distributed checkpoint wraps what breaks its write in a CheckpointException,
+    a BaseException: a second Ctrl-C landing inside it ended `frugal train` with a
+    traceback and exit 1. It is the interrupt it is, and the last checkpoint stays."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    out = tmp_path / "w"
+    path = tmp_path / "c.yaml"
+    make_cfg(out, *EVERY_STEP).write(path)
+    real = FileSystemWriter.write_data
+    writes = []
+
+    def interrupted_inside(self: Any, *a: Any, **k: Any) -> Any:
+        writes.append(1)
+        if len(writes) == 3:  # the third checkpoint, inside torch's own writer
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", interrupted_inside)
+    assert main(["train", str(path)]) == INTERRUPTED_EXIT
+    s = RunSummary.model_validate_json((out / "run_summary.json").read_text())
+    assert s.reason.endswith("the checkpoint of step 2 is kept") and s.resumable
+    assert ckpt.damage(out / "checkpoints" / "step-00000002") is None
+
+
+def test_a_full_disk_inside_torchs_checkpoint_writer_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    out = tmp_path / "d"
+    path = tmp_path / "c.yaml"
+    make_cfg(out, *EVERY_STEP).write(path)
+
+    def full(self: Any, *a: Any, **k: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "x.distcp"))
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", full)
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "Traceback" not in err
+
+
 def test_a_second_ctrl_c_waits_for_a_swap_to_finish() -> None:
     with Stop() as stop:
         stop.signal = signal.SIGINT  # the first Ctrl-C was seen

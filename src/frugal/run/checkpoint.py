@@ -20,7 +20,9 @@ import hashlib
 import json
 import random
 import shutil
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,7 +123,34 @@ def save_tensors(path: Path, model: torch.nn.Module, optimizer: Any) -> None:
 
     # not fsynced here: `commit` fsyncs every file of the checkpoint once
     writer = dcp.FileSystemWriter(str(path), sync_files=False)
-    dcp.save(_tensor_states(model, optimizer), storage_writer=writer)
+    with _unwrapped():
+        dcp.save(_tensor_states(model, optimizer), storage_writer=writer)
+
+
+@contextmanager
+def _unwrapped() -> Iterator[None]:
+    """torch's distributed checkpoint wraps what failed in a write or read (a second Ctrl-C,
+    a full disk) in a CheckpointException, a BaseException nothing else expects: it left
+    `frugal train` with a traceback and exit 1. Raise what failed instead, this process's
+    own where it has one."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as e:
+        failures = e.failures
+        rank = next(iter(failures)) if failures else None
+        if rank is None:
+            raise
+        own = _rank()
+        exc, _ = failures.get(own, failures[rank])
+        raise exc from None
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def load_tensors(path: Path, model: torch.nn.Module, optimizer: Any) -> None:
@@ -130,7 +159,8 @@ def load_tensors(path: Path, model: torch.nn.Module, optimizer: Any) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     states = _tensor_states(model, optimizer)
-    dcp.load(states, checkpoint_id=str(path))
+    with _unwrapped():
+        dcp.load(states, checkpoint_id=str(path))
     set_state_dict(
         model,
         optimizer,
