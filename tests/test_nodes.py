@@ -213,6 +213,18 @@ def test_a_signal_while_waiting_for_the_other_nodes_ends_the_wait(tmp_path: Path
     ]
 
 
+def test_a_rendezvous_left_before_its_node_had_a_rank_is_closed() -> None:
+    """A node stopped while it waited (no rank yet) or refused at the join still closes
+    its rendezvous handler: leave skipped shutdown() for a node without a rank."""
+    from frugal.run.rendezvous import Rendezvous
+
+    r = Rendezvous(resolve(2, 0, "127.0.0.1", free_port(), env={}))
+    assert r.node_rank < 0 and not r.handler.is_closed()
+    r.leave(wait=False)
+    assert r.handler.is_closed() and r.closed
+    r.leave(wait=False)  # twice is once
+
+
 def test_only_an_exchange_whose_other_end_is_gone_counts_as_a_lost_peer() -> None:
     import torch.distributed as dist
 

@@ -71,11 +71,18 @@ def launch(
     nodes = nodes or Nodes()
     with _quiet_torch(), _Forward() as forward:
         if nodes.count > 1:
+            rdzv = None
             try:
+                # the wait can only be cut by raising from the signal handler (torch's
+                # rendezvous blocks): whatever it cuts, the rendezvous is shut down below
                 with forward.ending_the_wait():
                     rdzv = Rendezvous(nodes)
                     same = rdzv.join(n)
-            except _Stopped as e:
+            except BaseException as e:
+                if rdzv is not None:
+                    rdzv.leave(wait=False)  # its store and keep-alive, even before a rank
+                if not isinstance(e, _Stopped):
+                    raise
                 why = f"stopped by {e.name} while waiting for the other nodes"
                 print(f"{why}, before anything started: run the same command again on every "
                       "node", file=sys.stderr)  # fmt: skip

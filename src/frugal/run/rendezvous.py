@@ -46,6 +46,7 @@ class Rendezvous:
         )
         self.handler = get_rendezvous_handler(params)
         self.node_rank = -1
+        self.closed = False
 
     def join(self, n: int) -> dict[str, str]:
         """Wait for every node; the environment every worker of this node shares."""
@@ -160,13 +161,15 @@ class Rendezvous:
         """Done here. With `wait` (this node completed the run), wait a while for the other
         nodes to complete theirs, as their workers may still use the store this node hosts;
         a node that stopped (a signal, a lost peer) has agreed with the others to stop and
-        does not wait for nodes that may be gone. Then close the rendezvous."""
-        if self.node_rank < 0:
-            return
-        with contextlib.suppress(Exception):  # a node that is gone has nothing left to use
-            self.store.set(f"frugal/done/{self.group}", "1")
-            if wait:
-                done = [f"frugal/done/{g}" for g in range(self.nodes.count)]
-                self.store.wait(done, timedelta(seconds=DONE_WAIT_S))
-        with contextlib.suppress(Exception):
-            self.handler.shutdown()
+        does not wait for nodes that may be gone. Then close the rendezvous, always: a node
+        stopped before it had a rank (or before it met the others) closes it too."""
+        if self.node_rank >= 0:
+            with contextlib.suppress(Exception):  # a node that is gone has nothing to use
+                self.store.set(f"frugal/done/{self.group}", "1")
+                if wait:
+                    done = [f"frugal/done/{g}" for g in range(self.nodes.count)]
+                    self.store.wait(done, timedelta(seconds=DONE_WAIT_S))
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self.handler.shutdown()
