@@ -168,3 +168,33 @@ def test_modules_functions_and_parameter_lists_stay_small() -> None:
                 too_many.append(f"{where}:{node.lineno} {node.name}: {n} parameters")
     assert not too_long, too_long
     assert not too_many, too_many  # a command's options: a dataclass (cli.options.takes)
+
+
+def _graph() -> dict[str, set[str]]:
+    """frugal's modules and the frugal modules each imports at its top level, a
+    `TYPE_CHECKING` import included (a type a module needs is a concept it depends on)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((SRC / "frugal").rglob("*.py")):
+        deps = {n for n, lazy, _ in _imports(path) if not lazy and n.startswith("frugal.")}
+        out[_module(path)] = {d for d in deps if _find(d)}
+    return out
+
+
+def test_no_two_modules_import_each_other_even_for_types() -> None:
+    """A circle of imports, even a type-only one, says a concept sits in the wrong home
+    (`cli/plan_cmd` <-> `cli/jobs_cmd` over PlanOptions, `hardware/offers` <->
+    `hardware/sanity` over Offer): each module's imports reach back to it nowhere.
+    A package's `__init__` importing its own modules is not a circle."""
+    graph = _graph()
+    circles = []
+    for start in graph:
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            here, path = stack.pop()
+            for nxt in graph.get(here, ()):
+                if nxt == start and not start.startswith(nxt + ".") and len(path) > 1:
+                    circles.append(" -> ".join([*path, start]))
+                elif nxt not in seen and not nxt.startswith(start + "."):
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert not circles, "\n".join(sorted(set(circles))[:20])

@@ -158,3 +158,24 @@ def test_constraints_validate_themselves(change: dict[str, object], message: str
 def test_constraints_take_durations() -> None:
     k = Constraints.build(tokens=1e6, deadline_h="1h30m", mtbi_h="2d")
     assert (k.deadline_h, k.mtbi_h) == (1.5, 48.0)
+
+
+def test_an_options_class_used_as_a_library_holds_the_commands_defaults() -> None:
+    """`InitOptions()` held typer's OptionInfo objects where its defaults should be: every
+    options class of a command makes instances of plain values, the defaults the command
+    line has."""
+    import dataclasses
+
+    from frugal.cli.catalog_cmd import OffersOptions
+    from frugal.cli.data_cmd import CheckOptions
+    from frugal.cli.init_cmd import InitOptions
+    from frugal.cli.plan_options import PlanOptions
+
+    init = InitOptions()
+    assert (init.output, init.yes, init.task) == ("frugal.yaml", False, None)
+    for made in (InitOptions(), PlanOptions(), OffersOptions(), CheckOptions(file="d.jsonl")):
+        for f in dataclasses.fields(made):
+            value = getattr(made, f.name)
+            assert not isinstance(value, typer.models.ParameterInfo), (made, f.name)
+    with pytest.raises(TypeError):
+        CheckOptions()  # FILE has no default: required

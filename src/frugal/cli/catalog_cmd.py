@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
-from frugal.cli.options import JSON_HELP, OFFERS_HELP, number, takes
+from frugal.cli.options import JSON_HELP, OFFERS_HELP, number, option_set, takes
 from frugal.errors import FrugalError
 from frugal.hardware.catalog import price_basis, select_offers
 from frugal.hardware.gpus import gpus as all_gpus
@@ -51,7 +49,7 @@ offers_app = typer.Typer(
 )
 
 
-@dataclass
+@option_set
 class OffersOptions:
     """The options of `frugal offers`, in the order `--help` shows them."""
 

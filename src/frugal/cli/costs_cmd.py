@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from rich.table import Table
 
 from frugal import DISTRIBUTION
 from frugal.cli import console, print_json
-from frugal.cli.options import JSON_HELP, argument, number, takes
+from frugal.cli.options import JSON_HELP, argument, number, option_set, takes
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing, write_text_atomic
 from frugal.formats import usd
@@ -40,7 +39,7 @@ def _alerts(led: Any, tags: dict[str, str] | None = None) -> None:
     announce(check_alerts(led, tags), lambda text: err.print(text, highlight=False))
 
 
-@dataclass
+@option_set
 class AddOptions:
     """The options of `frugal costs add`, in the order `--help` shows them."""
 

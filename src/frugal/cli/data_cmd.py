@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -17,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from frugal.cli import console, print_json
-from frugal.cli.options import JSON_HELP, option, takes
+from frugal.cli.options import JSON_HELP, option, option_set, takes
 from frugal.data.labels import label_stats, read_labelled, tokenize_labelled
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing
@@ -34,7 +33,7 @@ TASKS = get_args(Task)
 IMBALANCED = 3.0  # the largest class over the smallest: warned from here
 
 
-@dataclass
+@option_set
 class CheckOptions:
     """The options of `frugal data check`, in the order `--help` shows them."""
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import typer
@@ -10,13 +9,21 @@ from rich.console import Console
 from rich.table import Table
 
 from frugal.cli import print_json
-from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, option, request_of, takes
+from frugal.cli.options import (
+    JSON_HELP,
+    MODEL_HELP,
+    fields_of,
+    option,
+    option_set,
+    request_of,
+    takes,
+)
 from frugal.estimate.request import EstimateRequest, make_estimate
 from frugal.formats import si
 from frugal.step.job import TrainJob, make_job
 
 
-@dataclass
+@option_set
 class EstimateOptions:
     """The options of `frugal estimate`, in the order `--help` shows them."""
 

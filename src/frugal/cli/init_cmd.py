@@ -25,7 +25,7 @@ from typing import Any, get_args
 import typer
 
 from frugal.cli import console
-from frugal.cli.options import option, takes
+from frugal.cli.options import option, option_set, takes
 from frugal.cli.plan_cmd import render
 from frugal.data.count import CHARS_PER_TOKEN
 from frugal.data.labels import read_labelled
@@ -45,7 +45,7 @@ DEFAULT_MODEL = {"causal": "meta-llama/Llama-3.1-8B", "classification": "meta-ll
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bBmM])\s*$")  # 8B, 0.5b, 360M
 
 
-@dataclass
+@option_set
 class InitOptions:
     """The options of `frugal init`: each answers its question without asking."""
 
@@ -207,9 +207,10 @@ def init(ctx: typer.Context, o: InitOptions) -> None:
     quality or cost first), then writes frugal.yaml and prints the plan."""
     check_target(o.output, "--output", force=o.force)  # before a question is asked
     if not o.yes and not sys.stdin.isatty():
+        flags = ", ".join("--" + f.name for f in fields(o)[:7])
         raise FrugalError(
             "frugal init asks in a terminal: run it in one, or answer with --yes and flags "
-            f"({', '.join('--' + f.name for f in fields(InitOptions)[:7])})"
+            f"({flags})"
         )
     got = ask(o)
     out = make_plan(request(got))

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
+from frugal.cli.plan_options import PlanOptions
 from frugal.config import apply_overrides, validate_run_config
 from frugal.errors import FrugalError
 from frugal.files import check_dir, check_target, write_text_atomic
@@ -20,9 +21,6 @@ from frugal.plan.jobs import Packing
 from frugal.plan.sweep import Planned, plan_jobs, read_jobs
 from frugal.plan.timing import read_price_history
 from frugal.times import parse_time
-
-if TYPE_CHECKING:
-    from frugal.cli.plan_cmd import PlanOptions
 
 
 def parse_now(text: str | None) -> datetime:

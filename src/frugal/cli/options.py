@@ -9,11 +9,12 @@ one line naming the option and the accepted values, before any work is done.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, dataclass_transform, get_type_hints
 
 import typer
 from pydantic import BaseModel, ValidationError
@@ -110,15 +111,45 @@ def _flag(field: str) -> str:
 Body = Callable[[typer.Context, Opts], None]
 
 
+INFOS = "__options__"  # where `option_set` keeps each field's typer.Option
+
+
+@dataclass_transform(kw_only_default=True)
+def option_set(cls: type[Opts]) -> type[Opts]:
+    """A command's options as a dataclass, one field per option, declared with its
+    annotation and its `typer.Option` (or `option(...)`) as the default: typer reads those
+    (`takes`), while the dataclass itself holds plain values, so `PlanOptions()` used as a
+    library is the command's defaults, not typer's OptionInfo objects. Keyword-only: an
+    option without a default (typer's `...`) is required by name."""
+    infos = {}
+    for name in cls.__annotations__:
+        info = cls.__dict__.get(name)
+        if isinstance(info, typer.models.ParameterInfo):
+            infos[name] = info
+            if info.default is ...:
+                delattr(cls, name)  # required
+            else:
+                setattr(cls, name, dataclasses.field(default_factory=_copy(info.default)))
+    made = dataclasses.dataclass(kw_only=True)(cls)
+    setattr(made, INFOS, infos)
+    return made
+
+
+def _copy(value: Any) -> Callable[[], Any]:
+    """A default made afresh for each instance (a list default is not shared)."""
+    return lambda: copy.copy(value)
+
+
 def takes(options: type[Opts]) -> Callable[[Body[Opts]], Callable[..., None]]:
-    """A command whose options are declared as a dataclass, one field per option (its
-    annotation and its `typer.Option` default, as typer reads them from a signature): the
-    command is `body(ctx, opts)`, and typer sees the fields as the command's parameters."""
+    """A command whose options are declared as an `option_set`, one field per option (its
+    annotation and its `typer.Option`, as typer reads them from a signature): the command
+    is `body(ctx, opts)`, and typer sees the fields as the command's parameters."""
     fields = dataclasses.fields(options)  # type: ignore[arg-type]
     hints = get_type_hints(options)
+    infos = getattr(options, INFOS)
     keyword = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("ctx", keyword, annotation=typer.Context)]
-    params += [inspect.Parameter(f.name, keyword, default=f.default, annotation=hints[f.name])
+    params += [inspect.Parameter(f.name, keyword, default=infos[f.name], annotation=hints[f.name])
                for f in fields]  # fmt: skip
 
     def wrap(body: Body[Opts]) -> Callable[..., None]:

@@ -3,14 +3,22 @@ cheapest way to serve it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import typer
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
-from frugal.cli.options import JSON_HELP, MODEL_HELP, OFFERS_HELP, number, option, request_of, takes
+from frugal.cli.options import (
+    JSON_HELP,
+    MODEL_HELP,
+    OFFERS_HELP,
+    number,
+    option,
+    option_set,
+    request_of,
+    takes,
+)
 from frugal.errors import FrugalError
 from frugal.files import check_target, write_text_atomic
 from frugal.hardware.catalog import price_basis, select_offers
@@ -49,7 +57,7 @@ def load_from(concurrency: int | None, rate: float | None, offline: bool, reques
     return Load(concurrency=concurrency, rate=rate)
 
 
-@dataclass
+@option_set
 class ServeEstimateOptions:
     """The options of `frugal serve estimate`, in the order `--help` shows them."""
 
@@ -143,7 +151,7 @@ def render(e: ServeEstimate) -> None:
         con.print(f"  • {note}")
 
 
-@dataclass
+@option_set
 class ServePlanOptions:
     """The options of `frugal serve plan`, in the order `--help` shows them."""
 

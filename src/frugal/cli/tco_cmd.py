@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, get_args
 
 import typer
 from rich.table import Table
 
 from frugal.cli import console, print_json, show_prices
-from frugal.cli.options import JSON_HELP, MODEL_HELP, fields_of, number, option, takes, token_count
+from frugal.cli.options import (
+    JSON_HELP,
+    MODEL_HELP,
+    fields_of,
+    number,
+    option,
+    option_set,
+    takes,
+    token_count,
+)
 from frugal.errors import FrugalError
 from frugal.hardware.catalog import price_basis, select_offers
 from frugal.hardware.offers import HOST_WATTS, KWH_USD
@@ -27,7 +35,7 @@ MONTHS = 240  # the longest horizon: 20 years, past any GPU's working life
 SPOT_OVERHEAD = 0.1  # serving on spot: a share of hours lost to interruptions and reboots
 
 
-@dataclass
+@option_set
 class TcoOptions:
     """The options of `frugal tco`, in the order `--help` shows them."""
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from rich.table import Table
 
 from frugal import cli
 from frugal.cli import print_json
-from frugal.cli.options import number, option, takes
+from frugal.cli.options import number, option, option_set, takes
 from frugal.config import RunConfig, load_run_config
 from frugal.errors import INTERRUPTED_EXIT, RESUMABLE_EXIT, FrugalError
 from frugal.run.launch import launch
@@ -35,7 +34,7 @@ from frugal.step.job import TrainJob
 CONFIGS = "the run config's"
 
 
-@dataclass
+@option_set
 class TrainOptions:
     """The options of `frugal train`, in the order `--help` shows them."""
 
