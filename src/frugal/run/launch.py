@@ -71,22 +71,10 @@ def launch(
     nodes = nodes or Nodes()
     with _quiet_torch(), _Forward() as forward:
         if nodes.count > 1:
-            rdzv = None
-            try:
-                # the wait can only be cut by raising from the signal handler (torch's
-                # rendezvous blocks): whatever it cuts, the rendezvous is shut down below
-                with forward.ending_the_wait():
-                    rdzv = Rendezvous(nodes)
-                    same = rdzv.join(n)
-            except BaseException as e:
-                if rdzv is not None:
-                    rdzv.leave(wait=False)  # its store and keep-alive, even before a rank
-                if not isinstance(e, _Stopped):
-                    raise
-                why = f"stopped by {e.name} while waiting for the other nodes"
-                print(f"{why}, before anything started: run the same command again on every "
-                      "node", file=sys.stderr)  # fmt: skip
+            met = _meet(nodes, n, forward)
+            if met is None:
                 return RESUMABLE_EXIT
+            rdzv, same = met
             rank = rdzv.node_rank
         else:
             rdzv, rank = None, 0
@@ -115,6 +103,27 @@ def launch(
         finally:
             if rdzv is not None:
                 rdzv.leave(wait=code == 0)
+
+
+def _meet(nodes: Nodes, n: int, forward: _Forward) -> tuple[Rendezvous, dict[str, str]] | None:
+    """This node's rendezvous with the others and the environment its workers share; None
+    when a stop signal ended the wait (said). The wait can only be cut by raising from the
+    signal handler (torch's rendezvous blocks): whatever it cuts, or refuses, the
+    rendezvous is shut down (its store and keep-alive, even before this node has a rank)."""
+    rdzv = None
+    try:
+        with forward.ending_the_wait():
+            rdzv = Rendezvous(nodes)
+            return rdzv, rdzv.join(n)
+    except BaseException as e:
+        if rdzv is not None:
+            rdzv.leave(wait=False)
+        if not isinstance(e, _Stopped):
+            raise
+        why = f"stopped by {e.name} while waiting for the other nodes"
+        print(f"{why}, before anything started: run the same command again on every node",
+              file=sys.stderr)  # fmt: skip
+        return None
 
 
 def _run(
