@@ -26,8 +26,10 @@ demo: $(STAMP)
 	$(BIN)/frugal serve plan meta-llama/Llama-3.1-8B --rate 20 --input-len 1000 --output-len 200 --ttft-ms 500
 	@echo "the books in a browser: $(BIN)/frugal dashboard  (then open http://localhost:8050/api/docs)"
 
-# the suite in one process per core; a worker takes the next test as it finishes one
+# the suite in one process per core; a worker takes the next test as it finishes one. The
+# system packages its tests drive (PostgreSQL, Chromium) are installed first where missing.
 test: $(STAMP)
+	@bash scripts/system-packages
 	$(BIN)/python -m pytest -n auto --dist worksteal --durations=15
 
 # everyday work: the tests not marked slow (under a minute)

@@ -224,7 +224,7 @@ def postgres_server() -> Iterator[str]:
     temp dir (as the `postgres` user when the tests run as root); yields the base URL."""
     pg = _pg_bin()
     if pg is None:
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; .ci/run does)")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; make test does)")
     as_user: list[str] = []
     # not under pytest's temp root: that is private to the user running the tests
     root = Path(tempfile.mkdtemp(prefix="frugal-pg-"))

@@ -256,10 +256,11 @@ def test_a_db_naming_no_ledger_is_one_line(
 
 @pytest.fixture
 def browser() -> Any:
-    """Debian's chromium driven by Playwright (.ci/run installs the package when missing)."""
+    """Debian's chromium driven by Playwright (`make test` installs the package when missing,
+    scripts/system-packages)."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does)")
+        pytest.skip("chromium is not installed (apt-get install chromium; make test does)")
     sync = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     with sync.sync_playwright() as p:
         b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])

@@ -70,6 +70,25 @@ def test_the_quickstart_is_two_make_targets() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+    # `make test` itself sets up the system packages its tests drive (not only CI)
+    test_recipe = makefile[makefile.index("\ntest:") :].split("\n\n")[0]
+    assert "scripts/system-packages" in test_recipe
+
+
+def test_make_test_says_exactly_why_it_cannot_install_a_browser(tmp_path: Path) -> None:
+    """Where Chromium is missing and cannot be installed (no apt-get here), the set-up says
+    so, names the tests that will be skipped, and lets the suite run."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("ls", "id"):  # what the script needs, and nothing it looks for
+        (bin_dir / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+    run = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "system-packages")],
+                         env={"PATH": str(bin_dir)}, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0
+    assert "chromium missing and no apt-get here" in run.stderr
+    assert "dashboard's page tests will be skipped" in run.stderr
 
 
 def test_the_word_comparison_can_fail() -> None:
