@@ -109,6 +109,23 @@ def test_budgets_with_their_alerts_and_a_plan_with_its_frontier(
     assert plan["plan"]["recommendation"] == books["plan"]["recommendation"]
     assert plan["plan"]["frontier"] and plan["tags"]["project"] == "chat"
     assert client.get("/api/plans/999").status_code == 404
+    for past in (2**63, 10**30, 0, -1):  # past the database's integers: it was an HTTP 500
+        got = client.get(f"/api/plans/{past}")
+        assert got.status_code == 404 and got.json()["detail"] == f"no plan {past} on the books"
+
+
+def test_the_api_docs_are_served_whole_without_the_network(client: TestClient) -> None:
+    """FastAPI's docs page loads Swagger UI from a CDN: blank offline. frugal's names only
+    its own URLs, and serves them."""
+    import re
+
+    page = client.get("/api/docs")
+    assert page.status_code == 200 and "/api/openapi.json" in page.text
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: *["']([^"']+)["']""", page.text)
+    urls = [u for pair in urls for u in pair if u]
+    assert urls and all(u.startswith("/") for u in urls), urls  # no http(s):// anywhere
+    for u in urls:
+        assert client.get(u).status_code == 200, u
 
 
 def test_the_api_is_described_and_reads_only_but_to_plan(client: TestClient) -> None:
@@ -140,6 +157,19 @@ def test_a_plan_asked_of_the_api_is_the_commands_plan_on_the_books(
     kept = client.get(f"/api/plans/{api['plan_id']}").json()
     assert kept["plan"]["recommendation"] == api["recommendation"]
     assert kept["tags"]["project"] == "chat"
+
+
+def test_plans_asked_at_once_are_made_one_after_the_other(client: TestClient) -> None:
+    """FastAPI runs POST /api/plans in its thread pool: two plans asked at once are made one
+    at a time (the estimator's caches are the process's), each whole, and both recorded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    asked = PLAN_ASKED | {"tokens": 7e6}
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda _: client.post("/api/plans", json=asked), range(2)))
+    assert [g.status_code for g in got] == [200, 200], got[0].text[:300]
+    a, b = (g.json() for g in got)
+    assert a["recommendation"] == b["recommendation"] and a["plan_id"] != b["plan_id"]
 
 
 @pytest.mark.parametrize(
@@ -473,6 +503,16 @@ def test_the_quality_page_ranks_a_sweep_by_what_each_run_bought(
     assert front["x"] == [0.5, 1.0, 3.0] and front["y"] == [4.0, 2.1, 2.0]
     assert page.inner_text("#ranked tbody tr:first-child td:first-child") == "1 *"
     assert "learning_rate moved the best loss by 2.0000" in page.inner_text("#effects")
+
+
+def test_the_api_docs_page_draws_every_route_offline(browser: Any, served: str) -> None:
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(served + "/api/docs")
+    page.wait_for_selector(".opblock", timeout=20_000)  # Swagger UI drew the operations
+    drawn = page.inner_text(".swagger-ui")
+    assert "/api/plans/{plan_id}" in drawn and "/api/overview" in drawn and errors == []
 
 
 def test_the_calibration_page_puts_measured_beside_predicted(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -229,6 +230,8 @@ def budgets(request: Request) -> dict[str, Any]:
 def plan(request: Request, plan_id: int) -> dict[str, Any]:
     """A recorded plan: its choice, its cost-vs-time frontier and what it rejected."""
     led = ledger(request)
+    if not 0 < plan_id <= MAX_ID:  # the database's integers end there (it was an HTTP 500)
+        raise HTTPException(status_code=404, detail=f"no plan {plan_id} on the books")
     with led.session() as s:
         p = s.get(PlanRecord, plan_id)
         if p is None:
@@ -245,6 +248,10 @@ def json_body(request: Request) -> None:
         raise HTTPException(status_code=415, detail="send the request as application/json")
 
 
+MAX_ID = 2**63 - 1  # the largest id the ledger's databases hold
+# plans asked at once are made one after the other: the estimator's caches and profiles
+# are per process, not guarded for threads, and each simulation uses every core anyway
+PLANNING = threading.Lock()
 PLAN_SCHEMA = PlanRequest.model_json_schema()  # the body, described as the model it is
 PLAN_BODY = {"required": True, "content": {"application/json": {"schema": PLAN_SCHEMA}}}
 
@@ -256,7 +263,8 @@ def new_plan(request: Request, asked: Annotated[Any, Body()]) -> dict[str, Any]:
     the same JSON out), and record the plan on these books. A bad request is one line, as
     the command says it."""
     try:
-        out = make_plan(PlanRequest.model_validate(asked), ledger(request))
+        with PLANNING:  # one at a time: FastAPI runs this in its thread pool
+            out = make_plan(PlanRequest.model_validate(asked), ledger(request))
     except ValidationError as e:
         raise HTTPException(status_code=422, detail=refusal(e, PlanRequest)) from None
     except FrugalError as e:

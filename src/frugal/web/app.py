@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 
 from frugal.ledger.store import Ledger
 from frugal.web import api, pages
@@ -38,17 +39,21 @@ def is_loopback(host: str) -> bool:
 def create_app(url: str | None = None, token: str | None = None) -> FastAPI:
     """The dashboard over the ledger at `url` (default: frugal's); with `token`, every
     request must carry it."""
-    app = FastAPI(
+    # FastAPI's own docs page loads Swagger UI from a CDN, blank offline: fastapi-offline
+    # serves the same page with Swagger UI's files from the installed package
+    app = FastAPIOffline(
         title="frugal dashboard",
         description="The books of frugal's plans and runs: spend, budgets, runs, plans.",
         docs_url="/api/docs",
         openapi_url="/api/openapi.json",
         redoc_url=None,
+        static_url="/static/api-docs",
     )
     app.state.ledger = Ledger(url)
     app.include_router(api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=str(pages.HERE / "static")), name="static")
+
     if token:
         app.middleware("http")(_require(token))
     return app
