@@ -298,14 +298,14 @@ def browser() -> Any:
         b.close()
 
 
-@pytest.fixture
-def served(books: dict[str, Any]) -> Any:
-    """The dashboard on a free loopback port, served by uvicorn in a thread."""
+def _serving(url: str) -> Any:
+    """The dashboard over the ledger at `url` on a free loopback port, served by uvicorn in
+    a thread: its address, until the generator is closed."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(books["url"]), host="127.0.0.1",
-                                           port=port, log_level="warning"))  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(create_app(url), host="127.0.0.1", port=port,
+                                           log_level="warning"))  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -315,6 +315,27 @@ def served(books: dict[str, Any]) -> Any:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
+
+
+@pytest.fixture
+def served(books: dict[str, Any]) -> Any:
+    yield from _serving(books["url"])
+
+
+@pytest.fixture
+def served_empty(tmp_path: Path) -> Any:
+    """The dashboard over a ledger with nothing on it yet."""
+    url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    Ledger(url)
+    yield from _serving(url)
+
+
+def _shot(page: Any, name: str) -> None:
+    """With FRUGAL_SCREENSHOTS=DIR, the page as shown, for docs/dashboard.md."""
+    where = os.environ.get("FRUGAL_SCREENSHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(where) / f"{name}.png"), full_page=True)
 
 
 def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
@@ -345,9 +366,7 @@ def test_the_overview_page_draws_the_ledgers_numbers(
     assert stacked == pytest.approx({g["group"]: g["spend_usd"] for g in groups})
     top = page.query_selector_all("#top tbody tr")
     assert len(top) == len(want["top_runs"]) == 2
-    shots = Path(os.environ.get("FRUGAL_SCREENSHOTS") or tmp_path)
-    shots.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(shots / "overview.png"), full_page=True)
+    _shot(page, "overview")
 
 
 def test_a_bad_period_shows_its_one_line(browser: Any, served: str) -> None:
@@ -398,9 +417,7 @@ def test_the_run_page_follows_a_run_as_it_trains(
         )  # two heartbeats give the pace
         assert page.inner_text("[data-fact='total steps']") != "-"
         assert page.inner_text("[data-fact=projected]").startswith("$")
-        shots = Path(os.environ.get("FRUGAL_SCREENSHOTS") or tmp_path)
-        shots.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(shots / "run.png"), full_page=True)
+        _shot(page, "run")
     finally:
         proc.terminate()
         proc.wait(60)
@@ -443,8 +460,8 @@ def test_the_plan_page_draws_the_recorded_frontier(
     facts = page.inner_text("dd[data-fact=estimate]")
     (h_lo, h_hi), usd = rec["est_hours_range"], rec["est_cost_usd"]
 
-    def dollars(x: float) -> str:  # the page's cents: four places under a dollar
-        return f"{x:.2f}" if abs(x) >= 1 or x == 0 else f"{x:.4f}"
+    def dollars(x: float) -> str:  # the page's cents: four places only under a cent
+        return f"{x:.2f}" if abs(x) >= 0.01 or x == 0 else f"{x:.4f}"
 
     said = f"${dollars(usd)} (${dollars(c_lo)}-{dollars(c_hi)}) in {rec['est_hours']:.2f} h "
     assert facts.startswith(said + f"({h_lo:.2f}-{h_hi:.2f})")  # as the command prints it
@@ -533,3 +550,50 @@ def test_the_calibration_page_puts_measured_beside_predicted(
     drawn = page.evaluate("document.getElementById('speed').data[0]")
     assert drawn["name"] == "A100 80GB/lora" and sorted(drawn["y"]) == [700.0, 720.0]
     assert page.inner_text("#groups tbody td:nth-child(3)") == "0.71"
+
+
+EMPTY = {  # page -> its charts, and what each says with nothing to draw
+    "/": {"budgets": "no budgets yet: frugal budget set", "spend": "no spend in this period",
+          "daily": "no spend in this period"},
+    "/budgets": {"burn": "no budgets yet", "burndown": "no budgets yet"},
+    "/calibration": {"speed": "no run has measured its tokens/s yet",
+                     "memory": "no run has measured its GiB reserved yet"},
+    "/quality": {"quality": "no run in this scope has its loss on the books yet"},
+}  # fmt: skip
+
+
+def test_an_empty_ledger_says_what_to_do_instead_of_drawing_bare_axes(
+    browser: Any, served_empty: str
+) -> None:
+    """An empty budget chart was bare axes from -1 to 6, an empty calibration page two
+    diagonal lines: each chart with nothing to draw says so, and how to get something."""
+    for path, charts in EMPTY.items():
+        page, errors = _open(browser, served_empty + path)
+        assert page.get_attribute("body", "data-ready") == "1" and errors == [], path
+        for div, said in charts.items():
+            assert page.get_attribute(f"#{div}", "data-empty") == "1", (path, div)
+            assert said in page.inner_text(f"#{div}"), (path, div)
+            assert not page.query_selector(f"#{div} .main-svg"), (path, div)  # no axes
+        _shot(page, "empty-" + (path.strip("/") or "overview"))
+
+
+def test_every_chart_names_its_axes_units(browser: Any, served: str, books: dict[str, Any]) -> None:
+    """No axis without its unit (the spend chart's dollars, the frontier's log hours and
+    dollars were bare): every axis of every chart drawn has a title, and it shows."""
+    pages = ["/", "/budgets", f"/plans/{books['plan']['plan_id']}", f"/runs/{books['a']}"]
+    for path in pages:
+        page, errors = _open(browser, served + path)
+        assert errors == [], path
+        titles = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+            .map(d => [d.id, (d.layout.xaxis.title || {}).text,
+                       (d.layout.yaxis.title || {}).text])""")
+        assert titles, path
+        for div, x, y in titles:
+            if div in ("budgets", "burn"):  # horizontal bars: their names are the y axis
+                assert x, (path, div)
+            else:
+                assert x and y, (path, div, x, y)
+        shown = page.inner_text("body")
+        assert all(x in shown for _, x, _ in titles), path  # drawn, not only set
+        if path.startswith(("/budgets", "/plans")):  # the overview and run have their own
+            _shot(page, path.split("/")[1])

@@ -11,14 +11,28 @@ const frugal = {
     if (!r.ok) throw new Error(frugal.detail(body.detail) || r.statusText);
     return body;
   },
-  usd(x) {
-    return (Math.abs(x) >= 1 || x === 0) ? "$" + x.toFixed(2) : "$" + x.toFixed(4);
+  usd(x) {  // cents; four places only below a cent (a tiny run's cost), never "$0.6600"
+    return (Math.abs(x) >= 0.01 || x === 0) ? "$" + x.toFixed(2) : "$" + x.toFixed(4);
   },
   hms(s) {
     const t = Math.round(s), h = Math.floor(t / 3600), m = Math.floor(t % 3600 / 60);
     return `${h}:${String(m).padStart(2, "0")}:${String(t % 60).padStart(2, "0")}`;
   },
   text(id, value) { document.getElementById(id).textContent = value; },
+  axis(text, extra) { return { title: { text }, ...extra }; },  // every axis names its unit
+  // A chart, or where it has nothing to draw, the line that says why and what to do (not
+  // bare axes); `data-empty` marks which.
+  chart(id, traces, layout, empty) {
+    const div = document.getElementById(id);
+    if (!traces.some(t => (t.x || []).length)) {
+      Plotly.purge(div);
+      div.textContent = empty;
+      div.dataset.empty = "1";
+      return;
+    }
+    delete div.dataset.empty;
+    Plotly.newPlot(div, traces, { margin: { t: 10 }, ...layout }, { displayModeBar: false });
+  },
   fail(e, id) {  // the API's one line, where the page says how it stands
     frugal.text(id || "status", "error: " + e.message);
     document.body.dataset.ready = "error";
@@ -38,20 +52,20 @@ const frugal = {
       const p = rep.projection;
       frugal.text("projection", p ? `month end (${p.month}): ${frugal.usd(p.projected_usd)} projected` : "");
       const b = data.budgets;
-      Plotly.newPlot("budgets", [
+      frugal.chart("budgets", [
         { type: "bar", name: "spent", orientation: "h", y: b.map(x => x.name), x: b.map(x => x.spent_usd) },
         { type: "bar", name: "left", orientation: "h", y: b.map(x => x.name), x: b.map(x => Math.max(x.left_usd, 0)) },
-      ], { barmode: "stack", margin: { l: 120, t: 10 }, xaxis: { title: "USD this period" } },
-      { displayModeBar: false });
+      ], { barmode: "stack", margin: { l: 120, t: 10 }, xaxis: frugal.axis("USD this period") }, "no budgets yet: frugal budget set NAME --amount 100 --scope project=X sets one");
       const g = rep.groups;
-      Plotly.newPlot("spend", [{ type: "bar", x: g.map(x => x.group), y: g.map(x => x.spend_usd) }],
-        { margin: { t: 10 }, yaxis: { title: "USD" } }, { displayModeBar: false });
+      frugal.chart("spend", [{ type: "bar", x: g.map(x => x.group), y: g.map(x => x.spend_usd) }],
+        { xaxis: frugal.axis(rep.by), yaxis: frugal.axis("USD") }, "no spend in this period");
       frugal.text("by2", rep.by);
       const days = data.daily_spend_usd;
-      Plotly.newPlot("daily", Object.entries(days).map(([name, perDay]) => {
+      frugal.chart("daily", Object.entries(days).map(([name, perDay]) => {
         const d = Object.keys(perDay).sort();
         return { type: "bar", name, x: d, y: d.map(k => perDay[k]) };
-      }), { barmode: "stack", margin: { t: 10 }, yaxis: { title: "USD a day" } }, { displayModeBar: false });
+      }), { barmode: "stack", xaxis: frugal.axis("day"), yaxis: frugal.axis("USD a day") },
+      "no spend in this period");
       frugal.rows("#top", data.top_runs, r => [r.id.slice(0, 8), r.started_at.slice(0, 16).replace("T", " "),
         r.model, `${r.gpus}x ${r.gpu}`, r.outcome, frugal.num(r.hours, 2), frugal.usd(r.cost_usd)]);
       const list = document.getElementById("anomalies");
@@ -118,11 +132,11 @@ const frugal = {
       Plotly.react("loss", [
         { name: "loss", x: train.map(x => x.step), y: train.map(x => x.loss) },
         { name: "eval loss", x: evals.map(x => x.step), y: evals.map(x => x.eval_loss), mode: "markers" },
-      ], { margin: { t: 10 }, xaxis: { title: "step" } }, opts);
+      ], { margin: { t: 10 }, xaxis: frugal.axis("step"), yaxis: frugal.axis("loss") }, opts);
       Plotly.react("speed", [{ x: train.map(x => x.step), y: train.map(x => x.tokens_per_s) }],
-        { margin: { t: 10 }, xaxis: { title: "step" } }, opts);
+        { margin: { t: 10 }, xaxis: frugal.axis("step"), yaxis: frugal.axis("tokens/s") }, opts);
       Plotly.react("dollars", [{ x: r.heartbeats.map(h => h.at), y: r.heartbeats.map(h => h.cost_usd) }],
-        { margin: { t: 10 }, yaxis: { title: "USD" } }, opts);
+        { margin: { t: 10 }, xaxis: frugal.axis("time (UTC)"), yaxis: frugal.axis("USD spent") }, opts);
       frugal.text("status", r.outcome === "running" ? `live: updates every ${everyS} s` : `ended: ${r.outcome}`);
       document.body.dataset.ready = "1";
       document.body.dataset.step = String(r.step);
@@ -142,16 +156,15 @@ const frugal = {
     try {
       const data = await frugal.get("/api/budgets");
       const b = data.budgets;
-      Plotly.newPlot("burn", [
+      frugal.chart("burn", [
         { type: "bar", name: "spent", orientation: "h", y: b.map(x => x.name), x: b.map(x => x.spent_usd) },
         { type: "bar", name: "left", orientation: "h", y: b.map(x => x.name), x: b.map(x => Math.max(x.left_usd, 0)) },
-      ], { barmode: "stack", margin: { l: 120, t: 10 }, xaxis: { title: "USD this period" } },
-      { displayModeBar: false });
-      Plotly.newPlot("burndown", b.flatMap(x => [
+      ], { barmode: "stack", margin: { l: 120, t: 10 }, xaxis: frugal.axis("USD this period") }, "no budgets yet: frugal budget set NAME --amount 100 --scope project=X sets one");
+      frugal.chart("burndown", b.flatMap(x => [
         { name: x.name, mode: "lines+markers", x: x.burn.map(d => d.day), y: x.burn.map(d => d.spent_usd) },
         { name: x.name + " amount", mode: "lines", line: { dash: "dot" },
           x: x.burn.length ? [x.burn[0].day, x.burn[x.burn.length - 1].day] : [], y: [x.amount_usd, x.amount_usd] },
-      ]), { margin: { t: 10 }, yaxis: { title: "USD spent this period" } }, { displayModeBar: false });
+      ]), { xaxis: frugal.axis("day"), yaxis: frugal.axis("USD spent this period") }, "no budgets yet: frugal budget set NAME --amount 100 --scope project=X sets one");
       frugal.rows("#budgets", b, x => [x.name, frugal.scope(x.scope), x.period, x.action,
         frugal.usd(x.amount_usd), frugal.usd(x.spent_usd), frugal.usd(x.left_usd),
         x.used_pct.toFixed(0) + "%", x.thresholds_pct.map(t => t + "%").join(" ")]);
@@ -184,11 +197,11 @@ const frugal = {
       arrayminus: xs.map(x => x[key] - x[key + "_range"][0]) } : undefined;
     const trace = (xs, extra) => ({ x: xs.map(x => x.est_hours), y: xs.map(x => x.est_cost_usd),
       text: xs.map(label), error_x: bars(xs, "est_hours"), error_y: bars(xs, "est_cost_usd"), ...extra });
-    Plotly.newPlot("frontier", [
+    frugal.chart("frontier", [
       trace(f, { name: "frontier", mode: "lines+markers" }),
       trace([rec], { name: "chosen", mode: "markers", marker: { size: 14 } }),
-    ], { margin: { t: 10 }, xaxis: { title: "hours", type: "log" }, yaxis: { title: "USD", type: "log" } },
-    { displayModeBar: false });
+    ], { xaxis: frugal.axis("hours (log)", { type: "log" }), yaxis: frugal.axis("USD (log)", { type: "log" }) },
+    "no plan to draw");
     frugal.items("rejected", p.plan.rejected || [], r => `${r.option}: ${r.why}`);
     frugal.items("notes", p.plan.notes || [], x => x);
   },
@@ -262,10 +275,11 @@ const frugal = {
       const front = ranked.filter(r => r.frontier).sort((a, b) => a.cost_usd - b.cost_usd);
       frugal.text("best", `best ${data.label}`);
       const label = r => `${r.run_id.slice(0, 8)} lr ${r.settings.learning_rate}`;
-      Plotly.newPlot("quality", [
+      frugal.chart("quality", [
         { name: "runs", mode: "markers", x: ranked.map(r => r.cost_usd), y: ranked.map(r => r.value), text: ranked.map(label) },
         { name: "frontier", mode: "lines+markers", x: front.map(r => r.cost_usd), y: front.map(r => r.value), text: front.map(label) },
-      ], { margin: { t: 10 }, xaxis: { title: "USD" }, yaxis: { title: `best ${data.label}` } }, { displayModeBar: false });
+      ], { xaxis: frugal.axis("USD a run"), yaxis: frugal.axis(`best ${data.label}`) },
+      `no run in this scope has its ${data.label} on the books yet: runs with evaluation (training.eval_every) record it`);
       frugal.rows("#ranked", data.runs, r => [r.rank === null ? "-" : `${r.rank}${r.frontier ? " *" : ""}`,
         r.run_id.slice(0, 8), r.value === null ? "-" : r.value.toFixed(4), "$" + r.cost_usd.toFixed(4),
         r.hours.toFixed(3), r.settings.model, r.settings.method, r.settings.learning_rate ?? "-", r.settings.lora_r ?? "-"]);
@@ -279,18 +293,19 @@ const frugal = {
   async calibration() {
     try {
       const data = await frugal.get("/api/calibration");
-      const opts = { displayModeBar: false };
-      for (const [div, key] of [["speed", "tokens_per_s"], ["memory", "peak_reserved_gib"]]) {
+      for (const [div, key, unit] of [["speed", "tokens_per_s", "tokens/s"], ["memory", "peak_reserved_gib", "GiB reserved"]]) {
         const pts = data.points.filter(p => p["predicted_" + key] && p["actual_" + key]);
         const names = [...new Set(pts.map(p => `${p.gpu}/${p.method}`))];
         const top = Math.max(1, ...pts.flatMap(p => [p["predicted_" + key], p["actual_" + key]]));
-        Plotly.newPlot(div, [
-          ...names.map(n => {
-            const g = pts.filter(p => `${p.gpu}/${p.method}` === n);
-            return { name: n, mode: "markers", x: g.map(p => p["predicted_" + key]), y: g.map(p => p["actual_" + key]) };
-          }),
-          { name: "measured = predicted", mode: "lines", x: [0, top], y: [0, top], line: { dash: "dot" } },
-        ], { margin: { t: 10 }, xaxis: { title: "predicted" }, yaxis: { title: "measured" } }, opts);
+        const runs = names.map(n => {
+          const g = pts.filter(p => `${p.gpu}/${p.method}` === n);
+          return { name: n, mode: "markers", x: g.map(p => p["predicted_" + key]), y: g.map(p => p["actual_" + key]) };
+        });
+        const diagonal = { name: "measured = predicted", mode: "lines", x: [0, top], y: [0, top], line: { dash: "dot" } };
+        // the diagonal alone is no chart: with no run measured, say how to get one
+        frugal.chart(div, runs.length ? [...runs, diagonal] : [],
+          { xaxis: frugal.axis(`predicted ${unit}`), yaxis: frugal.axis(`measured ${unit}`) },
+          `no run has measured its ${unit} yet: frugal train records it (frugal train --dry-run on a GPU in a minute)`);
       }
       const ratio = x => x === null ? "-" : x.toFixed(2);
       frugal.rows("#groups", data.groups, g => [g.group, g.runs,
