@@ -87,3 +87,34 @@ def test_a_run_that_reached_no_evaluation_is_listed_not_ranked(
     assert len(ranked) == 1 and ranked[0].frontier
     assert any("have no loss (no evaluation reached" in n for n in rep.notes)
     assert quality(books, {"sweep": "nobody"}).notes == ["no runs in this scope on the books"]
+
+
+def test_runs_of_different_tasks_or_data_are_never_compared(books: Ledger) -> None:
+    """A sentiment classifier's eval loss (0.14) ranked beside a causal model's (2.39) made
+    "effective_batch moved the best loss by 2.25": each task on each data file is its own
+    group, with its own frontier, ranks and effects, and the report says so."""
+
+    def run(task: str, data: str, batch: int, loss: float, usd: float) -> str:
+        cfg = {"job": {"task": task, "method": "lora"}, "data": {"path": data},
+               "training": {"effective_batch": batch}}  # fmt: skip
+        rid = books.start_run(model="m", method="lora", config=cfg, price_per_hour_usd=1.0,
+                              tags={"sweep": "mixed"})  # fmt: skip
+        books.end_run(rid, "completed", {"best_eval_loss": loss}, step=1, tokens=1.0,
+                      cost_usd=usd, hours=usd)  # fmt: skip
+        return rid
+
+    sentiment = run("classification", "sentiment.jsonl", 8, 0.14, 1.0)
+    causal = [run("causal", "chat.jsonl", b, loss, usd)
+              for b, loss, usd in ((16, 2.39, 2.0), (32, 2.30, 3.0))]  # fmt: skip
+    other_data = run("causal", "code.jsonl", 16, 1.10, 0.5)
+    rep = quality(books, {"sweep": "mixed"})
+    by = {r.run_id: r for r in rep.runs}
+    assert by[sentiment].group == "classification on sentiment.jsonl"
+    assert by[sentiment].rank == by[other_data].rank == 1  # alone in their groups
+    assert by[sentiment].frontier and by[other_data].frontier
+    assert {by[c].rank for c in causal} == {1, 2} and all(by[c].frontier for c in causal)
+    # only the chat runs varied a setting among themselves: 2.39 - 2.30, not 2.39 - 0.14
+    (effect,) = rep.effects
+    assert (effect.setting, effect.group) == ("effective_batch", "causal on chat.jsonl")
+    assert effect.moved == pytest.approx(0.09)
+    assert rep.notes[0].startswith("runs of 3 tasks or datasets") and "never across" in rep.notes[0]

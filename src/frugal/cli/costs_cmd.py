@@ -307,7 +307,9 @@ def quality_cmd(
     con = console()
     t = Table(title="runs by quality per dollar (* on the frontier: nothing cheaper did better)")
     best = f"best {rep.label}"
-    for col in ("rank", "run", best, "USD", "hours", "model", "method", "settings"):
+    grouped = len({r.group for r in rep.runs}) > 1  # ranks are each group's own
+    cols = ("rank", "run", best, "USD", "hours", "model", "method", "settings")
+    for col in (*cols, *(("task on data",) if grouped else ())):
         t.add_column(col, justify="right" if col in ("rank", best, "USD", "hours")
                      else "left")  # fmt: skip
     for r in rep.runs:
@@ -317,10 +319,13 @@ def quality_cmd(
                          for k, v in r.settings.items()
                          if k not in ("model", "method") and v is not None)  # fmt: skip
         t.add_row(rank, r.run_id[:8], loss, f"${r.cost_usd:,.4f}", f"{r.hours:.3f}",
-                  str(r.settings["model"]), str(r.settings["method"]), escape(rest))  # fmt: skip
+                  str(r.settings["model"]), str(r.settings["method"]), escape(rest),
+                  *((escape(r.group),) if grouped else ()))  # fmt: skip
     con.print(t)
     for e in rep.effects:
         values = "; ".join(f"{v} -> {x:.4f} ({n} runs)" for v, x, n in e.best_by_value)
-        con.print(escape(f"{e.setting} moved the best {rep.label} by {e.moved:.4f}: {values}"))
+        among = f" ({e.group})" if grouped else ""
+        con.print(escape(f"{e.setting} moved the best {rep.label} by {e.moved:.4f}{among}: "
+                         f"{values}"))  # fmt: skip
     for n in rep.notes:
         con.print(f"[dim]note: {escape(n)}[/]")

@@ -10,6 +10,11 @@ each group by its metric and then its dollars; a run without the metric (stopped
 its first evaluation, or not a classifier) is listed apart and never ranked; dry runs are
 left out.
 
+**Comparable runs only**: a metric compares runs of one task on one dataset (a sentiment
+classifier's eval loss of 0.14 says nothing against a language model's 2.39, nor a loss on
+one validation set against one on another). The runs are grouped by their task and their
+data file; frontier, ranks and effects are each group's own, and every run says its group.
+
 **Which setting moved it**: for each setting that differs between the ranked runs (the
 model, the method, the LoRA rank, the learning rate, the effective batch, the epochs),
 the best metric reached with each of its values; the gap between the best and the worst of
@@ -60,10 +65,12 @@ class RunQuality:
     outcome: str
     value: float | None = None  # the report's metric at the run's best evaluation
     frontier: bool = False
-    rank: int | None = None
+    rank: int | None = None  # within its group
+    group: str = ""  # its task on its data: only runs of one group are compared
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "rank": self.rank, "frontier": self.frontier,
+        return {"run_id": self.run_id, "group": self.group, "rank": self.rank,
+                "frontier": self.frontier,
                 "value": self.value, "best_eval_loss": self.best_eval_loss,
                 "cost_usd": round(self.cost_usd, 4),
                 "hours": round(self.hours, 4), "outcome": self.outcome,
@@ -77,9 +84,10 @@ class Effect:
     setting: str
     best_by_value: list[tuple[Any, float, int]]  # value, best metric with it, runs
     moved: float  # the gap between the best value's best and the worst value's
+    group: str = ""  # the runs it was measured over
 
     def to_json(self) -> dict[str, Any]:
-        return {"setting": self.setting, "moved": round(self.moved, 6),
+        return {"setting": self.setting, "group": self.group, "moved": round(self.moved, 6),
                 "by_value": [{"value": v, "best": best, "runs": n}
                              for v, best, n in self.best_by_value]}  # fmt: skip
 
@@ -117,9 +125,19 @@ def quality(led: Ledger, scope: Mapping[str, str], metric: str = "eval_loss") ->
         ).all()
         runs = [_of(r, key) for r in rows]
     sign = -1.0 if higher else 1.0  # scores: lower is better
-    ranked = _ranked([r for r in runs if r.value is not None], sign)
+    groups = list(dict.fromkeys(r.group for r in runs))  # in the order first run
+    ranked, effects, notes = [], [], []
+    for g in groups:
+        mine = _ranked([r for r in runs if r.group == g and r.value is not None], sign)
+        got, said = _effects(mine, sign)
+        ranked += mine
+        effects += [Effect(e.setting, e.best_by_value, e.moved, g) for e in got]
+        notes += [f"{g}: {n}" if len(groups) > 1 else n for n in said]
+    effects.sort(key=lambda e: -e.moved)
+    if len(groups) > 1:
+        notes.insert(0, f"runs of {len(groups)} tasks or datasets ({'; '.join(groups)}): "
+                        "ranked and compared within each, never across")  # fmt: skip
     unranked = [r for r in runs if r.value is None]
-    effects, notes = _effects(ranked, sign)
     if unranked:
         notes.append(f"{len(unranked)} run(s) have no {METRICS[metric][1]} (no evaluation "
                      "reached, or not a classifier): listed, not ranked")  # fmt: skip
@@ -139,9 +157,11 @@ def _of(r: RunRecord, metric_key: str) -> RunQuality:
     if settings["method"] == "full":
         settings["lora_r"] = None  # no adapters: the rank does not apply
     loss, value = actual.get("best_eval_loss"), actual.get(metric_key)
+    task = (config.get("job") or {}).get("task") or "causal"
+    data = (config.get("data") or {}).get("path") or "no data file"
     return RunQuality(r.id, settings, None if loss is None else float(loss), r.cost_usd,
-                      r.hours, r.outcome or "running",
-                      None if value is None else float(value))  # fmt: skip
+                      r.hours, r.outcome or "running", None if value is None else float(value),
+                      group=f"{task} on {data}")  # fmt: skip
 
 
 def _score(r: RunQuality, sign: float) -> float:

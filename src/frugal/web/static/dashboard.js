@@ -275,15 +275,22 @@ const frugal = {
       const front = ranked.filter(r => r.frontier).sort((a, b) => a.cost_usd - b.cost_usd);
       frugal.text("best", `best ${data.label}`);
       const label = r => `${r.run_id.slice(0, 8)} lr ${r.settings.learning_rate}`;
-      frugal.chart("quality", [
-        { name: "runs", mode: "markers", x: ranked.map(r => r.cost_usd), y: ranked.map(r => r.value), text: ranked.map(label) },
-        { name: "frontier", mode: "lines+markers", x: front.map(r => r.cost_usd), y: front.map(r => r.value), text: front.map(label) },
-      ], { xaxis: frugal.axis("USD a run"), yaxis: frugal.axis(`best ${data.label}`) },
+      // runs of different tasks or data are never compared: a series and a frontier each
+      const groups = [...new Set(ranked.map(r => r.group))];
+      const named = g => groups.length > 1 ? ` (${g})` : "";
+      frugal.chart("quality", groups.flatMap(g => {
+        const mine = ranked.filter(r => r.group === g), top = front.filter(r => r.group === g);
+        return [
+          { name: "runs" + named(g), mode: "markers", x: mine.map(r => r.cost_usd), y: mine.map(r => r.value), text: mine.map(label) },
+          { name: "frontier" + named(g), mode: "lines+markers", x: top.map(r => r.cost_usd), y: top.map(r => r.value), text: top.map(label) },
+        ];
+      }), { xaxis: frugal.axis("USD a run"), yaxis: frugal.axis(`best ${data.label}`) },
       `no run in this scope has its ${data.label} on the books yet: runs with evaluation (training.eval_every) record it`);
       frugal.rows("#ranked", data.runs, r => [r.rank === null ? "-" : `${r.rank}${r.frontier ? " *" : ""}`,
         r.run_id.slice(0, 8), r.value === null ? "-" : r.value.toFixed(4), "$" + r.cost_usd.toFixed(4),
-        r.hours.toFixed(3), r.settings.model, r.settings.method, r.settings.learning_rate ?? "-", r.settings.lora_r ?? "-"]);
-      frugal.items("effects", data.effects, e => `${e.setting} moved the best ${data.label} by ${e.moved.toFixed(4)}: ` +
+        r.hours.toFixed(3), r.settings.model, r.settings.method, r.settings.learning_rate ?? "-", r.settings.lora_r ?? "-",
+        r.group]);
+      frugal.items("effects", data.effects, e => `${e.setting} moved the best ${data.label} by ${e.moved.toFixed(4)} (${e.group}): ` +
         e.by_value.map(v => `${v.value} -> ${v.best.toFixed(4)} (${v.runs} runs)`).join("; "));
       frugal.items("notes", data.notes, x => x);
       frugal.text("status", `${data.runs.length} runs, ${front.length} on the frontier (* in the table)`);
