@@ -420,6 +420,46 @@ def test_a_hung_run_is_ended_on_the_books_and_exits_resumable(
     assert run.outcome == "idle-stopped" and "hung" in run.actual["reason"]
 
 
+STALLS = """
+import sys, time
+from conftest import make_cfg
+from pathlib import Path
+from frugal.run import recipe
+cfg = make_cfg(Path(sys.argv[1]), "data.epochs=50", "price_per_hour_usd=1800",
+               "training.heartbeat_min=2s", "training.save_every_min=1e-6", *sys.argv[2:])
+# the second step stalls for a minute (a loaded host, a hung exchange): $30 by the clock
+recipe.train(cfg, quiet=True, on_step=lambda step, m: step == 2 and time.sleep(60))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "limit", ["budget_usd=10", "tags={project: stall}"], ids=["own-budget", "stop-budget"]
+)
+def test_a_stalled_step_does_not_spend_past_the_budget(
+    tmp_path: Path, books: Ledger, limit: str
+) -> None:
+    """A step that stalls spends by the hour all the same; the guards between steps never
+    see it. The money guard watches the clock: the run is stopped, resumable, within its
+    $10 (its own budget, or a stop budget of its scope), to the cent, with nothing lost of
+    its last checkpoint."""
+    B.set_budget(books, "stall", 10.0, "total", {"project": "stall"}, action="stop")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", STALLS, str(tmp_path / "r"), limit], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 75, done.stderr[-2000:]
+    assert time.monotonic() - t0 < 45  # stopped, not waited out
+    (run,) = books.runs()
+    assert run.outcome == "budget-stopped" and "stopped at once" in run.actual["reason"]
+    assert 5.0 < run.cost_usd <= 10.0  # $0.50 a second: held to the cent
+    assert "budget:" in done.stderr and "is kept" in done.stderr
+    from frugal.run import checkpoint as ckpt
+
+    kept = ckpt.latest(tmp_path / "r" / "checkpoints")
+    assert kept is not None and ckpt.damage(kept) is None
+
+
 @pytest.mark.slow
 def test_a_stop_budget_shared_by_two_concurrent_runs_stops_the_second_in_time(
     tmp_path: Path, ledger_url: str

@@ -111,6 +111,7 @@ class RunBooks:
         self.beat_s: deque[float] = deque([0.0], maxlen=5)  # how long the last heartbeats took
         self.warned_down = False
         self.started_at = now()  # where its dollars count (a resumed run's first start)
+        self.lock = threading.Lock()  # the loop and the money guard ask one at a time
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -171,11 +172,12 @@ class RunBooks:
         """Record progress; check the budgets' alerts, and reserve of each stop budget what
         the run spends, at `usd_per_s`, until the next heartbeat, due in an interval or
         after the `lag_s` of work under way then, and while it asks again."""
-        self.last_beat, t0 = now, time.monotonic()
-        try:
-            self._beat(step, tokens, spent_usd, total_steps, lag_s, usd_per_s)
-        finally:
-            self.beat_s.append(time.monotonic() - t0)
+        with self.lock:
+            self.last_beat, t0 = now, time.monotonic()
+            try:
+                self._beat(step, tokens, spent_usd, total_steps, lag_s, usd_per_s)
+            finally:
+                self.beat_s.append(time.monotonic() - t0)
 
     def _beat(self, step: int, tokens: float, spent_usd: float, total_steps: int | None,
               lag_s: float, usd_per_s: float) -> None:  # fmt: skip
@@ -220,14 +222,16 @@ class RunBooks:
 
     def end_failed(self, outcome: str, reason: str, spent_usd: float, hours: float, step: int,
                    tokens: float) -> None:  # fmt: skip
-        """A run that stopped on an error (or hung) is ended on the books as such."""
+        """A run that stopped on an error (or hung, or stalled past its money) is ended on
+        the books as such."""
         if not self.run_id:
             return
-        self.recorder.send(
-            "end_run", run_id=self.run_id, outcome=outcome,
-            actual={"hours": hours, "cost_usd": spent_usd, "reason": reason},
-            step=step, tokens=tokens, cost_usd=spent_usd, hours=hours,
-        )  # fmt: skip
+        with self.lock:
+            self.recorder.send(
+                "end_run", run_id=self.run_id, outcome=outcome,
+                actual={"hours": hours, "cost_usd": spent_usd, "reason": reason},
+                step=step, tokens=tokens, cost_usd=spent_usd, hours=hours,
+            )  # fmt: skip
         self._finish_note()
 
     def _finish_note(self) -> None:

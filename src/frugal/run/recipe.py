@@ -67,6 +67,7 @@ from frugal.run.build import (
     refuse_unsupported,
     shard,
 )
+from frugal.run.guard import MoneyGuard
 from frugal.run.interrupt import Stop
 from frugal.run.meter import CostMeter, Progress
 from frugal.run.predict import predict
@@ -258,7 +259,12 @@ def _session(
                 meter.before_s = max(meter.before_s, 3600 * hours)
             loop = Loop(run, state, meter, stop, drive, books)
             idle_s = 60 * (cfg.training.idle_stop_min or float("inf"))
-            with Watchdog(idle_s, loop.hung) as loop.dog:
+            guard = MoneyGuard(  # the same limits by the clock, while a step stalls
+                meter, loop.money_stop, cap=lambda: books.cap if books else None,
+                renew=loop.renew, down=lambda: bool(books and books.recorder.down),
+            )  # fmt: skip
+            loop.guard_s = guard.reach_s
+            with Watchdog(idle_s, loop.hung) as loop.dog, guard:
                 summary = loop.train()
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, the last checkpoint intact
         if loop is None:

@@ -111,6 +111,7 @@ class Loop:
         if books is not None:
             books.say = self.progress.alert
         self.dog: Watchdog | None = None
+        self.guard_s = 0.0  # what the money guard reads ahead (MoneyGuard.reach_s)
 
     def train(self) -> RunSummary:
         act = {Action.STEP: self.step, Action.EVALUATE: self.evaluate,
@@ -134,7 +135,8 @@ class Loop:
         st, t = self.state, self.run.cfg.training
         nxt, stop_s = self._forecast()
         now = self.clock()
-        then = nxt + stop_s  # the next piece of work, then a clean stop
+        then = nxt + stop_s + self.guard_s  # the next piece of work, a clean stop, and the
+        # money guard's reach (it cuts only work that overran this)
         cap = self._books(now, then)
         orphan = orphaned()
         limits = self.meter.crossed(then, cap.limit_usd if cap else None)
@@ -211,6 +213,28 @@ class Loop:
             st = self.state
             self.books.beat(now, st.step, st.tokens, m.spent_usd(), self.total, then, m.rate)
         return self.books.cap
+
+    def renew(self, ahead_s: float) -> Cap | None:
+        """The money guard's question, mid-step (a stalled step has not come back to ask):
+        a heartbeat now, reserving of each stop budget what the run spends until its next,
+        `ahead_s` (the guard's own reach) on top."""
+        if self.books is None:
+            return None
+        m, st = self.meter, self.state
+        self.books.beat(self.clock(), st.step, st.tokens, m.spent_usd(), self.total, ahead_s,
+                        m.rate)  # fmt: skip
+        return self.books.cap
+
+    def money_stop(self, why: str) -> None:
+        """The money guard's last word: a step ran to the edge of what the run may spend;
+        the process exits at once, resumable from the last checkpoint."""
+        m, st = self.meter, self.state
+        kept = f"the checkpoint of step {self.saved_step}" if self.saved_step else "no checkpoint"
+        reason = f"{why} at step {st.step}; {kept} is kept"
+        self.progress.alert(f"[red]budget:[/] {reason}")
+        if self.books is not None:
+            self.books.end_failed("budget-stopped", reason, round(m.spent_usd(), 4),
+                                  round(m.elapsed_s() / 3600, 5), st.step, st.tokens)  # fmt: skip
 
     def hung(self) -> None:
         """The watchdog's last word: no progress for twice idle_stop_min (a hang)."""
