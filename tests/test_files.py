@@ -181,8 +181,11 @@ def test_force_replaces_them_whole_and_json_stays_one_object(
     )
     assert yaml.safe_load(cfg.read_text())["model"] == str(tiny_llama_dir)
     assert chart.read_text().startswith("<!doctype html>")
-    # the task trains the config written with it in this same call, nothing else
-    assert f"frugal train {cfg}" in yaml.safe_load(task.read_text())["run"]
+    # the task trains the config written with it in this same call, nothing else: outside
+    # the synced workdir, it is mounted onto the VM and trained there
+    sky = yaml.safe_load(task.read_text())
+    assert sky["run"].startswith("frugal train ~/frugal-config/cfg.yaml ")
+    assert sky["file_mounts"]["~/frugal-config/cfg.yaml"] == str(cfg)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
