@@ -37,9 +37,9 @@ EXIT_S = 2.0  # what ending the run on the books and exiting may take, on a load
 class MoneyGuard:
     """See the module. `cap()`: the run's stop-budget reservation now (None: none);
     `renew(ahead_s)`: ask the books again, for `ahead_s` more than a heartbeat's interval,
-    and return the new one; `down()`: whether the books
-    cannot be reached (then the run may spend what its stop budget had left);
-    `on_stop(why)`: record the stop, before the process exits."""
+    and return the new reservation; `down()`: whether the books cannot be reached (then
+    the run may spend what its stop budget had left); `on_stop(why)`: record the stop,
+    before the process exits."""
 
     def __init__(
         self,
