@@ -160,6 +160,12 @@ def test_a_directory_mirror_and_a_single_file_are_sources_too(
     msg = run_error(capsys, "offers", "update", "--source", str(own))
     assert "lambda has 1 offers, down from" in msg and "--force" in msg
     assert (offers_dir() / "offers.csv").read_text() == before
+    # a file whose every price is an error replaces nothing
+    zero = tmp_path / "zero.csv"
+    zero.write_text(own.read_text().replace(",2.10,", ",0,"))
+    msg = run_error(capsys, "offers", "update", "--source", str(zero), "--force")
+    assert "every lambda offer's price is an error (on-demand priced at $0" in msg
+    assert (offers_dir() / "offers.csv").read_text() == before
     done = run_json(capsys, "offers", "update", "--source", str(own), "--force", "--json")
     assert [p["offers"] for p in done["providers"]] == [1]
     assert [o.ondemand_usd_h for o in base().offers if o.provider == "lambda"] == [2.10]

@@ -46,6 +46,7 @@ from frugal.hardware.offers import (
     providers,
 )
 from frugal.hardware.price_files import parse_price_text
+from frugal.hardware.sanity import error
 from frugal.hardware.skypilot import from_skypilot
 from frugal.hardware.snapshot import header, install
 
@@ -337,6 +338,7 @@ def update(
             f.advised = with_advisor(f.offers, buckets, stamp)
     if not fetched:
         raise FrugalError(f"{source}: no offers for {only}")
+    _check_errors(fetched)
     before = base()
     if not force and before.snapshot.path is not None:  # against the last update's prices
         _check_losses(fetched, before.offers)
@@ -347,6 +349,19 @@ def update(
         source = f"SkyPilot catalogs {os.environ.get('FRUGAL_SKYPILOT_URL', SKYPILOT_URL)}"
     path = install(header(when, source) + offers_csv(rows))
     return Update(fetched, str(path), len(kept), when)
+
+
+def _check_errors(fetched: list[Fetched]) -> None:
+    """Refuse a provider none of whose offers has a usable price (`sanity.error`: zero,
+    spot above on-demand, a GPU count its name contradicts): installing it would replace
+    the provider's offers with nothing a plan can use."""
+    for f in fetched:
+        why = [error(o) for o in f.offers]
+        if f.offers and all(why):
+            raise FrugalError(
+                f"{f.where}: every {f.provider} offer's price is an error ({why[0]}): check "
+                "the file; the prices in use were not changed"
+            )
 
 
 def _check_losses(fetched: list[Fetched], before: tuple[Offer, ...]) -> None:
