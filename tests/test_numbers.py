@@ -220,3 +220,15 @@ def test_a_spot_only_plan_that_never_finishes_says_so(tiny_llama: Any) -> None:
                           auto_offload=False, auto_in_backward=False)  # fmt: skip
     with pytest.raises(Infeasible, match=r"nothing finishes: .*raise --spot-mtbi-hours, or drop"):
         search(tiny_llama, make_job(seq=256), offers[:1], k)
+
+
+def test_a_plans_hours_read_as_minutes_under_a_tenth_of_an_hour() -> None:
+    from frugal.formats import duration_h
+
+    assert [duration_h(h) for h in (0.001, 0.04, 0.0999, 0.1, 2.345)] == [
+        "1 min",
+        "2 min",
+        "6 min",
+        "0.1 h",
+        "2.3 h",
+    ]  # the frontier's fastest plan read "0.0 h"

@@ -30,3 +30,9 @@ def as_count(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.0f}"
+
+
+def duration_h(h: float) -> str:
+    """Hours as a plan says them: minutes under a tenth of an hour (a run of a few minutes
+    read "0.0 h"), else hours to a tenth."""
+    return f"{max(1, round(h * 60))} min" if h < 0.1 else f"{h:.1f} h"

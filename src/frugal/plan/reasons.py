@@ -4,6 +4,7 @@ meets the constraints."""
 
 from __future__ import annotations
 
+from frugal.formats import duration_h
 from frugal.plan.constraints import Constraints, node_network
 from frugal.plan.plans import Plan, Rejected
 
@@ -141,7 +142,7 @@ def _frontier(best: Plan, frontier: list[Plan]) -> list[str]:
         return []
     fastest = min(frontier, key=lambda p: p.hours)
     return [
-        f"fastest on the frontier: {fastest.label()} {fastest.hours:.1f} h for "
+        f"fastest on the frontier: {fastest.label()} {duration_h(fastest.hours)} for "
         f"${fastest.cost_usd:,.2f}"
     ]
 
