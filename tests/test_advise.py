@@ -77,7 +77,7 @@ def rules(url: str, period: str = "all") -> dict[str, Advice]:
 
 
 def model_tokens_per_s(spec: ModelSpec, gpu: str) -> float:
-    s = step_time(get_profile(spec, JOB, JOB.seq), JOB, find_gpu(gpu), spec.hidden_size)
+    s = step_time(get_profile(spec, JOB, JOB.seq), JOB, find_gpu(gpu))
     assert s is not None
     return s.tokens_per_s
 

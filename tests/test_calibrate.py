@@ -59,7 +59,7 @@ def record(
     gpu = find_gpu(gpu_name)
     prof = get_profile(spec, job, job.seq)
     mem = memory_at(prof, job, job.batch, job.seq, Overheads())
-    sp = step_time(prof, job, gpu, spec.hidden_size, c=SpeedConstants())
+    sp = step_time(prof, job, gpu, c=SpeedConstants())
     assert sp is not None
     actual = {
         "tokens_per_s": sp.tokens_per_s * speed * (1 + rng.gauss(0, noise)),
@@ -198,21 +198,21 @@ def test_step_time_and_memory_take_the_groups(
     path = tmp_path / "c.json"
     monkeypatch.setenv("FRUGAL_CALIBRATION", str(path))
     write(path, {})
-    before = {g.name: step_time(prof, job, g, 64).tokens_per_s for g in (a100, h100)}  # type: ignore[union-attr]
+    before = {g.name: step_time(prof, job, g).tokens_per_s for g in (a100, h100)}  # type: ignore[union-attr]
     reserved = memory_at(prof, job, 4, 256).peak_reserved
     write(path, {"groups": GROUPS})
-    after = step_time(prof, job, a100, 64)
+    after = step_time(prof, job, a100)
     assert after is not None and after.tokens_per_s < before["A100 80GB"] / 5
-    assert step_time(prof, job, h100, 64).tokens_per_s == before["H100 SXM"]  # type: ignore[union-attr]
+    assert step_time(prof, job, h100).tokens_per_s == before["H100 SXM"]  # type: ignore[union-attr]
     assert memory_at(prof, job, 4, 256).peak_reserved == pytest.approx(reserved + 2 * GIB)
     full_prof = get_profile(tiny_llama, full, full.seq)
     assert memory_at(full_prof, full, 4, 256).peak_reserved == pytest.approx(
         memory_at(full_prof, full, 4, 256, Overheads()).peak_reserved
     )
     # constants asked for this GPU and method take the groups; a caller's own are used as given
-    assert step_time(prof, job, a100, 64, c=load_speed_constants("A100 80GB", "lora")) == after
+    assert step_time(prof, job, a100, c=load_speed_constants("A100 80GB", "lora")) == after
     assert load_speed_constants() == SpeedConstants()  # no groups without a GPU and method
-    own = step_time(prof, job, a100, 64, c=SpeedConstants())
+    own = step_time(prof, job, a100, c=SpeedConstants())
     assert own is not None and own.tokens_per_s == pytest.approx(before["A100 80GB"])
     assert memory_at(prof, job, 4, 256, load_overheads("lora")).peak_reserved == pytest.approx(
         reserved + 2 * GIB

@@ -196,7 +196,7 @@ def test_the_plans_step_time_is_the_op_model_with_its_bound_and_range(tiny_llama
     h200, c = find_gpu("H200"), SpeedConstants()
     short = make_job(method="lora", batch=1, seq=64)
     prof = get_profile(spec, short, 64)
-    s = step_time(prof, short, h200, 64, c=c)
+    s = step_time(prof, short, h200, c=c)
     assert s is not None and s.bound == "launch" and s.host_share > 0.5
     peak = h200.peak_tflops("bf16") * 1e12
     own = step_seconds(prof.step_ops(1, 64), prof.n_layers, h200, peak, 1, c)
@@ -209,7 +209,7 @@ def test_the_plans_step_time_is_the_op_model_with_its_bound_and_range(tiny_llama
         assert end == pytest.approx(64 / on.seconds * spread)
     assert hi / lo > 1.5 * c.spread_hi / c.spread_lo  # the host's spread dominates
     long = make_job(method="lora", batch=512, seq=4096)
-    g = step_time(get_profile(spec, long, 4096), long, h200, 64, c=c)
+    g = step_time(get_profile(spec, long, 4096), long, h200, c=c)
     assert g is not None and g.bound in ("compute", "memory") and g.host_share < 0.5
     lo, hi = g.tokens_per_s_range
     assert lo / g.tokens_per_s == pytest.approx(c.spread_lo, rel=0.02)

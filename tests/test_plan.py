@@ -541,5 +541,5 @@ def test_a_launch_bound_step_is_said_and_a_larger_micro_batch_preferred(
         update={"batch": 1, "grad_accum": best.job.batch * best.job.grad_accum}
     )
     assert best.job.batch > 1
-    slow = step_time(best.profile, one, best.offer.gpu, 64)  # type: ignore[arg-type]
+    slow = step_time(best.profile, one, best.offer.gpu)  # type: ignore[arg-type]
     assert slow is not None and slow.tokens_per_s < best.speed.tokens_per_s

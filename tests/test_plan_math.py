@@ -83,7 +83,7 @@ def test_a_traced_instance_type_uses_its_measured_rate() -> None:
 
 def _speed(spec: ModelSpec, gpu: str = "A100 80GB", **kw: object) -> float:
     job = make_job(**kw)
-    s = step_time(get_profile(spec, job, job.seq), job, find_gpu(gpu), spec.hidden_size)
+    s = step_time(get_profile(spec, job, job.seq), job, find_gpu(gpu))
     assert s is not None
     return s.tokens_per_s
 
@@ -118,4 +118,4 @@ def test_throughput_shape(tiny_llama: ModelSpec) -> None:
 
 def test_no_bf16_gpu_has_no_bf16_speed(tiny_llama: ModelSpec) -> None:
     job = make_job(seq=64)
-    assert step_time(get_profile(tiny_llama, job, 64), job, find_gpu("T4"), 64) is None
+    assert step_time(get_profile(tiny_llama, job, 64), job, find_gpu("T4")) is None

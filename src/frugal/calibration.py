@@ -146,10 +146,11 @@ def resolve(data: dict[str, Any], section: str, defaults: type[T], gpu: str | No
         made = defaults(**{k: float(v) for k, v in values.items()})
     except (TypeError, ValueError) as e:
         raise FrugalError(f"calibration file {where}: {section} values must be numbers") from e
-    problems = getattr(made, "problems", None)
-    for problem in problems() if problems else []:
+    problems = made.problems() if hasattr(made, "problems") else []  # unphysical values
+    if problems:
         raise FrugalError(
-            f"calibration file {where}: {section} {problem}; fix it or run `frugal calibrate` again"
+            f"calibration file {where}: {section} {problems[0]}; fix it or run `frugal "
+            "calibrate` again"
         )
     return made
 

@@ -128,16 +128,12 @@ def option_set(cls: type[Opts]) -> type[Opts]:
             infos[name] = info
             if info.default is ...:
                 delattr(cls, name)  # required
-            else:
-                setattr(cls, name, dataclasses.field(default_factory=_copy(info.default)))
+            else:  # made afresh for each instance: a list default is not shared
+                fresh = functools.partial(copy.copy, info.default)
+                setattr(cls, name, dataclasses.field(default_factory=fresh))
     made = dataclasses.dataclass(kw_only=True)(cls)
     setattr(made, INFOS, infos)
     return made
-
-
-def _copy(value: Any) -> Callable[[], Any]:
-    """A default made afresh for each instance (a list default is not shared)."""
-    return lambda: copy.copy(value)
 
 
 def takes(options: type[Opts]) -> Callable[[Body[Opts]], Callable[..., None]]:

@@ -350,7 +350,7 @@ def estimate(
         est.max_batch = max_batch(spec, job, cap, ov)
         est.max_seq = max_seq(spec, job, cap, ov)
     if gpu is not None:
-        speed = step_time(prof, job, gpu, spec.hidden_size)
+        speed = step_time(prof, job, gpu)
         if speed is None:
             est.warnings.append(f"{gpu.name} has no {job.compute_dtype} support: no step time")
         else:

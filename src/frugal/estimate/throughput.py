@@ -42,7 +42,6 @@ from frugal.step.job import TrainJob
 
 BANDWIDTH = [i for i, c in enumerate(OP_CLASSES) if c not in ("matmul", "attention", "offload")]
 COMPUTE = [OP_CLASSES.index("matmul"), OP_CLASSES.index("attention")]
-OFFLOAD = OP_CLASSES.index("offload")
 
 
 @dataclass(frozen=True)
@@ -116,13 +115,11 @@ def step_time(
     prof: Profile,
     job: TrainJob,
     gpu: GPU,
-    hidden: int,
     gpus_per_node: int | None = None,
     node_gbps: float = 0.0,
     c: SpeedConstants | None = None,
 ) -> Speed | None:
-    """Seconds per optimizer step of `job` on `job.gpus` GPUs; None if the GPU lacks the dtype.
-    (`hidden` is not read: the op table knows every shape; kept for the callers' sake.)"""
+    """Seconds per optimizer step of `job` on `job.gpus` GPUs; None if the GPU lacks the dtype."""
     c = c or load_speed_constants(gpu.name, job.method)
     peak_tf = gpu.peak_tflops(job.compute_dtype)
     if not peak_tf:

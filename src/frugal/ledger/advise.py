@@ -85,8 +85,7 @@ class _Speeds:
         got = self.profiles.get(r.model, job)
         if isinstance(got, str):
             return None
-        prof, hidden = got
-        s = step_time(prof, job, gpu, hidden)
+        s = step_time(got, job, gpu)
         return s.tokens_per_s if s else None
 
 

@@ -59,8 +59,8 @@ class Profiles:
         self._specs: dict[str, Any] = {}
         self._profiles: dict[tuple[str, str], Profile] = {}
 
-    def get(self, model: str, job: TrainJob) -> tuple[Profile, int] | str:
-        """(profile, hidden size), or why there is none."""
+    def get(self, model: str, job: TrainJob) -> Profile | str:
+        """The run's profile, or why there is none."""
         try:
             if model not in self._specs:
                 self._specs[model] = load_spec(model)
@@ -70,7 +70,7 @@ class Profiles:
                 self._profiles[key] = get_profile(spec, job, job.seq, "calibrating from a run")
         except FrugalError as e:
             return str(e)
-        return self._profiles[key], spec.hidden_size
+        return self._profiles[key]
 
 
 @dataclass
@@ -82,7 +82,6 @@ class Sample:
     gpu: GPU | None
     job: TrainJob
     prof: Profile
-    hidden: int
     tps: float | None  # measured tokens/s (all GPUs), None without a catalog GPU
     reserved: float | None  # measured peak reserved, GiB per GPU
     allocated: float | None
@@ -93,7 +92,7 @@ class Sample:
         if self.gpu is None:
             return None
         c = calibration.resolve(data, "speed", SpeedConstants, self.gpu.name, self.method)
-        s = step_time(self.prof, self.job, self.gpu, self.hidden, c=c)
+        s = step_time(self.prof, self.job, self.gpu, c=c)
         return s.tokens_per_s if s else None
 
     def memory(self, data: dict[str, Any]) -> tuple[float, float]:
@@ -128,8 +127,7 @@ def samples(runs: Iterable[RunRecord], profiles: Profiles | None = None,
         if isinstance(got, str):
             skipped[f"model not loadable ({got})"] += 1
             continue
-        prof, hidden = got
-        s = Sample(r.id, job.method, gpu, job, prof, hidden, tps, res, alloc)
+        s = Sample(r.id, job.method, gpu, job, got, tps, res, alloc)
         if tps is not None and s.speed({}) is None:
             s.tps = None  # the GPU cannot run the job's dtype
         if s.tps is None and s.reserved is None:

@@ -169,7 +169,7 @@ class Fitter:
                         out.floor = min(out.floor, _floor(at_one))
                         continue
                     speed = step_time(
-                        fit.profile, fit.job, s.gpu, self.spec.hidden_size, s.per_node,
+                        fit.profile, fit.job, s.gpu, s.per_node,
                         0.0 if s.nodes == 1 else s.node_gbps, sc,
                     )  # fmt: skip
                     if speed is not None and (
@@ -201,7 +201,7 @@ class Fitter:
         gpu = plan.offer.gpu
         one = j.model_copy(update={"batch": 1, "grad_accum": j.batch * j.grad_accum})
         node_gbps = node_network(plan.offer, self.k)[0] if plan.nodes > 1 else 0.0
-        at_one = step_time(prof, one, gpu, self.spec.hidden_size, plan.offer.gpus, node_gbps,
+        at_one = step_time(prof, one, gpu, plan.offer.gpus, node_gbps,
                            self.calibrated(gpu, j.method)[0])  # fmt: skip
         if at_one is None or at_one.bound != "launch":
             return None

@@ -45,7 +45,7 @@ def predict(cfg: RunConfig, micro: int, accum: int, device: str | None) -> Predi
     pred.peak_allocated_gib = round(mem.peak_allocated / 2**30, 3)
     pred.peak_reserved_gib = round(mem.peak_reserved / 2**30, 3)
     gpu = lookup_gpu(device)
-    speed = step_time(prof, job, gpu, spec.hidden_size) if gpu else None
+    speed = step_time(prof, job, gpu) if gpu else None
     if speed is not None:
         pred.tokens_per_s = round(speed.tokens_per_s, 1)
     return pred
