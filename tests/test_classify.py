@@ -135,7 +135,10 @@ def test_plan_counts_a_classifiers_classes_and_writes_a_config_train_reads(
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        (["training.best_metric=accuracy"], "is a classifier's: set job.task=classification"),
+        (
+            ["training.best_metric=accuracy"],
+            "is for job.task=classification: set job.task=classification, or best_metric=eval_loss",
+        ),
         (["training.class_weights=balanced"], "job.task=classification, or class_weights=none"),
         (["job.task=classification", "job.loss_chunks=4"], "use --loss-chunks 0"),
         (["job.task=classification", "job.loss=ce+contrastive"], "(--loss ce)"),

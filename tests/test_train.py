@@ -38,7 +38,7 @@ from frugal.errors import FrugalError
 from frugal.run import checkpoint as ckpt
 from frugal.run import predict, recipe, steps, training_loop
 from frugal.run.summary import RunSummary
-from frugal.step import loop
+from frugal.step import forward
 
 
 def write_cfg(path: Path, cfg: RunConfig) -> Path:
@@ -158,7 +158,7 @@ def test_oom_backs_off_and_keeps_the_effective_batch(
     over = ("training.max_steps=4", "training.eval_every=2")
     ref = tmp_path / "ref"
     recipe.train(make_cfg(ref, "job.batch=2", *over), quiet=True)
-    real = loop.forward
+    real = forward.forward
 
     def small_gpu(model: Any, batch: dict[str, torch.Tensor]) -> Any:
         if batch["input_ids"].shape[0] > 2 and torch.is_grad_enabled():
@@ -167,8 +167,7 @@ def test_oom_backs_off_and_keeps_the_effective_batch(
             raise torch.OutOfMemoryError("CUDA out of memory in eval (simulated)")
         return real(model, batch)
 
-    monkeypatch.setattr(loop, "forward", small_gpu)  # the training step's
-    monkeypatch.setattr(steps, "forward", small_gpu)  # evaluation's
+    monkeypatch.setattr(forward, "forward", small_gpu)  # the training step's and evaluation's
     out = tmp_path / "oom"
     s = recipe.train(make_cfg(out, "job.batch=4", *over), quiet=True)
     assert s.micro_batch == 2 and s.grad_accum == 4  # 4 x 2 became 2 x 4 on 1 process
@@ -186,7 +185,7 @@ def test_an_oom_attempt_is_released_before_its_memory_is_freed(
     backed off to micro-batch 2 and reported the failed attempt's 134 GiB as its peak."""
     import weakref
 
-    real, held = loop.forward, []
+    real, held = forward.forward, []
 
     def runs_out(model: Any, batch: dict[str, torch.Tensor]) -> Any:
         if batch["input_ids"].shape[0] > 2 and torch.is_grad_enabled():
@@ -201,7 +200,7 @@ def test_an_oom_attempt_is_released_before_its_memory_is_freed(
         real_free(run)
         alive.append(any(r() is not None for r in held))
 
-    monkeypatch.setattr(loop, "forward", runs_out)
+    monkeypatch.setattr(forward, "forward", runs_out)
     monkeypatch.setattr(training_loop, "_free_memory", free)
     s = recipe.train(make_cfg(tmp_path / "r", "job.batch=4", "training.max_steps=1"), quiet=True)
     assert s.micro_batch == 2 and alive == [False]

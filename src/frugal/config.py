@@ -16,6 +16,7 @@ from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.names import closest
 from frugal.step.job import TrainJob
+from frugal.step.tasks import TASKS
 from frugal.validation import model_at, problem
 
 Schedule = Literal["cosine", "linear", "constant"]  # the learning rate after warm-up
@@ -180,22 +181,27 @@ class RunConfig(Strict):
                 "QLoRA with FSDP is not supported by frugal train: use job.sharding=ddp "
                 "(the 4-bit model on every GPU), or job.method=lora with fsdp"
             )
-        if job.task != "classification" and self.training.best_metric != "eval_loss":
-            raise ValueError(
-                f"training.best_metric={self.training.best_metric} is a classifier's: set "
-                "job.task=classification, or best_metric=eval_loss"
-            )
-        if job.task != "classification" and self.training.class_weights != "none":
-            raise ValueError(
-                "training.class_weights weighs a classifier's classes: set "
-                "job.task=classification, or class_weights=none"
-            )
+        self._task_settings()
         if job.sharding == "fsdp" and job.gpus > 1 and self.training.merge:
             raise ValueError(
                 "training.merge with fsdp would gather the whole model in one process: set "
                 "training.merge=false and merge the saved adapter with PEFT after training"
             )
         return self
+
+    def _task_settings(self) -> None:
+        """A training setting only another task reads (a classifier's metrics and class
+        weights) is refused away from its default."""
+        for task in TASKS.values():
+            if task.name == self.job.task:
+                continue
+            for name in task.training_fields:
+                value, default = getattr(self.training, name), TrainingConfig.model_fields[name]
+                if value != default.default:
+                    raise ValueError(
+                        f"training.{name}={value} is for job.task={task.name}: set "
+                        f"job.task={task.name}, or {name}={default.default}"
+                    )
 
     @property
     def hourly_usd(self) -> float | None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -21,7 +22,8 @@ from frugal.data.labels import label_stats, read_labelled, tokenize_labelled
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
-from frugal.step.job import Task, TrainJob
+from frugal.step.job import TrainJob
+from frugal.step.tasks import TASKS
 
 if TYPE_CHECKING:
     from frugal.data.examples import DataStats
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Check training data before you train.", no_args_is_help=True)
 
 BINS = 10
-TASKS = get_args(Task)
 IMBALANCED = 3.0  # the largest class over the smallest: warned from here
 
 
@@ -54,7 +55,7 @@ class CheckOptions:
 @takes(CheckOptions)
 def check(ctx: typer.Context, o: CheckOptions) -> None:
     """Rows, tokens, lengths, duplicates and empty rows as `frugal train` will see them."""
-    from frugal.data.examples import file_stats, load_tokenizer
+    from frugal.data.examples import load_tokenizer
 
     if o.plot and Path(o.plot).suffix.lower() not in IMAGE_SUFFIXES:
         raise FrugalError(f"--plot {o.plot}: end the name in .png, .svg or .pdf")
@@ -66,10 +67,8 @@ def check(ctx: typer.Context, o: CheckOptions) -> None:
     tok = load_tokenizer(src, "give --tokenizer DIR, a directory with tokenizer files")
     if o.task not in TASKS:
         raise FrugalError(f"--task {o.task!r}: use {' or '.join(TASKS)}")
-    if o.task == "classification":
-        out = classification_summary(o.file, tok, o.seq)
-    else:
-        out = summarize(file_stats(o.file, tok, o.seq, o.fmt), o.seq)
+    summary, render = CHECKS[o.task]
+    out = summary(o.file, tok, o.seq, o.fmt)
     if o.plot:
         write_plot(out, o.plot)
         out["wrote_plot"] = o.plot
@@ -142,9 +141,17 @@ def summarize(st: DataStats, seq: int) -> dict[str, Any]:
     }
 
 
-def classification_summary(file: str, tok: Any, seq: int) -> dict[str, Any]:
+def token_summary(file: str, tok: Any, seq: int, fmt: str) -> dict[str, Any]:
+    """A causal LM's file as `frugal train` reads it in format `fmt`."""
+    from frugal.data.examples import file_stats  # torch: only once a file is read
+
+    return summarize(file_stats(file, tok, seq, fmt), seq)
+
+
+def classification_summary(file: str, tok: Any, seq: int, fmt: str) -> dict[str, Any]:
     """A classification file as `frugal train` reads it: its classes and their counts,
-    imbalance, repeated and contradictory rows, and texts longer than `seq` tokens."""
+    imbalance, repeated and contradictory rows, and texts longer than `seq` tokens (`fmt`:
+    a classifier's rows have one)."""
     examples, classes = read_labelled(file)
     lengths = tokenize_labelled(examples, classes, tok, seq).lengths
     st = label_stats(examples, classes)
@@ -203,12 +210,9 @@ def write_plot(out: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def render(file: str, out: dict[str, Any]) -> None:
+def render_tokens(file: str, out: dict[str, Any]) -> None:
 
     con = console()
-    if out.get("task") == "classification":
-        render_classes(file, out)
-        return
     n = out["rows"]
     con.print(f"[bold]{file}[/] · {n:,} rows · {out['format']} · seq {out['seq']}")
     t = Table(show_header=False, box=None, padding=(0, 2))
@@ -258,3 +262,11 @@ def render_classes(file: str, out: dict[str, Any]) -> None:
         con.print(f"[yellow]warning:[/] {escape(w)}")
     if out.get("wrote_plot"):
         con.print(f"wrote {out['wrote_plot']}")
+
+
+# each task's check of a file: its summary (what --json prints) and how it reads as text
+CHECKS: dict[str, tuple[Callable[[str, Any, int, str], dict[str, Any]],
+                        Callable[[str, dict[str, Any]], None]]] = {
+    "causal": (token_summary, render_tokens),
+    "classification": (classification_summary, render_classes),
+}  # fmt: skip

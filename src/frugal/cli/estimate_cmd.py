@@ -21,6 +21,7 @@ from frugal.cli.options import (
 from frugal.estimate.request import EstimateRequest, make_estimate
 from frugal.formats import si
 from frugal.step.job import TrainJob, make_job
+from frugal.step.tasks import task_of
 
 
 @option_set
@@ -132,8 +133,8 @@ def _job_line(d: dict[str, Any]) -> str:
     if j["method"] != "full":
         alpha = j["lora_alpha"] or 2 * j["lora_r"]
         what += f" r{j['lora_r']}/α{alpha} on {j['lora_targets']}"
-    if j["task"] == "classification":
-        what = f"classifier of {j['num_labels']} classes · {what}"
+    if task := task_of(j["task"]).headline(TrainJob.model_validate(j)):
+        what = f"{task} · {what}"
     par = f" · {j['gpus']} GPUs {j['sharding']}" if j["gpus"] > 1 else ""
     return (
         f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']}"

@@ -39,9 +39,9 @@ from frugal.models.specs import bundled_model_ids, load_spec
 from frugal.plan.constraints import Constraints
 from frugal.plan.request import PlanRequest, files, make_plan
 from frugal.step.job import Task, TrainJob
+from frugal.step.tasks import task_of
 
 METHODS = {"cost": ("qlora", "lora"), "quality": ("lora", "full")}
-DEFAULT_MODEL = {"causal": "meta-llama/Llama-3.1-8B", "classification": "meta-llama/Llama-3.2-1B"}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bBmM])\s*$")  # 8B, 0.5b, 360M
 
 
@@ -81,24 +81,34 @@ def _task(text: str, got: dict[str, Any]) -> str:
 
 
 def _data(text: str, got: dict[str, Any]) -> str:
-    """The training file, read as `frugal train` reads it (a bad row is named); its
-    sequence length in `got["seq"]`: a causal model's packed rows take 2,048 tokens; a
-    classifier's row is one text, so its longest text (characters / 4) rounded up to a power
-    of two, from 64 to 2,048 (a longer text is cut to it)."""
+    """The training file, read as `frugal train` reads it for the task (a bad row is
+    named); its sequence length in `got["seq"]`."""
     path = text.strip()
     if not path or not Path(path).is_file():
         raise FrugalError(f"{path or 'nothing'}: no such file: give the training file's path")
-    got["seq"] = 2048
-    if got["task"] == "classification":
-        examples, _ = read_labelled(path)
-        longest = max(sum(len(t) for t in e.texts) for e in examples) / CHARS_PER_TOKEN
-        got["seq"] = int(min(2048, max(64, 2 ** math.ceil(math.log2(max(longest, 1))))))
-        return path
+    got["seq"] = SEQ_OF[got["task"]](path)
+    return path
+
+
+def _token_seq(path: str) -> int:
+    """A causal model's packed rows take 2,048 tokens (a row that is no text, completion or
+    chat is named)."""
     first = next(iter(read_rows(path)), None)
     if first is None:
         raise FrugalError(f"{path}: no rows")
     detect_format(first[1], first[0])  # text, prompt/completion or chat, else named
-    return path
+    return 2048
+
+
+def _classifier_seq(path: str) -> int:
+    """A classifier's row is one text: its longest text (characters / 4) rounded up to a
+    power of two, from 64 to 2,048 (a longer text is cut to it)."""
+    examples, _ = read_labelled(path)
+    longest = max(sum(len(t) for t in e.texts) for e in examples) / CHARS_PER_TOKEN
+    return int(min(2048, max(64, 2 ** math.ceil(math.log2(max(longest, 1))))))
+
+
+SEQ_OF: dict[str, Callable[[str], int]] = {"causal": _token_seq, "classification": _classifier_seq}
 
 
 def _model(text: str, got: dict[str, Any]) -> str:
@@ -153,7 +163,7 @@ QUESTIONS = [
     Question("task", "Task: causal (next-token) or classification", lambda g: "causal", _task),
     Question("dataset", "Training data file", lambda g: None, _data),
     Question("model", "Model: hub id, local dir, or a size such as 8B",
-             lambda g: DEFAULT_MODEL[g["task"]], _model),
+             lambda g: task_of(g["task"]).default_model, _model),
     Question("budget", "Budget in USD (none: no cap)", lambda g: "none", _money),
     Question("deadline", "Deadline: hours, or e.g. 2d (none: no deadline)", lambda g: "none",
              _hours),

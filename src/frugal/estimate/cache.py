@@ -44,23 +44,25 @@ def cache_dir() -> Path:
     return paths.cache_dir("profiles")
 
 
+SIMULATION = ("categories.py", "phantom.py", "profile.py", "simulate.py", "tracker.py")
+
+
+def digested_files() -> list[Path]:
+    """The code a profile comes from: every module of the step (its tasks' too) and the
+    simulation's."""
+    package = Path(str(resources.files("frugal")))
+    files = sorted((package / "step").rglob("*.py"))
+    return files + [package / "estimate" / name for name in SIMULATION]
+
+
 @cache
 def code_digest() -> str:
-    """A digest of the code a profile comes from (the step and its simulation): editing it
-    makes old profiles miss, even within one frugal version."""
-
+    """A digest of the code a profile comes from (`digested_files`): editing it makes old
+    profiles miss, even within one frugal version."""
+    package = Path(str(resources.files("frugal")))
     h = hashlib.sha256()
-    for pkg, names in (
-        ("frugal.step", None),
-        (
-            "frugal.estimate",
-            ("simulate.py", "phantom.py", "tracker.py", "profile.py", "categories.py"),
-        ),
-    ):
-        root = resources.files(pkg)
-        for entry in sorted(root.iterdir(), key=lambda e: e.name):
-            if entry.name.endswith(".py") and (names is None or entry.name in names):
-                h.update(entry.name.encode() + entry.read_bytes())
+    for f in digested_files():
+        h.update(f.relative_to(package).as_posix().encode() + f.read_bytes())
     return h.hexdigest()[:16]
 
 

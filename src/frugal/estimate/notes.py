@@ -10,15 +10,7 @@ from frugal.estimate.profile import Profile
 from frugal.hardware.gpus import GPU
 from frugal.models.specs import ModelSpec, experts_per_token
 from frugal.step.job import TrainJob
-
-
-def classifier_note(spec: ModelSpec, classes: int) -> str:
-    """Why a classifier's step holds next to nothing for logits (estimate's and plan's)."""
-    return (
-        f"a classifier's head has {classes} outputs where the LM head has {spec.vocab_size:,}: "
-        "no logits over the vocabulary, so logits and loss take almost nothing (a causal-LM "
-        "step of the same batch holds them in fp32 for the loss)"
-    )
+from frugal.step.tasks import task_of
 
 
 def checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str], list[str]]:
@@ -43,8 +35,8 @@ def checks(spec: ModelSpec, job: TrainJob, gpu: GPU | None) -> tuple[list[str], 
             f"{job.sharding} terms are closed-form and cover the training step only: "
             "third-party FSDP runs peaked 6-25% above them (docs/accuracy.md); keep headroom"
         )
-    if job.task == "classification":
-        notes.append(classifier_note(spec, job.num_labels))
+    if note := task_of(job.task).note(job, spec.vocab_size):
+        notes.append(note)
     if job.offload_activations:
         notes.append(
             "offloaded layer inputs wait for backward in pinned host memory (host_offload_gib "

@@ -3,7 +3,7 @@
 The step is `frugal train`'s own (`frugal.step`): the model from `build_model` on the meta
 device (no weights), reduced to a few layers, with the job's real PEFT adapters (and the
 4-bit stand-in for QLoRA), moved to phantoms (CPU tensors with meta bodies, `phantom.py`);
-the optimizer from `make_optimizer`; the micro-batch layout from `batch.example`; and
+the optimizer from `make_optimizer`; the micro-batch from the job's task (`tasks/`); and
 `loop.optimizer_step` with the trainer's loss.
 A first, untracked step creates the optimizer state; each tracked step is then the steady
 state (state exists, gradients were freed by `zero_grad`). Every op's live bytes per
@@ -25,12 +25,12 @@ from torch import nn
 from frugal.estimate.phantom import PhantomMode, phantom_like
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import is_moe_config
-from frugal.step.batch import example
 from frugal.step.job import TrainJob
-from frugal.step.loop import Loss, PlainEngine, UpdateRule, optimizer_step
+from frugal.step.loop import PlainEngine, UpdateRule, loss_of, optimizer_step
 from frugal.step.model import adapted, build_model, count_params, cuda_kernels
 from frugal.step.moe import inactive_params
 from frugal.step.optim import make_optimizer
+from frugal.step.tasks import task_of
 
 
 @dataclass
@@ -98,7 +98,7 @@ def simulate(
     active = total - inactive_params(model, config)
     attention = model.config._attn_implementation
     # the logits' last dimension: the vocabulary, or a classifier's classes
-    vocab = job.num_labels if job.task == "classification" else int(config["vocab_size"])
+    vocab = task_of(job.task).logits_width(job, config)
     traces = []
     mode = PhantomMode() if use_phantom else FakeTensorMode(allow_non_fake_inputs=False)
     with cuda_kernels(), mode, warnings.catch_warnings(), _unvalidated_distributions():
@@ -143,9 +143,9 @@ def _tracked_step(
     """The trainer's optimizer step on `shape` (batch, seq), every allocation tracked; two
     micro-batches where the job accumulates (the second is every later one)."""
     tracker = StepTracker(vocab)
-    micro = [example(*shape, job.packing, job.task == "classification")] * min(job.grad_accum, 2)
+    micro = [task_of(job.task).example(job, *shape)] * min(job.grad_accum, 2)
     clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
-    engine, update = PlainEngine(job.precision), UpdateRule(Loss.of(job), 1.0, 1.0, clip)
+    engine, update = PlainEngine(job.precision), UpdateRule(loss_of(job), 1.0, 1.0, clip)
     hooks = tracker.watch(model, opt)
     try:
         with tracking(tracker):

@@ -290,7 +290,7 @@ def _job(
     )  # fmt: skip
     return TrainJob.model_validate(
         {
-            "task": base.task, "num_labels": base.num_labels,
+            **base.task_settings(),
             "method": s.method, "precision": precision, "optimizer": optimizer,
             "seq": base.seq, "grad_checkpointing": ckpt, "attention": base.attention,
             "packing": base.packing, "loss": base.loss, "loss_chunks": base.loss_chunks,

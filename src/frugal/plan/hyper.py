@@ -1,10 +1,11 @@
 """The training settings a plan chooses, each with a one-line reason and its source.
 
-LoRA's rank, alpha, dropout and target modules, the learning rate, its schedule and
-warm-up, the epochs and the effective batch follow from the model's size, the method, the
-task (next-token or classification) and the data's size. A setting the user gave is kept
-and shown as theirs. The rules repeat what published recipes used; none of them is a
-claim that a setting trains a better model than another (docs/train.md, "Settings").
+LoRA's rank, alpha, dropout and target modules, the learning rate, its schedule and warm-
+up, the epochs and the effective batch follow from the model's size, the method, the task
+(each task's recipes are in its module, `step/tasks/`, citing the sources below) and the
+data's size. A setting the user gave is kept and shown as theirs. The rules repeat what
+published recipes used; none of them is a claim that a setting trains a better model than
+another (docs/train.md, "Settings").
 
 Sources:
 - `qlora`: Dettmers et al. 2023, QLoRA (arXiv:2305.14314), and its Guanaco scripts
@@ -40,7 +41,8 @@ from typing import Any
 
 from frugal.estimate.closed_form import model_params
 from frugal.models.specs import experts_per_token, is_moe_config, routed_experts
-from frugal.step.job import Task
+from frugal.step.tasks import task_of
+from frugal.step.tasks.base import Rule
 
 SOURCES = {  # as an answer names them; the full references: this docstring, docs/train.md
     "qlora": "QLoRA",
@@ -57,8 +59,6 @@ WHERE = {
     "learning_rate": "training", "schedule": "training", "warmup_ratio": "training",
     "effective_batch": "training", "epochs": "data",
 }  # fmt: skip
-LARGE_B = 20e9  # QLoRA's recipes change between its 13B and 33B models
-FULL_LARGE_B = 10e9  # Alpaca's between 7B and 13B
 SMALL_DATA_TOKENS = 20e6  # below: a few passes, as Alpaca's 52K examples had
 LARGE_DATA_TOKENS = 1e9  # above: beyond what a rank-16 adapter was shown to hold
 MIN_STEPS_PER_EPOCH = 8
@@ -94,14 +94,14 @@ def _shown(value: Any) -> str:
 
 
 def choose(
-    config: dict[str, Any], method: str, task: Task, tokens: float, seq: int,
+    config: dict[str, Any], method: str, task: str, tokens: float, seq: int,
     given: dict[str, Any],
 ) -> list[Choice]:  # fmt: skip
     """The settings of a fine-tune of the model of `config` with `method` ("full", "lora",
     "qlora") on `tokens` tokens an epoch in sequences of `seq`; `given`: the user's
     settings by name (None: not given)."""
     params = model_params(config)
-    rules = _classification(method) if task == "classification" else _causal(method, params)
+    rules = task_of(task).settings(method, params)  # the task's recipes (`step/tasks/`)
     if "lora_targets" in rules and is_moe_config(config):
         rules["lora_targets"] = _moe_targets(config, method, given)
     if "epochs" not in rules:
@@ -111,7 +111,7 @@ def choose(
         chosen[name] = Choice(name, value, reason, source)
     if (
         method != "full"
-        and task == "causal"
+        and task_of(task).rank_grows_with_data
         and tokens * _value(chosen, given, "epochs") > (LARGE_DATA_TOKENS)
     ):
         chosen["lora_r"] = Choice(
@@ -129,41 +129,6 @@ def choose(
 
 def _value(chosen: dict[str, Choice], given: dict[str, Any], name: str) -> Any:
     return given[name] if given.get(name) is not None else chosen[name].value
-
-
-Rule = tuple[Any, str, str]  # value, reason, source
-
-
-def _causal(method: str, params: int) -> dict[str, Rule]:
-    """Next-token training: QLoRA's recipe for adapters, Alpaca's and Llama 2's for full."""
-    size = f"{params / 1e9:.1f}B parameters"
-    if method == "full":
-        large = params > FULL_LARGE_B
-        return {
-            "learning_rate": (1e-5 if large else 2e-5, f"full fine-tuning of {size}: "
-                              f"{'13B' if large else '7B'}-class rate", "alpaca"),
-            "schedule": ("cosine", "cosine decay after warm-up", "alpaca"),
-            "warmup_ratio": (0.03, "3% of the steps warm up", "alpaca"),
-            "effective_batch": (16, "16 sequences a step, as the adapters' recipe, so methods "
-                                "compare step for step (Llama 2's SFT took 64)", "qlora"),
-        }  # fmt: skip
-    large = params > LARGE_B
-    return {
-        "lora_targets": ("all-linear", "adapters on every linear layer, the MLP's too: "
-                         "needed to match full fine-tuning", "qlora"),
-        "lora_r": (16, "the rank mattered little once every linear layer had adapters; "
-                   "16 keeps the adapter and its optimizer state small", "qlora"),
-        "lora_alpha": (32, "fixed at 32, the best learning rate hardly moves with the "
-                       "rank", "regret"),
-        "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's input "
-                         "in memory (QLoRA used 0.1 up to 13B, 0.05 above)", "frugal"),
-        "learning_rate": (1e-4 if large else 2e-4, f"adapters on {size}: about 10x full "
-                          f"fine-tuning's rate, QLoRA's {'from 33B' if large else 'to 13B'}",
-                          "qlora"),
-        "schedule": ("cosine", "cosine decay after warm-up", "alpaca"),
-        "warmup_ratio": (0.03, "3% of the steps warm up", "qlora"),
-        "effective_batch": (16, "16 sequences a step (4 x 4)", "qlora"),
-    }  # fmt: skip
 
 
 def _moe_targets(config: dict[str, Any], method: str, given: dict[str, Any]) -> Rule:
@@ -184,30 +149,6 @@ def _moe_targets(config: dict[str, Any], method: str, given: dict[str, Any]) -> 
             f"at rank {max(1, rank // k)} each (the rank over the {k} experts a token meets): "
             "adapters on the MLP, experts included, are what match full fine-tuning; "
             "q_proj,k_proj,v_proj,o_proj is cheaper, attention only", "regret")  # fmt: skip
-
-
-CLASSIFIER: dict[str, Rule] = {  # every method's
-    "schedule": ("linear", "linear decay after warm-up", "bert"),
-    "warmup_ratio": (0.06, "6% of the steps warm up", "lora"),
-    "effective_batch": (32, "32 examples a step", "bert"),
-    "epochs": (3.0, "3 passes, the middle of BERT's 2 to 4", "bert"),
-}
-
-
-def _classification(method: str) -> dict[str, Rule]:
-    """A classifier: BERT's fine-tuning grid, and LoRA's sentiment recipe for adapters."""
-    if method == "full":
-        return {"learning_rate": (2e-5, "the low end of BERT's classification grid", "bert"),
-                **CLASSIFIER}  # fmt: skip
-    return {
-        "lora_targets": ("all-linear", "adapters on every linear layer", "qlora"),
-        "lora_r": (8, "rank 8 for a sentiment classifier", "lora"),
-        "lora_alpha": (16, "alpha 16 with rank 8", "lora"),
-        "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's input "
-                         "in memory", "frugal"),
-        "learning_rate": (4e-4, "4e-4 for adapters on a classifier", "lora"),
-        **CLASSIFIER,
-    }  # fmt: skip
 
 
 def _epochs(tokens: float) -> Rule:

@@ -133,7 +133,7 @@ class Plan:
     def _setup(self) -> dict[str, Any]:
         """The training set-up of the step on them."""
         j = self.job
-        task = {"task": j.task, "num_labels": j.num_labels} if j.task == "classification" else {}
+        task = j.task_settings() if j.task != TrainJob.model_fields["task"].default else {}
         return {
             **task,
             "method": j.method,

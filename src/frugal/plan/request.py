@@ -25,7 +25,7 @@ from frugal.data.count import count_tokens
 from frugal.data.labels import read_labelled
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile
-from frugal.estimate.notes import classifier_note, profile_notes
+from frugal.estimate.notes import profile_notes
 from frugal.files import write_text_atomic
 from frugal.hardware.catalog import PriceBasis, finding, price_basis, select_offers
 from frugal.hardware.offers import KWH_USD, Offer
@@ -47,6 +47,7 @@ from frugal.plan.relax import Ask, explain
 from frugal.plan.search import search
 from frugal.plan.transfer import measure_gb, parse_location
 from frugal.step.job import LORA_FIELDS, Task, TrainJob, make_job
+from frugal.step.tasks import task_of
 from frugal.validation import Listed
 
 if TYPE_CHECKING:  # SQLAlchemy is imported once there is a plan to record
@@ -161,7 +162,7 @@ class PlanRequest(BaseModel):
         `effective_batch` sequences a step."""
         return Constraints.build(
             # a classifier has no logits over the vocabulary to chunk
-            auto_loss_chunks=self.loss_chunks is None and self.task != "classification",
+            auto_loss_chunks=self.loss_chunks is None and task_of(self.task).vocab_logits,
             auto_offload=self.offload_activations is None,
             auto_in_backward=self.optimizer_in_backward is None,
             data=self.data, data_gb=data_gb, tokens=tokens,
@@ -247,17 +248,13 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     base = q.job()
     spec = load_spec(q.model)
     notes: list[str] = []
-    if q.dataset and q.task == "classification":
-        q, per_epoch, note = _classifier_data(q)
-        notes.append(note)
-    elif q.dataset:
-        tc = count_tokens(q.dataset, q.model, q.seq)
-        per_epoch = float(tc.tokens)  # what the run reads: rows cut to --seq
-        notes.append(tc.note(q.dataset, q.seq))
+    if q.dataset:  # read as the task's run reads it
+        q, per_epoch, counted = DATASETS[q.task](q)
+        notes.append(counted)
     else:
         per_epoch = q.tokens or 0.0
-    if q.task == "classification":
-        notes.append(classifier_note(spec, q.num_labels or base.num_labels))
+    if note := task_of(q.task).note(q.job(), spec.vocab_size):
+        notes.append(note)
     if spec.max_positions and q.seq > spec.max_positions:
         notes.append(f"--seq {q.seq} is beyond {spec.id}'s {spec.max_positions} positions")
     try:
@@ -293,6 +290,14 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     return out
 
 
+def _token_data(q: PlanRequest) -> tuple[PlanRequest, float, str]:
+    """A causal LM's dataset: the tokens of an epoch as the run reads them (rows cut to
+    --seq), and a note saying how they were counted."""
+    assert q.dataset
+    tc = count_tokens(q.dataset, q.model, q.seq)
+    return q, float(tc.tokens), tc.note(q.dataset, q.seq)
+
+
 def _classifier_data(q: PlanRequest) -> tuple[PlanRequest, float, str]:
     """A classifier's dataset: the request with its classes counted (unless given), the
     tokens of an epoch as the step computes them, and a note saying how."""
@@ -310,6 +315,13 @@ def _classifier_data(q: PlanRequest) -> tuple[PlanRequest, float, str]:
         f"each row to its micro-batch's longest, priced as --seq {q.seq:,} tokens a row"
     )
     return q, float(len(rows) * q.seq), note
+
+
+# each task's dataset: the request (with what the data says), an epoch's tokens, a note
+DATASETS: dict[str, Callable[[PlanRequest], tuple[PlanRequest, float, str]]] = {
+    "causal": _token_data,
+    "classification": _classifier_data,
+}
 
 
 def _adapters_first(methods: tuple[str, ...]) -> str:

@@ -13,13 +13,7 @@ from typing import Any
 import torch
 
 from frugal.config import RunConfig
-from frugal.data.examples import split
-from frugal.data.labels import (
-    LabelledRows,
-    balanced_weights,
-    read_labelled,
-    tokenize_labelled,
-)
+from frugal.data.labels import LabelledRows, balanced_weights
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile, largest_micro_batch
 from frugal.hardware.gpus import memory_budget
@@ -247,23 +241,7 @@ def refuse_unsupported(cfg: RunConfig) -> None:
         )
 
 
-# -- a classifier's data and model ---------------------------------------------------------
-
-
-def labelled_rows(cfg: RunConfig, tok: Any) -> tuple[LabelledRows, LabelledRows, list[str]]:
-    """A classifier's training and validation rows (the validation file's labels must be
-    classes of the training file's), and a note on the texts cut to the sequence length."""
-    assert cfg.data.path
-    train, classes = read_labelled(cfg.data.path)
-    if cfg.data.val_path:
-        val = read_labelled(cfg.data.val_path, classes)[0]
-    else:
-        train, val = split(train, cfg.data.val_ratio, cfg.training.seed)
-    seq = cfg.job.seq
-    rows, val_rows = (tokenize_labelled(x, classes, tok, seq) for x in (train, val))
-    cut = rows.cut + val_rows.cut
-    note = f"{cut:,} texts longer than job.seq={seq} were cut to it"
-    return rows, val_rows, [note] if cut else []
+# -- a classifier's model ---------------------------------------------------------------
 
 
 def classifier(cfg: RunConfig, model: Any, tok: Any, rows: LabelledRows) -> tuple[float, ...]:

@@ -39,18 +39,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from frugal.config import RunConfig
-from frugal.data.examples import (
-    Batcher,
-    Rows,
-    Schedule,
-    load_examples,
-    pack,
-    split,
-    unpacked,
-)
+from frugal.data.examples import Batcher, Schedule
 from frugal.data.labels import LabelledRows
-from frugal.data.stats import DataStats
-from frugal.data.tokens import Examples
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError, PeerLost
 from frugal.files import write_text_atomic
@@ -61,7 +51,6 @@ from frugal.run.build import (
     auto_micro_batch,
     choose_precision,
     classifier,
-    labelled_rows,
     load_model,
     make_optimizer,
     refuse_unsupported,
@@ -71,6 +60,7 @@ from frugal.run.guard import MoneyGuard
 from frugal.run.interrupt import Stop
 from frugal.run.meter import CostMeter, Progress
 from frugal.run.predict import predict
+from frugal.run.rows import task_rows
 from frugal.run.state import TrainState
 from frugal.run.steps import TrainingRun, _cuda_device, _parts
 from frugal.run.summary import Outcome, RunSummary
@@ -101,7 +91,7 @@ def setup(cfg: RunConfig) -> TrainingRun:
     model, tok = load_model(
         cfg, precision, empty=sharded and not acc.is_main_process, sharded=sharded
     )
-    rows, val_rows, notes = _rows(cfg, tok)
+    rows, val_rows, notes = task_rows(cfg, tok)
     weights = classifier(cfg, model, tok, rows) if isinstance(rows, LabelledRows) else ()
     sched_data = Schedule(
         len(rows), cfg.training.effective_batch, cfg.data.epochs, cfg.training.seed
@@ -146,27 +136,6 @@ def _accelerator(cfg: RunConfig, precision: str) -> Accelerator:
             "let `frugal train` launch them (no torchrun of your own)"
         )
     return acc
-
-
-def _rows(cfg: RunConfig, tok: Any) -> tuple[Rows | LabelledRows, Rows | LabelledRows, list[str]]:
-    """The training and validation rows (packed, one example each, or a classifier's), and
-    a note on the examples cut to the sequence length."""
-    job = cfg.job
-    assert cfg.data.path  # refuse_unsupported checked it
-    if job.task == "classification":
-        return labelled_rows(cfg, tok)
-    st = DataStats()
-    examples = load_examples(cfg.data.path, tok, job.seq, cfg.data.format, st)
-    notes = [cut] if (cut := st.cut(job.seq, "job.seq")) else []
-    if cfg.data.val_path:
-        train_ex, val_ex = examples, load_examples(cfg.data.val_path, tok, job.seq, cfg.data.format)
-    else:
-        train_ex, val_ex = split(examples, cfg.data.val_ratio, cfg.training.seed)
-
-    def to_rows(ex: Examples) -> Rows:
-        return pack(ex, job.seq, tok.pad_token_id) if job.packing else unpacked(ex)
-
-    return to_rows(train_ex), to_rows(val_ex), notes
 
 
 def _optimizer(

@@ -23,8 +23,11 @@ from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit 
 from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.run import checkpoint as ckpt
-from frugal.step.loop import Loss, Sums, UpdateRule, forward, optimizer_step
-from frugal.step.loss import IGNORE, causal_lm_loss, classification_loss
+from frugal.step.forward import forward
+from frugal.step.loop import Sums, UpdateRule, loss_of, optimizer_step
+from frugal.step.loss import IGNORE
+from frugal.step.tasks import Task, task_of
+from frugal.step.tasks.base import Loss
 
 
 @dataclass
@@ -67,6 +70,16 @@ class TrainingRun:
     def unwrapped(self) -> Any:
         """The model itself (DDP's wrapper removed; an FSDP model is not wrapped)."""
         return self.acc.unwrap_model(self.model)
+
+    @property
+    def task(self) -> Task:
+        return task_of(self.cfg.job.task)
+
+    @property
+    def loss(self) -> Loss:
+        """The step's loss, as the estimate builds it (`step.loop.loss_of`)."""
+        t = self.cfg.training
+        return loss_of(self.cfg.job, t.contrastive_weight, t.contrastive_margin, self.class_weights)
 
     @property
     def classes(self) -> Classes | None:
@@ -114,21 +127,13 @@ class StepInput:
     real_tokens: int  # this process's tokens that are not padding
 
 
-def _trained(run: TrainingRun, labels: torch.Tensor) -> float:
-    """What a micro-batch's summed loss is divided by: its predicted tokens, or a
-    classifier's rows (each weighted by its class's weight, when weighted)."""
-    if run.classes is None:
-        return float((labels[:, 1:] != IGNORE).sum())
-    if not run.class_weights:
-        return float(labels.numel())
-    return float(torch.tensor(run.class_weights)[labels].sum())
-
-
 def step_input(run: TrainingRun, step: int) -> StepInput:
     contrastive = run.cfg.job.loss == "ce+contrastive"
     ids = run.schedule.micro_batches(step, run.acc.process_index, run.world, run.micro)
     batches = [run.batches(b) for b in ids]
-    local_tok = sum(_trained(run, b["labels"]) for b in batches)
+    # what each micro-batch's summed loss is divided by: its predicted tokens, a
+    # classifier's rows (weighted by class when weighted), ...: the task's count
+    local_tok = sum(run.task.count(b, run.class_weights) for b in batches)
     local_seg = (
         sum(_segments_with_pairs(b["labels"], b["segment_ids"]) for b in batches)
         if contrastive
@@ -151,7 +156,7 @@ def device_step(run: TrainingRun, inp: StepInput) -> Sums:
         inp.batches,
         run.acc,
         UpdateRule(
-            Loss.of(run.cfg.job, t.contrastive_weight, t.contrastive_margin, run.class_weights),
+            run.loss,
             ce_scale=run.world / max(inp.tokens, 1.0),
             cl_scale=run.world / max(inp.segments, 1.0),
             max_grad_norm=t.max_grad_norm,
@@ -247,34 +252,28 @@ def _evaluate(run: TrainingRun) -> Evaluation:
     n_rows = len(run.val_batches)
     mine = list(range(acc.process_index, n_rows, run.world))
     k = len(run.classes.names) if run.classes else 0
-    sums = torch.zeros(2 + k * k, dtype=torch.float64)  # loss, count, confusion[true][said]
+    # the loss, its count, and the task's metric sums (a classifier's confusion[true][said])
+    sums = torch.zeros(2 + run.task.eval_width(k), dtype=torch.float64)
     m = run.eval_micro
     chunks = [mine[i : i + m] for i in range(0, len(mine), m)]
     if run.sharded:
         chunks += [[]] * (math.ceil(math.ceil(n_rows / run.world) / m) - len(chunks))
     model.eval()
+    loss = run.loss
     with torch.no_grad():
         for rows in chunks:
             b = run.val_batches(rows or [0])
             b = {key: v.to(acc.device) for key, v in b.items()}
             with acc.autocast():
-                logits = forward(model, b).logits
-                if run.classes is None:
-                    s, n = causal_lm_loss(logits, b["labels"])
-                else:
-                    s, n = classification_loss(logits, b["labels"])
-            if not rows:
-                continue
-            sums[:2] += torch.tensor([float(s), float(n)], dtype=torch.float64)
-            if k:
-                pairs = (b["labels"] * k + logits.argmax(-1)).cpu()
-                sums[2:] += torch.bincount(pairs, minlength=k * k).to(torch.float64)
+                got = run.task.eval_sums(model, b, loss)
+            if rows:
+                sums += got.cpu()
     total = _global_sum(run, sums.to(acc.device))
-    loss = total[0] / max(total[1], 1.0)
+    loss_value = total[0] / max(total[1], 1.0)
     if run.classes is None:
-        return Evaluation(loss)
+        return Evaluation(loss_value)
     confusion = [total[2 + r * k : 2 + (r + 1) * k] for r in range(k)]
-    return Evaluation(loss, class_metrics(confusion, run.classes.names))
+    return Evaluation(loss_value, class_metrics(confusion, run.classes.names))
 
 
 def write_predictions(run: TrainingRun) -> Path:

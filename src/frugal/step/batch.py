@@ -10,8 +10,8 @@ no mask) and turns the mask into one in the compute dtype per layer. Either way 
 `labels` (IGNORE where not trained) and `segment_ids` (1, 2, ... per sample, 0 for padding).
 A classifier's rows are padded, one text each, and its `labels` are one class id per row.
 
-`frugal train` collates real rows through `layout`; the estimate feeds the step
-`example(batch, seq, packing)`, the same keys, dtypes and shapes on fake tensors. Under fake
+`frugal train` collates real rows through `layout`; the estimate feeds the step its task's
+`example` (`tasks/`), the same keys, dtypes and shapes on fake tensors. Under fake
 tensors transformers cannot read the values, so it always builds the mask: exact for packed
 rows and for padded micro-batches with padding, a conservative s² bytes per row for a padded
 micro-batch whose rows all have the same length.
@@ -41,14 +41,6 @@ def layout(
     if not packed:
         batch["attention_mask"] = (segment_ids > 0).long()
     return batch
-
-
-def example(rows: int, seq: int, packed: bool, classify: bool = False) -> dict[str, torch.Tensor]:
-    """A micro-batch of `rows` x `seq` tokens in the layout of `frugal train` (values are
-    irrelevant: the estimate runs it on fake tensors); `classify`: a class id per row."""
-    z = torch.zeros((rows, seq), dtype=torch.long)
-    labels = torch.zeros(rows, dtype=torch.long) if classify else z.clone()
-    return layout(z, labels, z.clone(), z.clone(), packed)
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from frugal.errors import FrugalError
 from frugal.models.specs import experts_per_token
+from frugal.step.tasks import TASKS, task_of
 from frugal.validation import RANGE_ERRORS, problem
 
 Method = Literal["full", "lora", "qlora"]
@@ -24,7 +25,7 @@ Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor
 Attention = Literal["sdpa", "eager"]
 Sharding = Literal["ddp", "fsdp", "zero2", "zero3"]
 Loss = Literal["ce", "ce+contrastive"]
-Task = Literal["causal", "classification"]
+Task = Literal["causal", "classification"]  # the names of `tasks.TASKS` (a test holds them)
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_targets", "lora_dropout")
 FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops its input
@@ -133,16 +134,15 @@ class TrainJob(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _one_text_a_row(cls, data: Any) -> Any:
-        """A classifier reads one text per row (its label is the row's): never packed."""
-        if isinstance(data, dict) and data.get("task") == "classification":
+    def _unpacked_rows(cls, data: Any) -> Any:
+        """A task whose rows are not packed (a classifier's: its label is the row's)."""
+        if isinstance(data, dict) and data.get("task") in TASKS and not TASKS[data["task"]].packs:
             data = {**data, "packing": False}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> TrainJob:
-        if self.task == "classification":
-            _classifier_check(self)
+        task_of(self.task).check(self)
         if self.bitsandbytes is not None:
             _version(self.bitsandbytes)
         if self.loss_chunks > self.batch * self.seq:
@@ -172,6 +172,10 @@ class TrainJob(BaseModel):
         if self.method != "full" and not self.target_modules:
             raise ValueError("--lora-targets is empty: give module names or all-linear")
         return self
+
+    def task_settings(self) -> dict[str, Any]:
+        """The task and the fields only it reads (a classifier's classes)."""
+        return {"task": self.task, **{f: getattr(self, f) for f in task_of(self.task).fields}}
 
     @property
     def alpha(self) -> int:
@@ -204,8 +208,7 @@ class TrainJob(BaseModel):
             target_parameters=parameters or None,
             rank_pattern={re.escape(name): r for name, r in ranks.items()},
             lora_dropout=self.lora_dropout,
-            # SEQ_CLS: PEFT trains and saves the new head (`score`) whole, beside the adapters
-            task_type="SEQ_CLS" if self.task == "classification" else "CAUSAL_LM",
+            task_type=task_of(self.task).peft_task_type,
         )
 
     @property
@@ -237,30 +240,16 @@ class TrainJob(BaseModel):
         8-bit optimizer's state is the 8-bit one's; LoRA's alpha as the number it resolves to:
         None is 2 x rank, the same adapters as the rank's double written out).
         Accumulation only matters as 1 or more: the simulation runs min(grad_accum, 2)
-        micro-steps, since from the second on, every micro-step holds the same buffers."""
-        key = self.model_dump(exclude={"batch", "seq", "gpus", "sharding", "bitsandbytes"})
+        micro-steps, since from the second on, every micro-step holds the same buffers.
+        A task's own fields count only in its jobs (a causal job has no head of classes)."""
+        others = {f for t in TASKS.values() if t.name != self.task for f in t.fields}
+        key = self.model_dump(exclude={"batch", "seq", "gpus", "sharding", "bitsandbytes", *others})
         key["lora_alpha"] = self.alpha
         key["keeps_4bit_input"] = self.keeps_4bit_input
         if self.optimizer == "paged-adamw-8bit":  # the same state, in unified memory
             key["optimizer"] = "adamw-8bit"
         key["grad_accum"] = min(self.grad_accum, 2)
-        if self.task == "causal":
-            del key["num_labels"]  # no head of classes
         return key
-
-
-def _classifier_check(job: TrainJob) -> None:
-    """What a classification step cannot be: a loss over next tokens."""
-    if job.loss != "ce":
-        raise ValueError(
-            "--loss ce+contrastive is a next-token loss: a classifier's loss is its "
-            "cross-entropy over classes (--loss ce)"
-        )
-    if job.loss_chunks:
-        raise ValueError(
-            "--loss-chunks splits the logits over the vocabulary, which a classifier does "
-            "not make: use --loss-chunks 0"
-        )
 
 
 def in_backward_refusal(gpus: int, grad_accum: int, precision: str) -> str | None:

@@ -1,13 +1,14 @@
 """One optimizer step over a process's micro-batches: the code `frugal train` runs and the
 estimate simulates.
 
-For each micro-batch: forward under the engine's autocast, the loss (`loss.py`: summed
-token cross-entropy, plus the contrastive term when configured) scaled to its share of the
-step, backward (gradients reduced after the last micro-batch under DDP, after each under
-FSDP). Then gradient clipping (or just the norm), the optimizer update and
-`zero_grad(set_to_none=True)`, which frees the gradients before the next forward. With the
-optimizer in backward (`optim.PerParameter`), each weight is updated during the backward as
-its gradient completes, and the step after it has nothing left to update.
+For each micro-batch: forward under the engine's autocast, the task's loss (`tasks/`: a
+causal LM's summed token cross-entropy, plus the contrastive term when configured; a
+classifier's over its classes) scaled to its share of the step, backward (gradients
+reduced after the last micro-batch under DDP, after each under FSDP). Then gradient
+clipping (or just the norm), the optimizer update and `zero_grad(set_to_none=True)`, which
+frees the gradients before the next forward. With the optimizer in backward
+(`optim.PerParameter`), each weight is updated during the backward as its gradient
+completes, and the step after it has nothing left to update.
 
 The engine is accelerate's `Accelerator` in `frugal train` (loss scaling for fp16, DDP's
 no_sync) and `PlainEngine` in the estimate: the same autocast, backward and clipping on
@@ -17,19 +18,18 @@ one process. The marks (`marks.py`) tell a watching memory tracker where the ste
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from frugal.errors import FrugalError
 from frugal.step import marks
-from frugal.step.batch import model_inputs
-from frugal.step.chunked_ce import chunked_linear_cross_entropy
 from frugal.step.job import TrainJob
-from frugal.step.loss import causal_lm_loss, classification_loss, contrastive_loss
 from frugal.step.optim import PerParameter
+from frugal.step.tasks import task_of
+from frugal.step.tasks.base import Loss
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -67,101 +67,24 @@ class PlainEngine:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
 
-@dataclass(frozen=True)
-class Loss:
-    """The training loss: cross-entropy, plus SimCTG's contrastive term when `contrastive`;
-    with `chunks`, the cross-entropy is computed from the last hidden states in that many
-    chunks of tokens (`chunked_ce`), so the whole logits tensor never exists. A classifier's
-    (`classify`) is the cross-entropy over its classes, weighted by `class_weights` if any."""
-
-    contrastive: bool = False
-    weight: float = 1.0
-    margin: float = 0.5
-    chunks: int = 0
-    classify: bool = False
-    class_weights: tuple[float, ...] = ()
-
-    @classmethod
-    def of(
-        cls, job: TrainJob, weight: float = 1.0, margin: float = 0.5,
-        class_weights: tuple[float, ...] = (),
-    ) -> Loss:  # fmt: skip
-        """The job's loss (the trainer and the estimator build it here)."""
-        classify = job.task == "classification"
-        return cls(job.loss == "ce+contrastive", weight, margin, job.loss_chunks, classify,
-                   class_weights)  # fmt: skip
-
-
-def lm_head(model: Any) -> Any:
-    """The LM head module under DDP's and PEFT's wrappers."""
-    inner = getattr(model, "module", model)  # DDP
-    head = inner.get_output_embeddings()
-    if head is None:
-        raise FrugalError("--loss-chunks needs a model with an LM head")
-    cap = getattr(getattr(inner, "config", None), "final_logit_softcapping", None)
-    if cap:
-        raise FrugalError(
-            f"--loss-chunks: this model soft-caps its logits ({cap:g}), which the chunked loss "
-            "does not: use --loss-chunks 0"
-        )
-    return head
-
-
-@contextlib.contextmanager
-def last_hidden(model: Any, wanted: bool = True) -> Iterator[list[torch.Tensor]]:
-    """Collects the decoder's output (the last hidden states, after the final norm) of the
-    forward run inside. A hook rather than `output_hidden_states`, whose tuple would hold
-    every layer's input on the device until the loss is computed."""
-    box: list[torch.Tensor] = []
-    if not wanted:
-        yield box
-        return
-    decoder = getattr(model, "module", model).get_decoder()  # under DDP's and PEFT's wrappers
-    if decoder.get_output_embeddings() is not None:  # the LM itself (Llama 4's): its body
-        decoder = decoder.model
-    hook = decoder.register_forward_hook(lambda m, args, out: box.append(out[0]))
-    try:
-        yield box
-    finally:
-        hook.remove()
-
-
-def ce_of(
-    model: Any, b: dict[str, torch.Tensor], loss: Loss
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The forward and its summed cross-entropy (plain, or chunked from the hidden states);
-    with the contrastive term, also the last hidden states."""
-    if loss.classify:
-        weight = torch.tensor(loss.class_weights) if loss.class_weights else None
-        return None, classification_loss(forward(model, b).logits, b["labels"], weight)[0]
-    with last_hidden(model, bool(loss.chunks or loss.contrastive)) as box:
-        if not loss.chunks:
-            ce = causal_lm_loss(forward(model, b).logits, b["labels"])[0]
-        else:
-            head = lm_head(model)
-            # no position's logits from the model itself (an empty index): the loss makes
-            # its own, chunk by chunk
-            none = torch.empty(0, dtype=torch.long, device=b["labels"].device)
-            model(**model_inputs(b), use_cache=False, logits_to_keep=none)
-    hidden = box[0] if box else None
-    if loss.chunks:
-        assert hidden is not None
-        per = -(-hidden.shape[0] * hidden.shape[1] // loss.chunks)  # tokens per chunk
-        ce, _ = chunked_linear_cross_entropy(hidden, head.weight, b["labels"], per, head.bias)
-    return (hidden if loss.contrastive else None), ce
+def loss_of(
+    job: TrainJob, weight: float = 1.0, margin: float = 0.5,
+    class_weights: tuple[float, ...] = (),
+) -> Loss:  # fmt: skip
+    """The job's loss (the trainer and the estimator build it here)."""
+    return Loss(job.loss == "ce+contrastive", weight, margin, job.loss_chunks, job.task,
+                class_weights)  # fmt: skip
 
 
 @dataclass
 class Sums:
-    """What one process's micro-batches gave: summed (unscaled) losses and the norm."""
+    """What one process's micro-batches gave: the task's summed (unscaled) loss, the
+    contrastive term's, the gradients' norm, and the task's other sums by name."""
 
     ce: torch.Tensor
     cl: torch.Tensor
     grad_norm: torch.Tensor
-
-
-def forward(model: Any, batch: dict[str, torch.Tensor]) -> Any:
-    return model(**model_inputs(batch), use_cache=False)
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -192,7 +115,7 @@ def optimizer_step(
     """Accumulate the micro-batches' gradients, clip, update, free the gradients."""
     batches = list(batches)
     zero = torch.zeros((), device=engine.device)
-    ce_total, cl_total = zero.clone(), zero.clone()  # on the device: no sync per micro-batch
+    totals = {"ce": zero.clone(), "cl": zero.clone()}  # on the device: no sync per micro-batch
     fused = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
     fused = fused if isinstance(fused, PerParameter) else None
     if fused is not None and (len(batches) > 1 or update.max_grad_norm > 0):
@@ -201,7 +124,7 @@ def optimizer_step(
             "unclipped: run the step as one micro-batch with max_grad_norm 0"
         )
     with fused.in_backward() if fused is not None else contextlib.nullcontext():
-        _accumulate(model, batches, engine, update, (ce_total, cl_total))
+        _accumulate(model, batches, engine, update, totals)
     marks.phase("opt")
     if fused is not None:
         norm = fused.grad_norm(engine.device)
@@ -212,17 +135,17 @@ def optimizer_step(
         norm = torch.nn.utils.get_total_norm(grads) if grads else zero
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return Sums(ce_total, cl_total, norm)
+    ce, cl = totals.pop("ce"), totals.pop("cl")
+    return Sums(ce, cl, norm, totals)
 
 
 def _accumulate(
     model: Any, batches: list[dict[str, torch.Tensor]], engine: Engine, update: UpdateRule,
-    totals: tuple[torch.Tensor, torch.Tensor],
+    totals: dict[str, torch.Tensor],
 ) -> None:  # fmt: skip
-    """Forward and backward of each micro-batch, the gradients summed; the summed
-    cross-entropy and contrastive losses added to `totals`."""
-    loss = update.loss
-    ce_total, cl_total = totals
+    """Forward and backward of each micro-batch, the gradients summed; the task's summed
+    loss added to `totals["ce"]`, its other sums (the contrastive term's) by name."""
+    task = task_of(update.loss.task)
     for i, b in enumerate(batches, start=1):
         marks.micro_step(i)
         marks.phase("fwd")
@@ -231,14 +154,8 @@ def _accumulate(
         sync = contextlib.nullcontext() if last or update.reduce_each else engine.no_sync(model)
         with sync:
             with engine.autocast():
-                hidden, ce_sum = ce_of(model, b, loss)
-                total = ce_sum * update.ce_scale
-                if hidden is not None:
-                    cl_sum, _ = contrastive_loss(hidden, b["labels"], b["segment_ids"], loss.margin)
-                    total = total + cl_sum * (update.cl_scale * loss.weight)
-                    cl_total += cl_sum.detach()
-            del hidden
+                total, ce_sum = task.micro_loss(model, b, update.loss, update, totals)
             marks.phase("bwd_head")
             engine.backward(total)
-        ce_total += ce_sum.detach()
+        totals["ce"] += ce_sum.detach()
         del total, ce_sum, b

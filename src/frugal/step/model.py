@@ -39,6 +39,7 @@ from torch import nn
 from frugal.errors import FrugalError
 from frugal.models.specs import TOP_K_KEYS, is_moe_config
 from frugal.step.job import TrainJob
+from frugal.step.tasks import task_of
 
 Weights = Literal["pretrained", "random", "empty", "meta"]
 # what PEFT's LoRA adapts (its `lora.layer` dispatch), as `--lora-targets` may name it
@@ -71,7 +72,7 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
 
     kind = config.get("model_type")
     if kind not in CONFIG_MAPPING or kind not in _auto_names(job):
-        what = "sequence classifier" if job.task == "classification" else "causal language model"
+        what = task_of(job.task).what
         raise FrugalError(
             f"model_type {kind!r} is not a {what} this transformers ({__version__}) can "
             "train: upgrade transformers, or give the config.json of a decoder model (Llama, "
@@ -80,13 +81,7 @@ def hf_config(config: dict[str, Any], job: TrainJob, n_layers: int | None = None
     d = copy.deepcopy(config)
     if n_layers is not None:
         _shallow(d, n_layers)
-    if job.task == "classification":
-        d["num_labels"] = job.num_labels
-        for names in ("id2label", "label2id"):  # a causal model's, if any
-            d.pop(names, None)
-        # the head reads the last token that is not padding, found by the pad id (the
-        # trainer sets its tokenizer's; without one, a micro-batch of 2 rows is refused)
-        d["pad_token_id"] = d.get("pad_token_id") if d.get("pad_token_id") is not None else 0
+    task_of(job.task).hf_config(d, job)
     with _config_refused(kind):
         cfg = CONFIG_MAPPING[d["model_type"]](**d)
     if is_moe_config(cfg.to_dict()) and not experts_per_token_of(cfg):
@@ -170,21 +165,17 @@ def _grouped_experts(config: dict[str, Any], job: TrainJob) -> bool:
 
 
 def _auto_names(job: TrainJob) -> Any:
-    """transformers' model types for the task: causal LMs, or their sequence classifiers
-    (the decoder and a linear head of `num_labels` outputs on the last token)."""
+    """transformers' model types for the task's head (causal LMs, their sequence
+    classifiers: the decoder and a linear head on the last token)."""
     from transformers.models.auto import modeling_auto as auto
 
-    if job.task == "classification":
-        return auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
-    return auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return getattr(auto, task_of(job.task).auto_mapping)
 
 
 def _auto_class(job: TrainJob) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    import transformers
 
-    if job.task == "classification":
-        return AutoModelForSequenceClassification
-    return AutoModelForCausalLM
+    return getattr(transformers, task_of(job.task).auto_class)
 
 
 def _check_targets(model: torch.nn.Module, modules: list[str], job: TrainJob) -> None:
@@ -292,8 +283,7 @@ def _pretrained(config: dict[str, Any], cfg: Any, job: TrainJob, path: str | Non
         extra["experts_implementation"] = cfg._experts_implementation
     if job.method == "qlora":
         extra["quantization_config"] = bnb_config(compute_dtype(job))
-    if job.task == "classification":
-        extra.update(num_labels=job.num_labels, pad_token_id=cfg.pad_token_id)
+    extra.update(task_of(job.task).pretrained_kwargs(job, cfg))
     base_dtype, _ = weight_dtypes(job)
     model = _auto_class(job).from_pretrained(path, dtype=base_dtype, local_files_only=True, **extra)
     if job.method == "qlora":  # bitsandbytes quantized the linear layers, not the experts

@@ -1,0 +1,14 @@
+"""The training tasks, one module each (`base.Task` says what a task supplies)."""
+
+from __future__ import annotations
+
+from frugal.step.tasks.base import Task
+from frugal.step.tasks.causal import Causal
+from frugal.step.tasks.classification import Classification
+
+TASKS: dict[str, Task] = {t.name: t for t in (Causal(), Classification())}
+
+
+def task_of(name: str) -> Task:
+    """The task of a job (`job.task`), a `Loss` or a run config."""
+    return TASKS[name]
