@@ -37,6 +37,7 @@ from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
 from frugal.run import recipe, steps
 from frugal.step.model import cuda_kernels
+from frugal.step.tasks import task_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "examples" / "tiny-llama"
@@ -127,6 +128,11 @@ class Case:
     offload: bool = False
     in_backward: bool = False
     classify: bool = False  # a sequence classifier of 3 classes (padded rows, no LM head)
+    preference: str = ""  # preference tuning's method (pairs of padded rows, a reference)
+
+    @property
+    def task(self) -> str:
+        return "classification" if self.classify else "preference" if self.preference else "causal"
 
     @property
     def id(self) -> str:
@@ -141,6 +147,7 @@ class Case:
         bits += ["offload"] if self.offload else []
         bits += ["in-backward"] if self.in_backward else []
         bits += ["classifier"] if self.classify else []
+        bits += [self.preference] if self.preference else []
         return "-".join(bits)
 
 
@@ -170,6 +177,10 @@ CASES = [
     # issue 31: a classifier's head on the last token, LoRA with PEFT's saved head, and full
     Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, packing=False, classify=True),
     Case("llama", "full", "fp32", "adamw", False, packing=False, accum=2, classify=True),
+    # issue 46: preference tuning, the reference as the adapter off, a frozen copy, or none
+    Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, packing=False, preference="dpo"),
+    Case("llama", "full", "bf16-mixed", "adamw", False, False, 2, preference="dpo"),
+    Case("llama", "lora", "bf16-mixed", "adamw", True, packing=False, preference="orpo"),
 ]
 MICRO, SEQ = 2, 96
 
@@ -193,6 +204,12 @@ def make_workdir(d: Path) -> Path:
         for t, c in [("x" * 3 * SEQ, "a"), ("short row", "b"), ("y" * 3 * SEQ, "c"),
                      ("another", "a")]
     ))  # fmt: skip
+    # preference pairs: a full-length chosen and a short rejected completion, and the other
+    # way round, so that each micro-batch of two pairs is padded to SEQ
+    (d / "pairs.jsonl").write_text("".join(
+        json.dumps({"prompt": "q", "chosen": a, "rejected": b}) + "\n"
+        for a, b in [("x" * 3 * SEQ, "short"), ("no", "y" * 3 * SEQ)] * 2
+    ))  # fmt: skip
     return d
 
 
@@ -203,12 +220,15 @@ def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
     data = SPELL if case.packing else workdir / "padded.jsonl"
     if case.classify:
         data = workdir / "labelled.jsonl"
+    if case.preference:
+        data = workdir / "pairs.jsonl"
     base: dict[str, Any] = {
         "model": str(workdir / case.model),
         "init": "random",
         "job": {
-            "task": "classification" if case.classify else "causal",
+            "task": case.task,
             "num_labels": CLASSES,
+            "preference": case.preference or "dpo",
             "method": case.method,
             "precision": case.precision,
             "optimizer": case.optimizer,
@@ -277,10 +297,10 @@ def _measure(cfg: RunConfig) -> Measured:
     if widths != {SEQ}:  # the data is laid out so that every row is SEQ wide
         raise AssertionError(f"rows of {widths} tokens, not {SEQ}")
     job = cfg.job  # the logits' last dimension: the vocabulary, or the classes
-    tracker = StepTracker(
-        job.num_labels if job.task == "classification" else load_spec(cfg.model).vocab_size
-    )
+    tracker = StepTracker(task_of(job.task).logits_width(job, load_spec(cfg.model).config))
     hooks = tracker.watch(run.model, run.optimizer)
+    if run.reference is not None:  # a second model the task reads: frozen weights
+        hooks += tracker.watch(run.reference)
     try:
         with cuda_kernels(), tracking(tracker):
             steps.device_step(run, inp)

@@ -1,12 +1,15 @@
-"""Write the example projects' tiny classification data (seeded: the same files every time).
+"""Write the example projects' tiny data (seeded: the same files every time).
 
     python examples/make_data.py
 
 - `examples/sentiment/`: short product reviews, `positive` or `negative`;
-- `examples/trades/`: short messages about a stock, `buy`, `sell` or `hold`.
+- `examples/trades/`: short messages about a stock, `buy`, `sell` or `hold`;
+- `examples/preference/`: a toy preference: asked for a review of a product, a positive
+  review of it is chosen over a negative one (`{"prompt", "chosen", "rejected"}`), and the
+  same as KTO's unpaired rows (`{"prompt", "completion", "label"}`, `kto.jsonl`).
 
-Each gets `train.jsonl` and `val.jsonl` (`{"text": ..., "label": ...}`), made from
-templates and word lists: no download, and a small model can learn them on a CPU.
+Each gets `train.jsonl` and `val.jsonl`, made from templates and word lists: no download,
+and a small model can learn them on a CPU.
 """
 
 from __future__ import annotations
@@ -69,6 +72,23 @@ def trades(rng: random.Random, n: int) -> list[dict[str, str]]:
     return out
 
 
+def review(rng: random.Random, product: str, label: str) -> str:
+    verbs, adjectives, endings = SENTIMENT[label]
+    return (f"I {rng.choice(verbs)} this {product}. It feels {rng.choice(adjectives)} "
+            f"and {rng.choice(adjectives)}. {rng.choice(endings)}")  # fmt: skip
+
+
+def pairs(rng: random.Random, n: int) -> list[dict[str, str]]:
+    out = []
+    for _ in range(n):
+        product = rng.choice(PRODUCTS)
+        out.append({"prompt": f"Write a review of the {product}.",
+                    "chosen": review(rng, product, "positive"),
+                    "rejected": review(rng, product, "negative"), "text": ""})  # fmt: skip
+        out[-1]["text"] = out[-1]["chosen"] + out[-1]["rejected"]  # unique() keys on it
+    return out
+
+
 def unique(make: Callable[[random.Random, int], list[dict[str, str]]], rng: random.Random,
            n: int) -> list[dict[str, str]]:  # fmt: skip
     """n rows, no text twice: a repeated row would weigh more in training, and a row in
@@ -91,6 +111,16 @@ def main() -> None:
         rows = unique(make, rng, 300)
         write(HERE / name / "train.jsonl", rows[:240])
         write(HERE / name / "val.jsonl", rows[240:])
+    rows = [{k: v for k, v in r.items() if k != "text"}
+            for r in unique(pairs, random.Random(20261206), 240)]  # fmt: skip
+    write(HERE / "preference" / "train.jsonl", rows[:200])
+    write(HERE / "preference" / "val.jsonl", rows[200:])
+    kto = {
+        r[side]: {"prompt": r["prompt"], "completion": r[side], "label": side == "chosen"}
+        for i, r in enumerate(rows[:200])
+        for side in ("chosen" if i % 2 else "rejected",)
+    }
+    write(HERE / "preference" / "kto.jsonl", list(kto.values()))  # no completion twice
 
 
 if __name__ == "__main__":

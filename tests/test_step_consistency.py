@@ -44,6 +44,8 @@ def test_the_matrix_covers_what_the_step_varies() -> None:
     for flag in ("checkpointing", "packing", "contrastive", "offload", "in_backward", "classify"):
         assert seen[flag] == {True, False}, flag
     assert seen["accum"] == {1, 2}
+    preference = {(c.preference, c.method) for c in sc.CASES if c.preference}
+    assert preference >= {("dpo", "lora"), ("dpo", "full"), ("orpo", "lora")}
     assert 0 in seen["loss_chunks"] and len(seen["loss_chunks"]) > 1
 
 

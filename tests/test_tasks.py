@@ -11,7 +11,7 @@ import pytest
 
 import frugal
 from frugal.cli.data_cmd import CHECKS
-from frugal.cli.init_cmd import SEQ_OF
+from frugal.cli.init_cmd import FROM_DATA
 from frugal.config import validate_run_config
 from frugal.errors import FrugalError
 from frugal.estimate.cache import digested_files
@@ -27,7 +27,7 @@ def test_the_job_names_every_task_and_no_other() -> None:
     assert get_args(Task) == tuple(TASKS)
 
 
-@pytest.mark.parametrize("table", [ROWS, DATASETS, CHECKS, SEQ_OF], ids=lambda t: str(len(t)))
+@pytest.mark.parametrize("table", [ROWS, DATASETS, CHECKS, FROM_DATA], ids=lambda t: str(len(t)))
 def test_every_table_of_a_tasks_data_has_each_task(table: dict[str, object]) -> None:
     assert set(table) == set(TASKS)
 
@@ -80,3 +80,12 @@ def test_a_training_setting_of_another_task_is_one_line_naming_it() -> None:
         validate_run_config(cfg, "run.yaml")
     assert "training.class_weights=balanced is for job.task=classification" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_every_tasks_settings_cite_a_known_source() -> None:
+    from frugal.plan.hyper import SOURCES, WHERE
+
+    for task in TASKS.values():
+        for method in ("full", "lora", "qlora"):
+            for name, (_, reason, source) in task.settings(method, 8_000_000_000).items():
+                assert source in SOURCES and reason and name in WHERE, (task.name, name)

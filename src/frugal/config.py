@@ -87,6 +87,23 @@ class TrainingConfig(Strict):
     )
     contrastive_weight: float = Field(1.0, ge=0, description="weight of the contrastive term")
     contrastive_margin: float = Field(0.5, ge=0, le=2, description="SimCTG margin rho")
+    beta: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="preference tuning's beta: how far the policy may move from the "
+        "reference (DPO, IPO, KTO; ORPO's weight of its odds-ratio term; SimPO's reward "
+        "scale); default: the method's paper (0.1; SimPO 2.0)",
+    )
+    simpo_gamma: float | None = Field(
+        None, ge=0, le=100, description="SimPO's target reward margin gamma (default: beta / 2)"
+    )
+    kto_desirable_weight: float = Field(
+        1.0, gt=0, le=100, description="KTO's weight of a desirable row's loss (lambda_D)"
+    )
+    kto_undesirable_weight: float = Field(
+        1.0, gt=0, le=100, description="KTO's weight of an undesirable row's loss (lambda_U)"
+    )
     max_hours: Hours = Field(
         None,
         description="stop cleanly, with a checkpoint, before the run's hours, all sessions, "

@@ -19,6 +19,7 @@ from rich.table import Table
 from frugal.cli import console, print_json
 from frugal.cli.options import JSON_HELP, option, option_set, takes
 from frugal.data.labels import label_stats, read_labelled, tokenize_labelled
+from frugal.data.pairs import pair_stats, read_preferences
 from frugal.errors import FrugalError
 from frugal.files import check_target, replacing
 from frugal.plan.plot import IMAGE_SUFFIXES, pyplot
@@ -264,9 +265,38 @@ def render_classes(file: str, out: dict[str, Any]) -> None:
         con.print(f"wrote {out['wrote_plot']}")
 
 
+def preference_summary(file: str, tok: Any, seq: int, fmt: str) -> dict[str, Any]:
+    """A preference file as `frugal train` reads it: pairs (or KTO rows), tokens, lengths,
+    identical pairs, prompts repeated in completions (`data.pairs.pair_stats`)."""
+    st = pair_stats(read_preferences(file), tok, seq)
+    ls = sorted(st.pop("lengths"))
+    return {"task": "preference", **st, "length": spread(ls), "histogram": histogram(ls),
+            "seq": seq}  # fmt: skip
+
+
+def render_pairs(file: str, out: dict[str, Any]) -> None:
+    con = console()
+    kind = "KTO rows" if out["kind"] == "kto" else "pairs"
+    con.print(f"[bold]{escape(file)}[/] · {out['rows']:,} {kind} · seq {out['seq']}")
+    both = "prompt and completion" if out["kind"] == "kto" else "both sequences of each pair"
+    con.print(f"tokens ({both}): {out['tokens']:,}")
+    con.print(f"tokens per row's longer sequence min/median/p95/max: "
+              f"{_spread_text(out['length'])} · longer than {out['seq']}: "
+              f"{out['over_length']:,}")  # fmt: skip
+    also = (f" · desirable: {out['desirable_share']:.0%}" if "desirable_share" in out
+            else f" · identical pairs: {out['identical_pairs']:,}")  # fmt: skip
+    con.print(f"duplicate rows: {out['duplicates']:,} · prompt repeated in a completion: "
+              f"{out['prompt_in_completion']:,}{also}")  # fmt: skip
+    for w in out["warnings"]:
+        con.print(f"[yellow]warning:[/] {escape(w)}")
+    if out.get("wrote_plot"):
+        con.print(f"wrote {out['wrote_plot']}")
+
+
 # each task's check of a file: its summary (what --json prints) and how it reads as text
 CHECKS: dict[str, tuple[Callable[[str, Any, int, str], dict[str, Any]],
                         Callable[[str, dict[str, Any]], None]]] = {
     "causal": (token_summary, render_tokens),
     "classification": (classification_summary, render_classes),
+    "preference": (preference_summary, render_pairs),
 }  # fmt: skip

@@ -31,6 +31,8 @@ class EstimateOptions:
     model: str = typer.Argument(..., help=MODEL_HELP)
     task: str = option(TrainJob, "task")
     num_labels: int = option(TrainJob, "num_labels")
+    preference: str = option(TrainJob, "preference")
+    reference: str = option(TrainJob, "reference")
     method: str = option(TrainJob, "method")
     precision: str = option(TrainJob, "precision")
     optimizer: str = option(TrainJob, "optimizer")
@@ -103,7 +105,7 @@ def render(d: dict[str, Any]) -> None:
     c.print(
         f"FLOPs per step: forward {si(f['forward'])}, backward {si(f['backward'])}, "
         f"recompute {si(f['recompute'])} = {si(f['total'])}FLOP for "
-        f"{d['tokens_per_step']:,} tokens"
+        f"{d['tokens_per_step']:,} tokens{_rows_of(d['job'])}"
     )
     if "fits" in d:
         verdict = "[green]fits[/]" if d["fits"] else "[red]does not fit[/]"
@@ -126,6 +128,12 @@ def render(d: dict[str, Any]) -> None:
         c.print(f"[dim]note: {n}[/]")
 
 
+def _rows_of(j: dict[str, Any]) -> str:
+    """What a row of the job is, where it is more than one sequence (a preference pair)."""
+    per = task_of(j["task"]).sequences_per_row
+    return f" ({per} sequences a row)" if per > 1 else ""
+
+
 def _job_line(d: dict[str, Any]) -> str:
     """The step estimated: the model, the method and every setting that moves its memory."""
     j = d["job"]
@@ -139,7 +147,8 @@ def _job_line(d: dict[str, Any]) -> str:
     return (
         f"[bold]{d['model']}[/] · {what} · {j['precision']} · {j['optimizer']}"
         f"{' in backward' if j['optimizer_in_backward'] else ''} · "
-        f"batch {j['batch']} x seq {j['seq']} {'packed' if j['packing'] else 'padded'} · "
+        f"batch {j['batch']}{_rows_of(j)} x seq {j['seq']} "
+        f"{'packed' if j['packing'] else 'padded'} · "
         f"checkpointing {'on' if j['grad_checkpointing'] else 'off'} · {d['attention']} attention"
         f"{' · ' + j['loss'] if j['loss'] != 'ce' else ''}"
         f"{' · loss in ' + str(j['loss_chunks']) + ' chunks' if j['loss_chunks'] else ''}"

@@ -29,6 +29,7 @@ from frugal.cli.options import option, option_set, takes
 from frugal.cli.plan_cmd import render
 from frugal.data.count import CHARS_PER_TOKEN
 from frugal.data.labels import read_labelled
+from frugal.data.pairs import read_preferences
 from frugal.data.rows import detect_format, read_rows
 from frugal.durations import parse_duration
 from frugal.errors import FrugalError
@@ -77,38 +78,60 @@ def _task(text: str, got: dict[str, Any]) -> str:
     t = text.strip().lower()
     if t in get_args(Task):
         return t
-    raise FrugalError("answer causal (next-token: chat, completion, text) or classification")
+    raise FrugalError(
+        "answer causal (next-token: chat, completion, text), classification or preference"
+    )
 
 
 def _data(text: str, got: dict[str, Any]) -> str:
     """The training file, read as `frugal train` reads it for the task (a bad row is
-    named); its sequence length in `got["seq"]`."""
+    named); what the run takes from it in `got` (its sequence length, ...)."""
     path = text.strip()
     if not path or not Path(path).is_file():
         raise FrugalError(f"{path or 'nothing'}: no such file: give the training file's path")
-    got["seq"] = SEQ_OF[got["task"]](path)
+    got.update(FROM_DATA[got["task"]](path))
     return path
 
 
-def _token_seq(path: str) -> int:
+def _token_seq(path: str) -> dict[str, Any]:
     """A causal model's packed rows take 2,048 tokens (a row that is no text, completion or
     chat is named)."""
     first = next(iter(read_rows(path)), None)
     if first is None:
         raise FrugalError(f"{path}: no rows")
     detect_format(first[1], first[0])  # text, prompt/completion or chat, else named
-    return 2048
+    return {"seq": 2048}
 
 
-def _classifier_seq(path: str) -> int:
+def _classifier_seq(path: str) -> dict[str, Any]:
     """A classifier's row is one text: its longest text (characters / 4) rounded up to a
     power of two, from 64 to 2,048 (a longer text is cut to it)."""
     examples, _ = read_labelled(path)
     longest = max(sum(len(t) for t in e.texts) for e in examples) / CHARS_PER_TOKEN
-    return int(min(2048, max(64, 2 ** math.ceil(math.log2(max(longest, 1))))))
+    return {"seq": _power_of_two(longest)}
 
 
-SEQ_OF: dict[str, Callable[[str], int]] = {"causal": _token_seq, "classification": _classifier_seq}
+def _preference_seq(path: str) -> dict[str, Any]:
+    """A preference row's longer sequence (characters / 4, prompt and completion) as a
+    classifier's text; KTO's method where the rows are unpaired."""
+    rows = read_preferences(path)
+    longest = max(len(str(r.prompt)) + max(len(str(r.chosen)), len(str(r.rejected or "")))
+                  for r in rows) / CHARS_PER_TOKEN  # fmt: skip
+    return {"seq": _power_of_two(longest), "preference": "kto" if rows[0].rejected is None
+            else "dpo"}  # fmt: skip
+
+
+def _power_of_two(tokens: float) -> int:
+    """`tokens` rounded up to a power of two, from 64 to 2,048 (a longer row is cut)."""
+    return int(min(2048, max(64, 2 ** math.ceil(math.log2(max(tokens, 1))))))
+
+
+# what each task's run takes from its training file (its sequence length, ...)
+FROM_DATA: dict[str, Callable[[str], dict[str, Any]]] = {
+    "causal": _token_seq,
+    "classification": _classifier_seq,
+    "preference": _preference_seq,
+}
 
 
 def _model(text: str, got: dict[str, Any]) -> str:
@@ -160,7 +183,8 @@ def _priority(text: str, got: dict[str, Any]) -> str:
 
 
 QUESTIONS = [
-    Question("task", "Task: causal (next-token) or classification", lambda g: "causal", _task),
+    Question("task", "Task: causal (next-token), classification or preference", lambda g: "causal",
+             _task),
     Question("dataset", "Training data file", lambda g: None, _data),
     Question("model", "Model: hub id, local dir, or a size such as 8B",
              lambda g: task_of(g["task"]).default_model, _model),
@@ -206,7 +230,8 @@ def request(got: dict[str, Any]) -> PlanRequest:
     local = (got["hardware"],) if got["hardware"] else ()
     return PlanRequest.model_validate({
         "model": got["model"], "dataset": got["dataset"], "task": got["task"],
-        "seq": got["seq"], "methods": METHODS[got["priority"]], "budget": got["budget"],
+        "preference": got.get("preference", "dpo"), "seq": got["seq"],
+        "methods": METHODS[got["priority"]], "budget": got["budget"],
         "deadline": got["deadline"], "local": local, "providers": ("local",) if local else None,
     })  # fmt: skip
 

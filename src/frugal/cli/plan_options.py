@@ -34,6 +34,8 @@ class PlanOptions:
     num_labels: int | None = option(
         TrainJob, "num_labels", unset="the classes of --dataset, else 2"
     )
+    preference: str = option(TrainJob, "preference")
+    reference: str = option(TrainJob, "reference")
     effective_batch: int | None = option(Constraints, "effective_batch", unset=CHOSEN)
     method: str = option(TrainJob, "method")
     methods: str | None = option(Constraints, "methods", listed=True, unset="--method")

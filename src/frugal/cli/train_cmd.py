@@ -176,6 +176,10 @@ def render(s: RunSummary, dry: bool) -> None:
         m = s.best_metrics
         also = (f", accuracy {m['accuracy']:.3f}, macro-F1 {m['macro_f1']:.3f}"
                 if "accuracy" in m else "")  # fmt: skip
+        if "reward_margin" in m:  # preference tuning's
+            also += f", reward margin {m['reward_margin']:.3f}"
+        if "preference_accuracy" in m:
+            also += f", preference accuracy {m['preference_accuracy']:.3f}"
         c.print(f"best eval loss {s.best_eval_loss:.4f}{also} at step {s.best_step}")
     for k, v in s.outputs.items():
         c.print(f"{k}: {v}")

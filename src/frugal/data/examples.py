@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from frugal.data.labels import LabelledRows
+from frugal.data.pairs import PairRows, collate_pairs
 from frugal.data.rows import detect_format as detect_format  # part of this module's API
 from frugal.data.tokens import (
     DataStats,
@@ -279,11 +280,11 @@ def collate_labelled(
 
 class Batcher:
     """Batches of rows by index. Packed rows all have the same length: their arrays become
-    tensors once and a batch is an index_select; unpacked rows (and a classifier's) are
-    collated (right-padded) per batch."""
+    tensors once and a batch is an index_select; unpacked rows (a classifier's and
+    preference pairs too) are collated (right-padded) per batch."""
 
     def __init__(
-        self, rows: Rows | LabelledRows | Sequence[Row], pad_id: int, packed: bool
+        self, rows: Rows | LabelledRows | PairRows | Sequence[Row], pad_id: int, packed: bool
     ) -> None:
         self.rows, self.pad_id, self.packed = rows, pad_id, packed
         self.tensors: dict[str, torch.Tensor] = {}
@@ -291,7 +292,7 @@ class Batcher:
             tensor = lambda a: torch.from_numpy(a).long()  # noqa: E731
             self.tensors = layout(tensor(rows.input_ids), tensor(rows.labels),
                                   tensor(rows.segments), tensor(rows.positions), True)  # fmt: skip
-        elif packed and len(rows) and not isinstance(rows, LabelledRows):
+        elif packed and len(rows) and not isinstance(rows, LabelledRows | PairRows):
             self.tensors = collate(list(rows), pad_id, packed=True)
 
     def __len__(self) -> int:
@@ -303,6 +304,8 @@ class Batcher:
             return {k: v.index_select(0, idx) for k, v in self.tensors.items()}
         if isinstance(self.rows, LabelledRows):
             return collate_labelled(self.rows, indices, self.pad_id)
+        if isinstance(self.rows, PairRows):
+            return collate_pairs(self.rows, indices, self.pad_id)
         rows = self.rows
         return collate([rows[i] for i in indices], self.pad_id, self.packed)
 

@@ -27,7 +27,7 @@ from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import is_moe_config
 from frugal.step.job import TrainJob
 from frugal.step.loop import PlainEngine, UpdateRule, loss_of, optimizer_step
-from frugal.step.model import adapted, build_model, count_params, cuda_kernels
+from frugal.step.model import adapted, build_model, compute_dtype, count_params, cuda_kernels
 from frugal.step.moe import inactive_params
 from frugal.step.optim import make_optimizer
 from frugal.step.tasks import task_of
@@ -93,6 +93,9 @@ def simulate(
 
     use_phantom = tensors == "phantom"
     model = build_model(config, job, "meta", n_layers=n_layers)
+    # a second model the task reads (a full fine-tune's frozen reference), made as the
+    # trainer makes it: from the policy before training
+    extra = task_of(job.task).reference(model, job, compute_dtype(job))
     total, trainable = count_params(model)
     targets = adapted(model)
     active = total - inactive_params(model, config)
@@ -104,6 +107,8 @@ def simulate(
     with cuda_kernels(), mode, warnings.catch_warnings(), _unvalidated_distributions():
         warnings.simplefilter("ignore")
         _materialize(model, use_phantom)
+        if extra is not None:
+            _materialize(extra, use_phantom)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(
@@ -114,7 +119,7 @@ def simulate(
         opt.step()
         opt.zero_grad(set_to_none=True)
         for batch, seq in shapes:
-            t = _tracked_step(model, opt, params, job, (batch, seq), vocab)
+            t = _tracked_step(model, opt, params, job, (batch, seq), vocab, extra)
             traces.append(Trace(
                 live=t.timeline(), segments=t.segments(), micro=t.micro_steps(),
                 flops=dict(t.flops), attn_flops=dict(t.attn_flops), op_ids=np.array(t.op_ids),
@@ -138,15 +143,17 @@ def _unvalidated_distributions() -> Iterator[None]:
 
 def _tracked_step(
     model: nn.Module, opt: Any, params: list[nn.Parameter], job: TrainJob,
-    shape: tuple[int, int], vocab: int,
+    shape: tuple[int, int], vocab: int, extra: nn.Module | None = None,
 ) -> StepTracker:  # fmt: skip
     """The trainer's optimizer step on `shape` (batch, seq), every allocation tracked; two
-    micro-batches where the job accumulates (the second is every later one)."""
+    micro-batches where the job accumulates (the second is every later one). `extra`: the
+    task's second model (its weights are frozen weights)."""
     tracker = StepTracker(vocab)
     micro = [task_of(job.task).example(job, *shape)] * min(job.grad_accum, 2)
     clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
-    engine, update = PlainEngine(job.precision), UpdateRule(loss_of(job), 1.0, 1.0, clip)
-    hooks = tracker.watch(model, opt)
+    loss = loss_of(job, reference_model=extra)
+    engine, update = PlainEngine(job.precision), UpdateRule(loss, 1.0, 1.0, clip)
+    hooks = tracker.watch(model, opt) + (tracker.watch(extra) if extra is not None else [])
     try:
         with tracking(tracker):
             optimizer_step(model, opt, params, micro, engine, update)

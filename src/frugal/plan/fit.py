@@ -26,6 +26,7 @@ from frugal.models.specs import ModelSpec
 from frugal.plan.constraints import Constraints, node_network
 from frugal.plan.plans import Plan, Rejected
 from frugal.step.job import TrainJob, in_backward_refusal
+from frugal.step.tasks import task_of
 
 AUTO_LOSS_CHUNKS = 16  # the chunks of the loss a plan turns on
 LOGITS_SHARE = 0.2  # logits this share of the peak: the chunked loss may raise the micro-batch
@@ -268,9 +269,11 @@ def _precision_for(gpu: GPU, wanted: str) -> str:
 
 
 def _shardings(s: SetUp, base: TrainJob, precision: str) -> tuple[str, ...]:
-    """The shardings `frugal train` runs: FSDP needs bf16 or fp32 and full or LoRA weights."""
+    """The shardings `frugal train` runs: FSDP needs bf16 or fp32, full or LoRA weights and a
+    task that runs sharded."""
     fsdp_ok = (
         s.n > 1
+        and task_of(base.task).shards
         and s.method != "qlora"
         and precision != "fp16-mixed"
         and not (base.loss_chunks or base.offload_activations)

@@ -31,6 +31,9 @@ the learning rate and its schedule follow the method the plan recommends.
 - `lora`: Hu et al. 2021, LoRA (arXiv:2106.09685), and github.com/microsoft/LoRA
   examples/NLU/roberta_large_sst2.sh: sentiment classification with r 8, alpha 16,
   learning rate 4e-4, 6% warm-up.
+- `zephyr`: Tunstall et al. 2023, Zephyr (arXiv:2310.16944) and its alignment-handbook
+  recipe: full DPO of Mistral-7B at 5e-7, linear decay after 10% warm-up, 32 pairs a
+  step, beta 0.1 (their appendix tried 1 to 3 epochs; 1 is the handbook's).
 - `frugal`: frugal's own rule, from what it costs (said in the reason).
 """
 
@@ -51,6 +54,7 @@ SOURCES = {  # as an answer names them; the full references: this docstring, doc
     "llama2": "Llama 2",
     "bert": "BERT",
     "lora": "LoRA",
+    "zephyr": "Zephyr",
     "frugal": "frugal",
 }
 # where each setting lives in the run config
@@ -118,7 +122,7 @@ def choose(
             "lora_r", 64, "a dataset this large can outgrow a rank-16 adapter; rank 64 as "
             "QLoRA trained", "regret",
         )  # fmt: skip
-    chosen["effective_batch"] = _batch(chosen["effective_batch"], tokens, seq)
+    chosen["effective_batch"] = _batch(chosen["effective_batch"], tokens, seq, task)
     return [
         Choice(c.name, given[c.name], c.reason, c.source, yours=True, ours=c.value)
         if given.get(c.name) is not None
@@ -159,7 +163,7 @@ def _epochs(tokens: float) -> Rule:
             "and no source here says a second pays)", "frugal")  # fmt: skip
 
 
-def _batch(c: Choice, tokens: float, seq: int) -> Choice:
+def _batch(c: Choice, tokens: float, seq: int, task: str) -> Choice:
     """The recipe's batch, halved until an epoch has at least 8 optimizer steps."""
     sequences = max(1.0, tokens / seq)
     batch = int(c.value)
@@ -167,6 +171,6 @@ def _batch(c: Choice, tokens: float, seq: int) -> Choice:
         batch //= 2
     if batch == c.value:
         return c
-    return Choice(c.name, batch, f"{c.value} halved to {batch}: an epoch of "
-                  f"{sequences:,.0f} sequences still takes {MIN_STEPS_PER_EPOCH} steps or more",
-                  "frugal")  # fmt: skip
+    rows = f"{sequences:,.0f} {task_of(task).rows}"
+    return Choice(c.name, batch, f"{c.value} halved to {batch}: an epoch of {rows} still takes "
+                  f"{MIN_STEPS_PER_EPOCH} steps or more", "frugal")  # fmt: skip

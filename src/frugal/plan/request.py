@@ -23,6 +23,7 @@ from frugal import counts
 from frugal.config import DataConfig, RunConfig, Schedule, TrainingConfig
 from frugal.data.count import count_tokens
 from frugal.data.labels import read_labelled
+from frugal.data.pairs import read_preferences
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile
 from frugal.estimate.notes import profile_notes
@@ -86,6 +87,8 @@ class PlanRequest(BaseModel):
     seq: int = _about(TrainJob, "seq")
     task: Task = _about(TrainJob, "task")
     num_labels: int | None = _unset(TrainJob, "num_labels")
+    preference: str = _about(TrainJob, "preference")
+    reference: str = _about(TrainJob, "reference")
     method: str = _about(TrainJob, "method")
     methods: Listed | None = Field(
         None, min_length=1, description="methods to compare [default: --method]"
@@ -145,8 +148,9 @@ class PlanRequest(BaseModel):
             "lora_dropout": self.lora_dropout, "lora_targets": self.lora_targets,
         }  # fmt: skip
         base = make_job(
-            task=self.task, num_labels=self.num_labels,
-            method=_adapters_first(methods), precision=self.precision, seq=self.seq,
+            task=self.task, num_labels=self.num_labels, preference=self.preference,
+            reference=self.reference, method=_adapters_first(methods),
+            precision=self.precision, seq=self.seq,
             attention=self.attention, packing=self.packing, loss=self.loss,
             loss_chunks=self.loss_chunks, offload_activations=self.offload_activations,
             optimizer_in_backward=self.optimizer_in_backward, **lora,
@@ -317,10 +321,30 @@ def _classifier_data(q: PlanRequest) -> tuple[PlanRequest, float, str]:
     return q, float(len(rows) * q.seq), note
 
 
+def _preference_data(q: PlanRequest) -> tuple[PlanRequest, float, str]:
+    """Preference rows: an epoch's rows at --seq tokens each (the step's two sequences of
+    a row are padded to its micro-batch's longest), and a note saying how."""
+    assert q.dataset
+    rows = read_preferences(q.dataset)
+    kto = rows[0].rejected is None
+    if kto != (q.preference == "kto"):
+        raise FrugalError(
+            f"{q.dataset} holds {'KTO' if kto else 'paired'} rows: give --preference "
+            f"{'kto' if kto else 'dpo, ipo, orpo or simpo'}"
+        )
+    kind = "KTO rows" if kto else "pairs"
+    note = (
+        f"{q.dataset}: {len(rows):,} {kind}; each row's two sequences are padded to its "
+        f"micro-batch's longest, priced as --seq {q.seq:,} tokens each"
+    )
+    return q, float(len(rows) * q.seq), note
+
+
 # each task's dataset: the request (with what the data says), an epoch's tokens, a note
 DATASETS: dict[str, Callable[[PlanRequest], tuple[PlanRequest, float, str]]] = {
     "causal": _token_data,
     "classification": _classifier_data,
+    "preference": _preference_data,
 }
 
 

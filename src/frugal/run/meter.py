@@ -175,10 +175,12 @@ class Progress:
             return
         self.last = now
         eta = (self.total - step) * step_s
-        line = (
-            f"step {step}/{self.total} · loss {m.get('loss', float('nan')):.4f} · "
-            f"{m.get('tokens_per_s', 0):,.0f} tok/s · ETA {_hms(eta)}"
-        )
+        line = f"step {step}/{self.total} · loss {m.get('loss', float('nan')):.4f} · "
+        if "reward_margin" in m:  # preference tuning: how far the policy prefers the data's
+            line += f"margin {m['reward_margin']:.3f} · "
+        if "preference_accuracy" in m:
+            line += f"accuracy {m['preference_accuracy']:.0%} · "
+        line += f"{m.get('tokens_per_s', 0):,.0f} tok/s · ETA {_hms(eta)}"
         if meter.rate:
             line += (
                 f" · {usd(meter.spent_usd())} spent · "

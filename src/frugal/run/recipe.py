@@ -41,6 +41,7 @@ import torch
 from frugal.config import RunConfig
 from frugal.data.examples import Batcher, Schedule
 from frugal.data.labels import LabelledRows
+from frugal.data.pairs import PairRows
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError, PeerLost
 from frugal.files import write_text_atomic
@@ -60,6 +61,7 @@ from frugal.run.guard import MoneyGuard
 from frugal.run.interrupt import Stop
 from frugal.run.meter import CostMeter, Progress
 from frugal.run.predict import predict
+from frugal.run.reference import precompute, reference_copy
 from frugal.run.rows import task_rows
 from frugal.run.state import TrainState
 from frugal.run.steps import TrainingRun, _cuda_device, _parts
@@ -93,6 +95,7 @@ def setup(cfg: RunConfig) -> TrainingRun:
     )
     rows, val_rows, notes = task_rows(cfg, tok)
     weights = classifier(cfg, model, tok, rows) if isinstance(rows, LabelledRows) else ()
+    reference = reference_copy(model, cfg, precision)  # before training: the model as built
     sched_data = Schedule(
         len(rows), cfg.training.effective_batch, cfg.data.epochs, cfg.training.seed
     )
@@ -100,6 +103,8 @@ def setup(cfg: RunConfig) -> TrainingRun:
     if cfg.training.max_steps:
         total = min(total, cfg.training.max_steps)
     model, optimizer, scheduler, params = _optimizer(cfg, model, acc, total, sharded)
+    if reference is not None:
+        reference = reference.to(acc.device)
     per_rank = cfg.training.effective_batch // acc.num_processes
     micro, why = auto_micro_batch(cfg, per_rank)
     pad = tok.pad_token_id
@@ -110,6 +115,7 @@ def setup(cfg: RunConfig) -> TrainingRun:
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
         total_steps=total, params=params, sharded=sharded,
         notes=[f"micro-batch {micro}: {why}", *notes], class_weights=weights,
+        reference=reference,
     )  # fmt: skip
 
 
@@ -353,11 +359,16 @@ def start(run: TrainingRun, source: Path | None, meter: CostMeter) -> TrainState
     """Resume from `source`, a checkpoint, or start fresh."""
     out, cfg = run.out, run.cfg
     store = ckpt.Checkpoints(out / "checkpoints", cfg.training.keep_checkpoints)
+    if run.main:
+        out.mkdir(parents=True, exist_ok=True)
+    if isinstance(run.batches.rows, PairRows) and cfg.job.reference == "precomputed":
+        # before a checkpoint's weights: the model as built is the reference
+        for batches in (run.batches, run.val_batches):
+            precompute(run, batches)
     state = TrainState.fresh(run.micro, run.world, _run_key(run))
     if source is not None:
         state = _restore(run, store, _intact(run, store, source), meter)
     if run.main:
-        out.mkdir(parents=True, exist_ok=True)
         cfg.write(out / "config.yaml")  # the resolved config, beside every output
         _truncate_metrics(out / "metrics.jsonl", state.step)
     return state

@@ -10,8 +10,10 @@ from typing import Any
 from frugal.config import RunConfig
 from frugal.data.examples import Rows, load_examples, pack, split, unpacked
 from frugal.data.labels import LabelledRows, read_labelled, tokenize_labelled
+from frugal.data.pairs import PairRows, read_preferences, tokenize_preferences
 from frugal.data.stats import DataStats
 from frugal.data.tokens import Examples
+from frugal.errors import FrugalError
 
 TaskRows = tuple[Any, Any, list[str]]  # training rows, validation rows, notes
 
@@ -50,9 +52,38 @@ def labelled_rows(cfg: RunConfig, tok: Any) -> tuple[LabelledRows, LabelledRows,
     return rows, val_rows, [note] if cut else []
 
 
+def pair_rows(cfg: RunConfig, tok: Any) -> tuple[PairRows, PairRows, list[str]]:
+    """Preference tuning's rows: pairs (or KTO's rows), the validation file's or a held-out
+    share; notes on the sequences cut and the rows dropped by the cut."""
+    assert cfg.data.path
+    train = read_preferences(cfg.data.path)
+    kind = "KTO" if cfg.job.preference == "kto" else "paired"
+    if (train[0].rejected is None) != (cfg.job.preference == "kto"):
+        raise FrugalError(
+            f"{cfg.data.path} holds {'KTO' if train[0].rejected is None else 'paired'} rows "
+            f"and job.preference={cfg.job.preference} reads {kind} ones: give "
+            f"job.preference={'kto' if train[0].rejected is None else 'dpo'} or another file"
+        )
+    if cfg.data.val_path:
+        val = read_preferences(cfg.data.val_path)
+    else:
+        train, val = split(train, cfg.data.val_ratio, cfg.training.seed)
+    seq = cfg.job.seq
+    rows = tokenize_preferences(train, tok, seq)
+    val_rows = tokenize_preferences(val, tok, seq) if val else rows.take([])
+    notes = []
+    if cut := rows.cut + val_rows.cut:
+        notes.append(f"{cut:,} sequences longer than job.seq={seq} were cut to it")
+    if dropped := rows.dropped + val_rows.dropped:
+        notes.append(f"{dropped:,} rows kept no completion token within job.seq={seq} and "
+                     "were left out")  # fmt: skip
+    return rows, val_rows, notes
+
+
 ROWS: dict[str, Callable[[RunConfig, Any], TaskRows]] = {
     "causal": token_rows,
     "classification": labelled_rows,
+    "preference": pair_rows,
 }
 
 

@@ -53,6 +53,7 @@ class TrainingRun:
     sharded: bool  # FSDP: every process holds a shard of each weight
     notes: list[str] = field(default_factory=list)
     class_weights: tuple[float, ...] = ()  # a classifier's loss per class (none: equal)
+    reference: Any = None  # a full fine-tune's frozen reference model (preference tuning)
 
     @property
     def world(self) -> int:
@@ -79,7 +80,12 @@ class TrainingRun:
     def loss(self) -> Loss:
         """The step's loss, as the estimate builds it (`step.loop.loss_of`)."""
         t = self.cfg.training
-        return loss_of(self.cfg.job, t.contrastive_weight, t.contrastive_margin, self.class_weights)
+        return loss_of(
+            self.cfg.job, weight=t.contrastive_weight, margin=t.contrastive_margin,
+            class_weights=self.class_weights, beta=t.beta, gamma=t.simpo_gamma,
+            kto_desirable_weight=t.kto_desirable_weight,
+            kto_undesirable_weight=t.kto_undesirable_weight, reference_model=self.reference,
+        )  # fmt: skip
 
     @property
     def classes(self) -> Classes | None:
@@ -174,13 +180,16 @@ def train_step(run: TrainingRun, step: int) -> dict[str, float]:
     norm = ckpt.whole(sums.grad_norm)  # under FSDP a distributed tensor of the shards' norms
     # one transfer (and one all-reduce) per step; the norm is the same on every process
     real = torch.full_like(sums.ce, inp.real_tokens)
-    stats = torch.stack([sums.ce, sums.cl, real, norm.to(sums.ce) / run.world])
-    ce_g, cl_g, tok_g, norm_g = _global_sum(run, stats)
+    names = sorted(sums.stats)  # the task's own sums (preference tuning's rewards)
+    own = [sums.stats[k].to(sums.ce) for k in names]
+    stats = torch.stack([sums.ce, sums.cl, real, norm.to(sums.ce) / run.world, *own])
+    ce_g, cl_g, tok_g, norm_g, *own_g = _global_sum(run, stats)
     m = {
         "loss": ce_g / max(inp.tokens, 1.0),
         "grad_norm": norm_g,
         "tokens": tok_g,
         "lr": float(run.scheduler.get_last_lr()[0]),
+        **run.task.metrics(dict(zip(names, own_g, strict=True)), inp.tokens),
     }
     if run.cfg.job.loss == "ce+contrastive":
         m["contrastive_loss"] = cl_g / max(inp.segments, 1.0)
@@ -270,8 +279,9 @@ def _evaluate(run: TrainingRun) -> Evaluation:
                 sums += got.cpu()
     total = _global_sum(run, sums.to(acc.device))
     loss_value = total[0] / max(total[1], 1.0)
-    if run.classes is None:
-        return Evaluation(loss_value)
+    if run.classes is None:  # the task's metrics of its sums (none for a causal LM)
+        own = dict(zip(run.task.eval_names, total[2:], strict=True))
+        return Evaluation(loss_value, run.task.metrics(own, total[1]))
     confusion = [total[2 + r * k : 2 + (r + 1) * k] for r in range(k)]
     return Evaluation(loss_value, class_metrics(confusion, run.classes.names))
 

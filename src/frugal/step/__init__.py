@@ -5,6 +5,8 @@ code on fake tensors, so the estimate is of the run:
 
 * `model.build_model`: dtypes, 4-bit quantization, checkpointing, adapters, input grads;
 * `optim.make_optimizer`: the optimizer class and flags;
+* `tasks`: what each training task supplies (causal, classification, preference): its
+  head, micro-batch, loss and count;
 * `loss`: the summed cross-entropy and the contrastive term;
 * `batch`: the micro-batch layout (packed or padded);
 * `loop.optimizer_step`: micro-batches, backward, clipping, update, freeing the gradients.
@@ -14,6 +16,10 @@ and 8-bit optimizers), and each is tested against the real thing's tensors.
 """
 
 import logging
+
+IGNORE = -100
+"""Label value of positions that are not trained (prompt, padding); as in Hugging Face.
+Here, not in `loss`, so that reading data needs no torch."""
 
 # bitsandbytes' CPU backend warns at import when an optional kernel package is missing
 # (peft imports bitsandbytes whenever it is installed); nothing frugal runs needs it

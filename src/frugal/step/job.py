@@ -25,7 +25,9 @@ Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor
 Attention = Literal["sdpa", "eager"]
 Sharding = Literal["ddp", "fsdp", "zero2", "zero3"]
 Loss = Literal["ce", "ce+contrastive"]
-Task = Literal["causal", "classification"]  # the names of `tasks.TASKS` (a test holds them)
+Task = Literal["causal", "classification", "preference"]  # `tasks.TASKS` (a test holds them)
+PreferenceMethod = Literal["dpo", "ipo", "orpo", "simpo", "kto"]
+Reference = Literal["auto", "precomputed"]
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_targets", "lora_dropout")
 FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops its input
@@ -69,10 +71,22 @@ class TrainJob(BaseModel):
         "causal",
         description="causal: next-token prediction through the LM head; classification: "
         "one label per text (rows of text or text_a/text_b, and label) from a new head on the "
-        "last token, no logits over the vocabulary",
+        "last token, no logits over the vocabulary; preference: a chosen completion over a "
+        "rejected one (rows of prompt, chosen, rejected; KTO: prompt, completion, label)",
     )
     num_labels: int = Field(
         2, ge=2, le=MOST, description="classes of a classification task (its head's outputs)"
+    )
+    preference: PreferenceMethod = Field(
+        "dpo",
+        description="preference tuning's method: dpo, ipo, orpo or simpo (pairs), or kto "
+        "(unpaired desirable and undesirable rows)",
+    )
+    reference: Reference = Field(
+        "auto",
+        description="preference tuning's reference model: auto (LoRA/QLoRA: the model with "
+        "its adapter off; full: a frozen copy; ORPO and SimPO: none) or precomputed (its "
+        "log-probabilities from one pass before training: no copy, no reference forward)",
     )
 
     method: Method = Field("lora", description="full fine-tuning, LoRA, or QLoRA (4-bit NF4 base)")
@@ -142,7 +156,13 @@ class TrainJob(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainJob:
-        task_of(self.task).check(self)
+        task = task_of(self.task)
+        task.check(self)
+        if not task.shards and self.sharding in ("fsdp", "zero3"):
+            raise ValueError(
+                f"--task {self.task} is not run under sharded weights yet: use --sharding ddp "
+                "or zero2"
+            )
         if self.bitsandbytes is not None:
             _version(self.bitsandbytes)
         if self.loss_chunks > self.batch * self.seq:

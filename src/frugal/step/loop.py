@@ -30,6 +30,7 @@ from frugal.step.job import TrainJob
 from frugal.step.optim import PerParameter
 from frugal.step.tasks import task_of
 from frugal.step.tasks.base import Loss
+from frugal.step.tasks.preference import BETA
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -67,13 +68,18 @@ class PlainEngine:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
 
-def loss_of(
-    job: TrainJob, weight: float = 1.0, margin: float = 0.5,
-    class_weights: tuple[float, ...] = (),
-) -> Loss:  # fmt: skip
-    """The job's loss (the trainer and the estimator build it here)."""
-    return Loss(job.loss == "ce+contrastive", weight, margin, job.loss_chunks, job.task,
-                class_weights)  # fmt: skip
+def loss_of(job: TrainJob, **settings: Any) -> Loss:
+    """The job's loss (the trainer and the estimator build it here). `settings`: the run
+    config's (contrastive `weight` and `margin`, `class_weights`, preference tuning's `beta`,
+    `gamma` and KTO weights; None: the default) and a `reference_model`."""
+    given = {k: v for k, v in settings.items() if v is not None}
+    beta = given.pop("beta", None) or BETA[job.preference]
+    gamma = given.pop("gamma", None)
+    return Loss(
+        job.loss == "ce+contrastive", chunks=job.loss_chunks, task=job.task,
+        preference=job.preference, beta=beta, gamma=beta / 2 if gamma is None else gamma,
+        **given,
+    )  # fmt: skip
 
 
 @dataclass

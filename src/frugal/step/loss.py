@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE = -100
-"""Label value of positions that are not trained (prompt, padding); as in Hugging Face."""
+from frugal.step import IGNORE as IGNORE  # part of this module's API
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

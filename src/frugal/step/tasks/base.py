@@ -11,7 +11,7 @@ settings with their sources (`plan.hyper` names the sources). Its rows are read 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:  # torch is imported where a step runs: the CLI reads a task without it
@@ -27,7 +27,10 @@ class Loss:
     contrastive term when `contrastive` (`weight`, `margin`); with `chunks`, the
     cross-entropy is computed from the last hidden states in that many chunks of tokens
     (`chunked_ce`), so the whole logits tensor never exists. A classifier's is the
-    cross-entropy over its classes, weighted by `class_weights` if any."""
+    cross-entropy over its classes, weighted by `class_weights` if any. Preference tuning's
+    is its `preference` method's with `beta` (SimPO's `gamma`, KTO's weights), against the
+    `reference_model` (a full fine-tune's frozen copy; None: the adapter off, precomputed
+    log-probabilities in the batch, or no reference)."""
 
     contrastive: bool = False
     weight: float = 1.0
@@ -35,6 +38,12 @@ class Loss:
     chunks: int = 0
     task: str = "causal"
     class_weights: tuple[float, ...] = ()
+    preference: str = "dpo"
+    beta: float = 0.1
+    gamma: float = 0.0
+    kto_desirable_weight: float = 1.0
+    kto_undesirable_weight: float = 1.0
+    reference_model: Any = field(default=None, compare=False, repr=False)
 
 
 class JobFields(Protocol):
@@ -52,6 +61,10 @@ class JobFields(Protocol):
     def loss_chunks(self) -> int: ...
     @property
     def packing(self) -> bool: ...
+    @property
+    def preference(self) -> str: ...
+    @property
+    def reference(self) -> str: ...
 
 
 class Scales(Protocol):
@@ -77,6 +90,10 @@ class Task:
     vocab_logits: ClassVar[bool] = True  # logits over the vocabulary: --loss-chunks applies
     rank_grows_with_data: ClassVar[bool] = False  # a large dataset wants a larger LoRA rank
     default_model: ClassVar[str] = "meta-llama/Llama-3.1-8B"  # `frugal init`'s suggestion
+    shards: ClassVar[bool] = True  # runs under sharded weights (FSDP, ZeRO-3)
+    rows: ClassVar[str] = "sequences"  # what a row of its data is called
+    sequences_per_row: ClassVar[int] = 1  # a row (what job.batch counts) is this many
+    eval_names: ClassVar[tuple[str, ...]] = ()  # the metric sums `eval_sums` gives, by name
 
     def check(self, job: JobFields) -> None:
         """Raise ValueError (naming the flag and the fix) for a job this task cannot run."""
@@ -117,6 +134,15 @@ class Task:
     def eval_width(self, classes: int) -> int:
         """How many metric sums `eval_sums` gives after the loss and count."""
         return 0
+
+    def metrics(self, sums: dict[str, float], count: float) -> dict[str, float]:
+        """What the trainer logs of a step's other sums (`micro_loss`'s `totals`, summed
+        over processes), `count` the step's."""
+        return {}
+
+    def reference(self, model: Any, job: JobFields, dtype: torch.dtype) -> Any:
+        """A second model the step reads, made from the policy before training (None)."""
+        return None
 
     def headline(self, job: JobFields) -> str | None:
         """How the estimate's first line names the step's task (none: a causal LM's)."""

@@ -1,0 +1,317 @@
+"""Preference tuning: the policy learns to prefer a chosen completion of a prompt over a
+rejected one (DPO, IPO, ORPO, SimPO), or a desirable completion over an undesirable one
+(KTO's unpaired rows), in the one step the estimate simulates.
+
+A micro-batch of b pairs is 2b padded rows: the b chosen sequences (prompt + completion),
+then the b rejected ones (for KTO: the b rows, then the b mismatched rows that estimate
+its KL term, each row's prompt with the next row's completion). `labels` mark the
+completion's tokens; the policy's log-probability of a completion is the sum of its
+tokens' log-probabilities (`sequence_logps`).
+
+The reference model, where the method has one (DPO, IPO, KTO), is by `job.reference`:
+- `auto`: the policy itself with its adapter off (LoRA and QLoRA: no second copy of the
+  weights), or, for full fine-tuning, a frozen copy in the compute dtype (`reference`);
+- `precomputed`: its log-probabilities of every row, computed in one pass before training
+  and carried by the batch (`ref_logps`): no copy and no reference forward in the step.
+ORPO and SimPO have none.
+
+Losses, per pair, with w the chosen and l the rejected completion, log pi summed over the
+completion's tokens, mean-log pi its average, and h = log pi(w) - log pi_ref(w) -
+(log pi(l) - log pi_ref(l)):
+- DPO (Rafailov et al. 2023, arXiv:2305.18290, eq. 7): -log sigma(beta h).
+- IPO (Azar et al. 2023, arXiv:2310.12036, eq. 17): (h - 1 / (2 beta))^2, with h of the
+  average token log-probabilities, as TRL's `ipo` loss computes it.
+- SimPO (Meng et al. 2024, arXiv:2405.14734, eq. 6): -log sigma(beta (mean-log pi(w) -
+  mean-log pi(l)) - gamma); no reference.
+- ORPO (Hong et al. 2024, arXiv:2403.07691, eq. 6-7): -mean-log pi(w) - beta log sigma(
+  log odds(w) - log odds(l)), odds(y) = p / (1 - p) with p = exp(mean-log pi(y)); the
+  supervised term is each pair's own mean over its chosen tokens; no reference.
+- KTO (Ethayarajh et al. 2024, arXiv:2402.01306, eq. 8): r = log pi(y) - log pi_ref(y),
+  z = max(0, mean over the micro-batch's mismatched rows of their r), not differentiated;
+  a desirable row: lambda_D (1 - sigma(beta (r - z))), an undesirable one:
+  lambda_U (1 - sigma(beta (z - r))).
+The step's loss is the sum over pairs (KTO: rows) divided by their number (`count`).
+Implicit rewards are beta (log pi - log pi_ref) (SimPO and ORPO: beta mean-log pi); the
+trainer reports their mean for chosen and rejected, the margin and the share of pairs
+whose chosen reward is higher.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from frugal.step.tasks.base import JobFields, Loss, Rule, Scales, Task
+
+if TYPE_CHECKING:
+    import torch
+
+PAIRED = ("dpo", "ipo", "orpo", "simpo")
+NO_REFERENCE = ("orpo", "simpo")
+# each method's beta as its paper and TRL set it (SimPO: its Llama-3 and Mistral base
+# recipes, gamma = beta / 2)
+BETA = {"dpo": 0.1, "ipo": 0.1, "kto": 0.1, "orpo": 0.1, "simpo": 2.0}
+STATS = ("chosen_reward", "rejected_reward", "correct", "kl", "desirable")  # summed per step
+PREFERENCE_METRICS = (  # what `Preference.metrics` makes of them
+    "preference_accuracy", "reward_margin", "reward_chosen", "reward_rejected",
+    "reward_desirable", "reward_undesirable", "kl",
+)  # fmt: skip
+
+
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's summed log-probability of its labelled tokens (position t predicts
+    labels[t + 1], as in `loss.causal_lm_loss`), in fp32, and how many tokens it summed."""
+    import torch.nn.functional as F
+
+    from frugal.step.loss import IGNORE
+
+    rows, width, vocab = logits.shape
+    target = F.pad(labels[:, 1:], (0, 1), value=IGNORE)
+    nll = F.cross_entropy(
+        logits.reshape(-1, vocab).float(), target.reshape(-1), ignore_index=IGNORE,
+        reduction="none",
+    )  # fmt: skip
+    return -nll.view(rows, width).sum(-1), (target != IGNORE).sum(-1)
+
+
+def policy_logps(model: Any, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    from frugal.step.forward import forward
+
+    return sequence_logps(forward(model, b).logits, b["labels"])
+
+
+def reference_logps(model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch.Tensor | None:
+    """The reference model's log-probabilities of the rows (None: the method has none):
+    carried by the batch (precomputed), from the frozen copy, or from the policy with its
+    adapter off; never differentiated."""
+    import torch
+
+    if loss.preference in NO_REFERENCE:
+        return None
+    if "ref_logps" in b:
+        return b["ref_logps"]
+    with torch.no_grad():
+        if loss.reference_model is not None:
+            return policy_logps(loss.reference_model, b)[0]
+        inner = getattr(model, "module", model)  # DDP
+        with inner.disable_adapter():
+            return policy_logps(inner, b)[0]
+
+
+class Preference(Task):
+    name = "preference"
+    what = "causal language model"
+    auto_class = "AutoModelForCausalLM"
+    auto_mapping = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+    peft_task_type = "CAUSAL_LM"
+    fields: ClassVar[tuple[str, ...]] = ("preference", "reference")
+    training_fields: ClassVar[tuple[str, ...]] = (
+        "beta", "simpo_gamma", "kto_desirable_weight", "kto_undesirable_weight",
+    )  # fmt: skip
+    packs = False
+    rows = "pairs"
+    sequences_per_row = 2  # chosen and rejected (KTO: the row and its mismatched one)
+    shards = False  # the reference's forward is not run under FSDP yet
+
+    def check(self, job: JobFields) -> None:
+        if job.loss != "ce":
+            raise ValueError(
+                "--loss ce+contrastive is a next-token loss: preference tuning's loss is its "
+                "method's (--loss ce)"
+            )
+        if job.loss_chunks:
+            raise ValueError(
+                "--loss-chunks: preference tuning reads each sequence's log-probability from "
+                "whole logits: use --loss-chunks 0"
+            )
+        if job.reference == "precomputed" and job.preference in NO_REFERENCE:
+            raise ValueError(
+                f"--reference precomputed: {job.preference.upper()} has no reference model: "
+                "drop --reference"
+            )
+
+    def mode(self, job: JobFields) -> str:
+        """Where the reference comes from: none, adapter-off, copy or precomputed."""
+        if job.preference in NO_REFERENCE:
+            return "none"
+        if job.reference == "precomputed":
+            return "precomputed"
+        return "copy" if job.method == "full" else "adapter-off"
+
+    def reference(self, model: Any, job: JobFields, dtype: torch.dtype) -> Any:
+        """The frozen copy of the policy a full fine-tune's reference is (None otherwise),
+        made before training: in the compute dtype, no gradients, in eval mode."""
+        if self.mode(job) != "copy":
+            return None
+        ref = copy.deepcopy(model).to(dtype)
+        ref.requires_grad_(False)
+        return ref.eval()
+
+    def example(self, job: JobFields, rows: int, seq: int) -> dict[str, torch.Tensor]:
+        import torch
+
+        from frugal.step.batch import layout
+
+        z = torch.zeros((2 * rows, seq), dtype=torch.long)
+        b = layout(z, z.clone(), z.clone(), z.clone(), False)
+        if job.preference == "kto":
+            b["desirable"] = torch.zeros(rows, dtype=torch.long)
+        if self.mode(job) == "precomputed":
+            b["ref_logps"] = torch.zeros(2 * rows)
+        return b
+
+    def micro_loss(
+        self, model: Any, b: dict[str, torch.Tensor], loss: Loss, scales: Scales,
+        totals: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        per, stats = pair_losses(model, b, loss)
+        for k, v in stats.items():
+            totals[k] = totals[k] + v if k in totals else v
+        s = per.sum()
+        return s * scales.ce_scale, s
+
+    def count(self, b: dict[str, torch.Tensor], class_weights: tuple[float, ...]) -> float:
+        """Its pairs (KTO: its rows): half the sequences."""
+        return float(b["input_ids"].shape[0] // 2)
+
+    def eval_sums(self, model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch.Tensor:
+        """The loss, the pairs, and the rewards' sums (`STATS`)."""
+        import torch
+
+        per, stats = pair_losses(model, b, loss)
+        sums = [per.sum(), torch.tensor(b["input_ids"].shape[0] // 2)]
+        sums += [stats.get(k, torch.zeros(())) for k in STATS]
+        return torch.stack([v.detach().double().cpu() for v in sums])
+
+    eval_names = STATS
+
+    def eval_width(self, classes: int) -> int:
+        return len(STATS)
+
+    def metrics(self, sums: dict[str, float], count: float) -> dict[str, float]:
+        """What the trainer logs of a step's or an evaluation's reward sums: the mean reward
+        of the chosen (KTO: desirable) and rejected (undesirable) completions, their margin,
+        the share of pairs the policy prefers as the data does (KTO: the KL estimate)."""
+        if sums.get("desirable"):  # KTO: unpaired rows
+            good, bad = sums["desirable"], max(count - sums["desirable"], 0.0)
+            chosen = sums["chosen_reward"] / max(good, 1.0)
+            rejected = sums["rejected_reward"] / max(bad, 1.0)
+            return {"reward_desirable": chosen, "reward_undesirable": rejected,
+                    "reward_margin": chosen - rejected,
+                    "kl": sums["kl"] / max(count, 1.0)}  # fmt: skip
+        n = max(count, 1.0)
+        chosen, rejected = sums["chosen_reward"] / n, sums["rejected_reward"] / n
+        return {"reward_chosen": chosen, "reward_rejected": rejected,
+                "reward_margin": chosen - rejected,
+                "preference_accuracy": sums["correct"] / n}  # fmt: skip
+
+    def headline(self, job: JobFields) -> str | None:
+        return f"{job.preference.upper()}, reference {self.mode(job)}"
+
+    def note(self, job: JobFields, vocab_size: int) -> str | None:
+        """What the reference costs, and what would be cheaper."""
+        mode = self.mode(job)
+        if mode == "none":
+            return (f"{job.preference.upper()} has no reference model: one forward of the "
+                    "chosen and rejected sequences a step")  # fmt: skip
+        if mode == "copy":
+            return ("the reference is a frozen copy of the model in the compute dtype (in "
+                    "frozen_weights) and one more forward a step; --reference precomputed "
+                    "drops both for one forward pass over the data before training")  # fmt: skip
+        if mode == "adapter-off":
+            return ("the reference is the model with its adapter off: no second copy of the "
+                    "weights, one more forward a step; --reference precomputed drops that "
+                    "forward for one pass over the data before training (cheaper from the "
+                    "second epoch on)")  # fmt: skip
+        return ("reference log-probabilities computed in one forward pass over the data "
+                "before training: no copy and no reference forward in the step")  # fmt: skip
+
+    def settings(self, method: str, params: int) -> dict[str, Rule]:
+        """Zephyr's DPO recipe (Tunstall et al. 2023, arXiv:2310.16944): 5e-7 for full
+        fine-tuning; adapters 10x full's rate, as for supervised tuning."""
+        every: dict[str, Rule] = {
+            "schedule": ("linear", "linear decay after warm-up, as Zephyr's DPO", "zephyr"),
+            "warmup_ratio": (0.1, "10% of the steps warm up", "zephyr"),
+            "effective_batch": (32, "32 pairs a step", "zephyr"),
+            "epochs": (1.0, "one pass: preference tuning over-fits its pairs in a few",
+                       "zephyr"),
+        }  # fmt: skip
+        if method == "full":
+            return {"learning_rate": (5e-7, "Zephyr's full DPO rate", "zephyr"), **every}
+        return {
+            "lora_targets": ("all-linear", "adapters on every linear layer", "qlora"),
+            "lora_r": (16, "rank 16, as the supervised recipe", "qlora"),
+            "lora_alpha": (32, "fixed at 32", "regret"),
+            "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's "
+                             "input in memory", "frugal"),
+            "learning_rate": (5e-6, "about 10x the full rate for adapters", "regret"),
+            **every,
+        }  # fmt: skip
+
+
+def pair_losses(
+    model: Any, b: dict[str, torch.Tensor], loss: Loss
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Each pair's (KTO: row's) loss, and the micro-batch's reward sums by name (`STATS`)."""
+    ref = reference_logps(model, b, loss)
+    logp, n = policy_logps(model, b)
+    if loss.preference == "kto":
+        return _kto(logp, ref, b["desirable"].bool(), loss)
+    return _paired(logp, n, ref, loss)
+
+
+def _paired(
+    logp: torch.Tensor, n: torch.Tensor, ref: torch.Tensor | None, loss: Loss
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    import torch.nn.functional as F
+
+    half = logp.shape[0] // 2
+    beta, method = loss.beta, loss.preference
+    mean = logp / n.clamp(min=1)
+    if method in NO_REFERENCE:
+        reward = beta * mean
+        if method == "simpo":
+            per = -F.logsigmoid(reward[:half] - reward[half:] - loss.gamma)
+        else:  # orpo: log odds of the average token probability, p / (1 - p)
+            odds = mean - _log1mexp(mean)
+            per = -mean[:half] - beta * F.logsigmoid(odds[:half] - odds[half:])
+    else:
+        assert ref is not None
+        if method == "ipo":
+            h = mean - ref / n.clamp(min=1)
+            per = (h[:half] - h[half:] - 1 / (2 * beta)) ** 2
+        else:
+            h = logp - ref
+            per = -F.logsigmoid(beta * (h[:half] - h[half:]))
+        reward = beta * (logp - ref)
+    chosen, rejected = reward.detach()[:half], reward.detach()[half:]
+    return per, {"chosen_reward": chosen.sum(), "rejected_reward": rejected.sum(),
+                 "correct": (chosen > rejected).sum().to(chosen.dtype)}  # fmt: skip
+
+
+def _kto(
+    logp: torch.Tensor, ref: torch.Tensor | None, good: torch.Tensor, loss: Loss
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    import torch
+
+    assert ref is not None
+    half = logp.shape[0] // 2
+    r = logp[:half] - ref[:half]
+    z = (logp[half:] - ref[half:]).detach().mean().clamp(min=0)  # the KL estimate
+    sig = torch.sigmoid(loss.beta * torch.where(good, r - z, z - r))
+    weight = torch.where(good, loss.kto_desirable_weight, loss.kto_undesirable_weight)
+    reward = loss.beta * r.detach()
+    return weight * (1 - sig), {
+        "chosen_reward": torch.where(good, reward, 0.0).sum(),
+        "rejected_reward": torch.where(good, 0.0, reward).sum(),
+        "kl": z * half,
+        "desirable": good.sum().to(reward.dtype),
+    }
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x < 0, accurate near 0 and far from it (Maechler 2012)."""
+    import torch
+
+    x = x.clamp(max=-1e-6)
+    return torch.where(x > -0.6931, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
