@@ -35,7 +35,9 @@ class PlanOptions:
         TrainJob, "num_labels", unset="the classes of --dataset, else 2"
     )
     preference: str = option(TrainJob, "preference")
-    reference: str = option(TrainJob, "reference")
+    reference: str | None = option(
+        TrainJob, "reference", unset="auto, or precomputed where that is cheaper"
+    )
     effective_batch: int | None = option(Constraints, "effective_batch", unset=CHOSEN)
     method: str = option(TrainJob, "method")
     methods: str | None = option(Constraints, "methods", listed=True, unset="--method")

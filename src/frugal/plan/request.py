@@ -47,6 +47,7 @@ from frugal.plan.plot import write_plot
 from frugal.plan.relax import Ask, explain
 from frugal.plan.search import search
 from frugal.plan.transfer import measure_gb, parse_location
+from frugal.plan.upfront import cheaper_upfront
 from frugal.step.job import LORA_FIELDS, Task, TrainJob, make_job
 from frugal.step.tasks import task_of
 from frugal.validation import Listed
@@ -88,7 +89,7 @@ class PlanRequest(BaseModel):
     task: Task = _about(TrainJob, "task")
     num_labels: int | None = _unset(TrainJob, "num_labels")
     preference: str = _about(TrainJob, "preference")
-    reference: str = _about(TrainJob, "reference")
+    reference: str | None = _unset(TrainJob, "reference")  # None: the cheaper (plan/upfront)
     method: str = _about(TrainJob, "method")
     methods: Listed | None = Field(
         None, min_length=1, description="methods to compare [default: --method]"
@@ -165,8 +166,9 @@ class PlanRequest(BaseModel):
         """What the plan must meet, for `tokens` in all, a dataset of `data_gb` and
         `effective_batch` sequences a step."""
         return Constraints.build(
-            # a classifier has no logits over the vocabulary to chunk
-            auto_loss_chunks=self.loss_chunks is None and task_of(self.task).vocab_logits,
+            # a classifier has no logits over the vocabulary to chunk; preference tuning
+            # reads them whole
+            auto_loss_chunks=self.loss_chunks is None and task_of(self.task).chunked_loss,
             auto_offload=self.offload_activations is None,
             auto_in_backward=self.optimizer_in_backward is None,
             data=self.data, data_gb=data_gb, tokens=tokens,
@@ -257,8 +259,6 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
         notes.append(counted)
     else:
         per_epoch = q.tokens or 0.0
-    if note := task_of(q.task).note(q.job(), spec.vocab_size):
-        notes.append(note)
     if spec.max_positions and q.seq > spec.max_positions:
         notes.append(f"--seq {q.seq} is beyond {spec.id}'s {spec.max_positions} positions")
     try:
@@ -277,7 +277,13 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     except Infeasible as e:  # say what came nearest and which changes would give a plan
         every = q.select(every_provider=True) if q.providers else None
         raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
+    if q.reference is None:  # the step as asked, or with its work moved before training
+        up = cheaper_upfront(spec, base, offers, k, per_epoch, result)
+        result, k = up.result, up.k
+        notes += [up.note] if up.note else []
     best = result.recommendation.job
+    if note := task_of(best.task).note(best, spec.vocab_size):  # of the step chosen
+        notes.append(note)
     notes += profile_notes(spec, best, get_profile(spec, best, best.seq, "the plan's notes"))
     chosen = result.recommendation.offer
     if why := finding(chosen):  # a price far from its peers': kept, and said

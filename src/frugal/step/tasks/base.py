@@ -87,7 +87,7 @@ class Task:
     fields: ClassVar[tuple[str, ...]] = ()  # TrainJob fields no other task reads
     training_fields: ClassVar[tuple[str, ...]] = ()  # run config's training.* fields, alike
     packs: ClassVar[bool] = True  # rows may be packed (off: one sample per padded row)
-    vocab_logits: ClassVar[bool] = True  # logits over the vocabulary: --loss-chunks applies
+    chunked_loss: ClassVar[bool] = True  # its loss may come in chunks (--loss-chunks)
     rank_grows_with_data: ClassVar[bool] = False  # a large dataset wants a larger LoRA rank
     default_model: ClassVar[str] = "meta-llama/Llama-3.1-8B"  # `frugal init`'s suggestion
     shards: ClassVar[bool] = True  # runs under sharded weights (FSDP, ZeRO-3)
@@ -151,6 +151,15 @@ class Task:
     def note(self, job: JobFields, vocab_size: int) -> str | None:
         """What the estimate and the plan say of this task's step, if anything."""
         return None
+
+    def upfront(self, job: JobFields) -> dict[str, Any] | None:
+        """The job's settings that move work out of every step into one forward pass over
+        the data before training (`plan.upfront` prices both ways), or None."""
+        return None
+
+    def upfront_why(self, job: JobFields) -> str:
+        """What those settings save in each step."""
+        return ""
 
     def settings(self, method: str, params: int) -> dict[str, Rule]:
         """The training settings frugal chooses for `method` on a model of `params`."""

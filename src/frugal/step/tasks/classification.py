@@ -32,7 +32,7 @@ class Classification(Task):
     fields: ClassVar[tuple[str, ...]] = ("num_labels",)
     training_fields: ClassVar[tuple[str, ...]] = ("best_metric", "class_weights")
     packs = False
-    vocab_logits = False
+    chunked_loss = False
     default_model = "meta-llama/Llama-3.2-1B"
 
     def check(self, job: JobFields) -> None:

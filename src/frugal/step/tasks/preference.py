@@ -110,6 +110,7 @@ class Preference(Task):
     )  # fmt: skip
     packs = False
     rows = "pairs"
+    chunked_loss = False  # each sequence's log-probability from whole logits
     sequences_per_row = 2  # chosen and rejected (KTO: the row and its mismatched one)
     shards = False  # the reference's forward is not run under FSDP yet
 
@@ -225,6 +226,15 @@ class Preference(Task):
                     "second epoch on)")  # fmt: skip
         return ("reference log-probabilities computed in one forward pass over the data "
                 "before training: no copy and no reference forward in the step")  # fmt: skip
+
+    def upfront(self, job: JobFields) -> dict[str, Any] | None:
+        return {"reference": "precomputed"} if self.mode(job) in ("copy", "adapter-off") else None
+
+    def upfront_why(self, job: JobFields) -> str:
+        if self.mode(job) == "copy":
+            return ("the reference's frozen copy leaves memory and its forward leaves every "
+                    "step")  # fmt: skip
+        return "the reference's forward (the model with its adapter off) leaves every step"
 
     def settings(self, method: str, params: int) -> dict[str, Rule]:
         """Zephyr's DPO recipe (Tunstall et al. 2023, arXiv:2310.16944): 5e-7 for full
