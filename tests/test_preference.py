@@ -315,3 +315,48 @@ def test_a_resumed_session_reads_the_saved_reference_not_the_trained_model(
     rows.ref_logps, run.unwrapped = None, None  # a later session: no model to run
     precompute(run, Batcher(rows, tok.pad_token_id, False))
     assert np.array_equal(rows.ref_logps, first)
+
+
+def test_the_plan_prices_the_reference_both_ways_and_keeps_the_cheaper(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Full DPO of Llama-3.1-8B over three epochs: the frozen copy's memory and its forward
+    every step cost more than one pass before training; a reference given is kept."""
+
+    def plan(*more: str) -> dict[str, object]:
+        argv = [
+            "plan",
+            "meta-llama/Llama-3.1-8B",
+            "--task",
+            "preference",
+            "--dataset",
+            str(PAIRS),
+            "--seq",
+            "256",
+            "--method",
+            "full",
+            "--epochs",
+            "3",
+            "--json",
+        ]
+        assert main(argv + list(more)) == 0  # fmt: skip
+        return dict(json.loads(capsys.readouterr().out))
+
+    chosen = plan()
+    rec, notes = chosen["recommendation"], chosen["notes"]
+    assert isinstance(rec, dict) and isinstance(notes, list)
+    assert rec["reference"] == "precomputed"
+    said = next(n for n in notes if n.startswith("--reference precomputed: $"))
+    assert "saves $" in said and "frozen copy leaves memory" in said
+    asked = plan("--reference", "auto")
+    rec, notes = asked["recommendation"], asked["notes"]
+    assert isinstance(rec, dict) and isinstance(notes, list)
+    assert rec["reference"] == "auto" and not any(n.startswith("--reference") for n in notes)
+    assert rec["est_cost_usd"] > chosen["recommendation"]["est_cost_usd"]  # type: ignore[index]
+
+
+def test_data_check_reads_kto_rows_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["data", "check", str(KTO), "--task", "preference", "--model", str(TINY),
+                 "--seq", "192"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "198 KTO rows" in out and "desirable: 50%" in out and "warning" not in out

@@ -92,7 +92,8 @@ def read_preferences(path: str) -> list[PreferenceRow]:
     rows: list[PreferenceRow] = []
     kind = ""
     for where, row in read_rows(path):
-        got = "pairs" if "chosen" in row or "rejected" in row else "kto" if "label" in row else ""
+        paired, kto = "chosen" in row or "rejected" in row, "completion" in row
+        got = "pairs" if paired else "kto" if kto else ""
         if not got:
             keys = ", ".join(sorted(row)) or "none"
             raise FrugalError(
@@ -129,7 +130,10 @@ def _kto_row(row: dict[str, Any], where: str) -> PreferenceRow:
     if isinstance(label, str) and label.strip().lower() in ("true", "false"):
         label = label.strip().lower() == "true"  # CSV
     if not isinstance(label, bool):
-        raise FrugalError(f"{where}: 'label' is {label!r}: give true (desirable) or false")
+        raise FrugalError(
+            f"{where}: a KTO row's 'label' is {'missing' if label is None else repr(label)}: "
+            "give true (desirable) or false"
+        )
     return PreferenceRow(
         _field(row, "prompt", where), _field(row, "completion", where), None, label, where
     )

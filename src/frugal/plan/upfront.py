@@ -59,8 +59,9 @@ def cheaper_upfront(
     pass_note = f"one pass before training priced as {share:.0%} of an epoch of steps"
     if theirs.cost_usd < mine.cost_usd:
         saved = mine.cost_usd - theirs.cost_usd
+        saves = f"saves {usd(saved)}" if saved >= 0.01 else "less than a cent cheaper"
         note = (f"{what}: {usd(theirs.cost_usd)} where the step as asked costs "
-                f"{usd(mine.cost_usd)} (saves {usd(saved)}): {task.upfront_why(base)}; "
+                f"{usd(mine.cost_usd)} ({saves}): {task.upfront_why(base)}; "
                 f"{pass_note}")  # fmt: skip
         return Upfront(other, alt, k_alt, note)
     note = (f"{what} would cost {usd(theirs.cost_usd)}, not less than {usd(mine.cost_usd)} "
