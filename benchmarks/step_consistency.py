@@ -112,6 +112,9 @@ LLAMA31_8B = scaled_down(
     vocab_size=200,
 )
 MODELS = {"llama": LLAMA, "moe": MOE, "gpt-oss": GPT_OSS, "gemma": GEMMA, "llama31-8b": LLAMA31_8B}
+# a distillation's teacher: wider and deeper than the students (6 layers to their 4), with
+# weights on disk as a teacher has them (random: memory does not read their values)
+TEACHER = {**LLAMA, "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 6}
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,12 @@ class Case:
     in_backward: bool = False
     classify: bool = False  # a sequence classifier of 3 classes (padded rows, no LM head)
     preference: str = ""  # preference tuning's method (pairs of padded rows, a reference)
+    distill: bool = False  # a student of TEACHER (its weights and forward beside the step)
 
     @property
     def task(self) -> str:
+        if self.distill:
+            return "distill"
         return "classification" if self.classify else "preference" if self.preference else "causal"
 
     @property
@@ -148,6 +154,7 @@ class Case:
         bits += ["in-backward"] if self.in_backward else []
         bits += ["classifier"] if self.classify else []
         bits += [self.preference] if self.preference else []
+        bits += ["distilled"] if self.distill else []
         return "-".join(bits)
 
 
@@ -181,6 +188,9 @@ CASES = [
     Case("llama31-8b", "lora", "bf16-mixed", "adamw", True, packing=False, preference="dpo"),
     Case("llama", "full", "bf16-mixed", "adamw", False, False, 2, preference="dpo"),
     Case("llama", "lora", "bf16-mixed", "adamw", True, packing=False, preference="orpo"),
+    # distillation: a teacher deeper than the student, priced at its own depth
+    Case("llama", "lora", "bf16-mixed", "adamw", True, distill=True),
+    Case("llama31-8b", "full", "bf16-mixed", "adamw", False, accum=2, distill=True),
 ]
 MICRO, SEQ = 2, 96
 
@@ -210,7 +220,18 @@ def make_workdir(d: Path) -> Path:
         json.dumps({"prompt": "q", "chosen": a, "rejected": b}) + "\n"
         for a, b in [("x" * 3 * SEQ, "short"), ("no", "y" * 3 * SEQ)] * 2
     ))  # fmt: skip
+    _teacher(d / "teacher")
     return d
+
+
+def _teacher(where: Path) -> None:
+    """TEACHER's config, random weights and the tokenizer, as a teacher's directory."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    AutoModelForCausalLM.from_config(LlamaConfig(**TEACHER)).save_pretrained(where)
+    for f in TOKENIZER.iterdir():
+        if f.name != "config.json":
+            shutil.copy(f, where / f.name)
 
 
 CLASSES = 3
@@ -229,6 +250,7 @@ def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
             "task": case.task,
             "num_labels": CLASSES,
             "preference": case.preference or "dpo",
+            "teacher": str(workdir / "teacher") if case.distill else None,
             "method": case.method,
             "precision": case.precision,
             "optimizer": case.optimizer,
@@ -299,8 +321,8 @@ def _measure(cfg: RunConfig) -> Measured:
     job = cfg.job  # the logits' last dimension: the vocabulary, or the classes
     tracker = StepTracker(task_of(job.task).logits_width(job, load_spec(cfg.model).config))
     hooks = tracker.watch(run.model, run.optimizer)
-    if run.reference is not None:  # a second model the task reads: frozen weights
-        hooks += tracker.watch(run.reference)
+    if run.extra_model is not None:  # a second model the task reads: frozen weights
+        hooks += tracker.watch(run.extra_model)
     try:
         with cuda_kernels(), tracking(tracker):
             steps.device_step(run, inp)

@@ -46,6 +46,7 @@ def test_the_matrix_covers_what_the_step_varies() -> None:
     assert seen["accum"] == {1, 2}
     preference = {(c.preference, c.method) for c in sc.CASES if c.preference}
     assert preference >= {("dpo", "lora"), ("dpo", "full"), ("orpo", "lora")}
+    assert {c.method for c in sc.CASES if c.distill} == {"lora", "full"}
     assert 0 in seen["loss_chunks"] and len(seen["loss_chunks"]) > 1
 
 

@@ -104,6 +104,15 @@ class TrainingConfig(Strict):
     kto_undesirable_weight: float = Field(
         1.0, gt=0, le=100, description="KTO's weight of an undesirable row's loss (lambda_U)"
     )
+    distill_alpha: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="distillation: the teacher's soft targets' weight (the labels' is 1 - it)",
+    )
+    distill_temperature: float = Field(
+        2.0, gt=0, le=100, description="distillation: the softmax temperature T of both models"
+    )
     max_hours: Hours = Field(
         None,
         description="stop cleanly, with a checkpoint, before the run's hours, all sessions, "

@@ -299,4 +299,5 @@ CHECKS: dict[str, tuple[Callable[[str, Any, int, str], dict[str, Any]],
     "causal": (token_summary, render_tokens),
     "classification": (classification_summary, render_classes),
     "preference": (preference_summary, render_pairs),
+    "distill": (token_summary, render_tokens),
 }  # fmt: skip

@@ -33,6 +33,7 @@ class EstimateOptions:
     num_labels: int = option(TrainJob, "num_labels")
     preference: str = option(TrainJob, "preference")
     reference: str = option(TrainJob, "reference")
+    teacher: str | None = option(TrainJob, "teacher")
     method: str = option(TrainJob, "method")
     precision: str = option(TrainJob, "precision")
     optimizer: str = option(TrainJob, "optimizer")

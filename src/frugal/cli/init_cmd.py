@@ -131,6 +131,7 @@ FROM_DATA: dict[str, Callable[[str], dict[str, Any]]] = {
     "causal": _token_seq,
     "classification": _classifier_seq,
     "preference": _preference_seq,
+    "distill": _token_seq,
 }
 
 

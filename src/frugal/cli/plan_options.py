@@ -35,6 +35,7 @@ class PlanOptions:
         TrainJob, "num_labels", unset="the classes of --dataset, else 2"
     )
     preference: str = option(TrainJob, "preference")
+    teacher: str | None = option(TrainJob, "teacher")
     reference: str | None = option(
         TrainJob, "reference", unset="auto, or precomputed where that is cheaper"
     )

@@ -180,6 +180,8 @@ def render(s: RunSummary, dry: bool) -> None:
             also += f", reward margin {m['reward_margin']:.3f}"
         if "preference_accuracy" in m:
             also += f", preference accuracy {m['preference_accuracy']:.3f}"
+        if "label_loss" in m:  # a distilled student's loss on the labels alone
+            also += f", label loss {m['label_loss']:.4f}"
         c.print(f"best eval loss {s.best_eval_loss:.4f}{also} at step {s.best_step}")
     for k, v in s.outputs.items():
         c.print(f"{k}: {v}")

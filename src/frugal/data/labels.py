@@ -17,7 +17,7 @@ from typing import Any
 
 from frugal.data.rows import read_rows, text
 from frugal.errors import FrugalError
-from frugal.step.tasks.preference import PREFERENCE_METRICS
+from frugal.step.tasks import TASKS
 
 PAIR = ("text_a", "text_b")
 MAX_CLASSES = 10_000
@@ -201,8 +201,8 @@ def balanced_weights(labels: Iterable[int], n_classes: int) -> tuple[float, ...]
     return tuple(n / (n_classes * counts[c]) if counts[c] else 0.0 for c in range(n_classes))
 
 
-# the metrics that stand for a whole run: a classifier's, preference tuning's
-HEADLINE = ("accuracy", "macro_f1", *PREFERENCE_METRICS)
+# the metrics that stand for a whole run: each task's (a classifier's accuracy and macro-F1)
+HEADLINE = tuple(dict.fromkeys(m for t in TASKS.values() for m in t.headline_metrics))
 
 
 def headline(metrics: dict[str, float]) -> dict[str, float]:

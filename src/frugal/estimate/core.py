@@ -18,6 +18,7 @@ from frugal.estimate.throughput import step_time
 from frugal.hardware.gpus import GIB, GPU, memory_budget
 from frugal.models.specs import ModelSpec
 from frugal.step.job import TrainJob
+from frugal.step.tasks import task_of
 
 # what the allocator's reserve grows with: the logits and the loss's tensors, the largest
 # blocks a step frees and makes again at other sizes (fitted on an H200, docs/accuracy.md)
@@ -224,6 +225,9 @@ def _simulate_profile(
     from frugal.estimate.simulate import shallow_depths, simulate
 
     depths = shallow_depths(spec.config, job.offload_activations)
+    least = task_of(job.task).min_depth(job, spec.num_layers)  # a teacher's layers: one or more
+    if depths[0] < least:
+        depths = (least, least + 1) if least < spec.num_layers else (least - 1, least)
     shapes = grid(s0)
     start = time.perf_counter()
     runs = [(n, simulate(spec.config, job, n, shapes)) for n in depths]

@@ -93,9 +93,10 @@ def simulate(
 
     use_phantom = tensors == "phantom"
     model = build_model(config, job, "meta", n_layers=n_layers)
-    # a second model the task reads (a full fine-tune's frozen reference), made as the
-    # trainer makes it: from the policy before training
-    extra = task_of(job.task).reference(model, job, compute_dtype(job))
+    # a second model the task reads (a full fine-tune's frozen reference, a teacher), made
+    # as the trainer makes it, before training
+    whole = int(config["num_hidden_layers"])
+    extra = task_of(job.task).extra_model(model, job, compute_dtype(job), (n_layers, whole))
     total, trainable = count_params(model)
     targets = adapted(model)
     active = total - inactive_params(model, config)
@@ -151,7 +152,7 @@ def _tracked_step(
     tracker = StepTracker(vocab)
     micro = [task_of(job.task).example(job, *shape)] * min(job.grad_accum, 2)
     clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
-    loss = loss_of(job, reference_model=extra)
+    loss = loss_of(job, extra_model=extra)
     engine, update = PlainEngine(job.precision), UpdateRule(loss, 1.0, 1.0, clip)
     hooks = tracker.watch(model, opt) + (tracker.watch(extra) if extra is not None else [])
     try:

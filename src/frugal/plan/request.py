@@ -89,6 +89,7 @@ class PlanRequest(BaseModel):
     task: Task = _about(TrainJob, "task")
     num_labels: int | None = _unset(TrainJob, "num_labels")
     preference: str = _about(TrainJob, "preference")
+    teacher: str | None = _about(TrainJob, "teacher")
     reference: str | None = _unset(TrainJob, "reference")  # None: the cheaper (plan/upfront)
     method: str = _about(TrainJob, "method")
     methods: Listed | None = Field(
@@ -150,6 +151,7 @@ class PlanRequest(BaseModel):
         }  # fmt: skip
         base = make_job(
             task=self.task, num_labels=self.num_labels, preference=self.preference,
+            teacher=self.teacher,
             reference=self.reference, method=_adapters_first(methods),
             precision=self.precision, seq=self.seq,
             attention=self.attention, packing=self.packing, loss=self.loss,
@@ -351,6 +353,7 @@ DATASETS: dict[str, Callable[[PlanRequest], tuple[PlanRequest, float, str]]] = {
     "causal": _token_data,
     "classification": _classifier_data,
     "preference": _preference_data,
+    "distill": _token_data,
 }
 
 

@@ -61,7 +61,7 @@ from frugal.run.guard import MoneyGuard
 from frugal.run.interrupt import Stop
 from frugal.run.meter import CostMeter, Progress
 from frugal.run.predict import predict
-from frugal.run.reference import precompute, reference_copy
+from frugal.run.reference import extra_model, precompute, same_tokenizer
 from frugal.run.rows import task_rows
 from frugal.run.state import TrainState
 from frugal.run.steps import TrainingRun, _cuda_device, _parts
@@ -95,7 +95,8 @@ def setup(cfg: RunConfig) -> TrainingRun:
     )
     rows, val_rows, notes = task_rows(cfg, tok)
     weights = classifier(cfg, model, tok, rows) if isinstance(rows, LabelledRows) else ()
-    reference = reference_copy(model, cfg, precision)  # before training: the model as built
+    same_tokenizer(cfg, tok)
+    extra = extra_model(model, cfg, precision)  # before training: the model as built
     sched_data = Schedule(
         len(rows), cfg.training.effective_batch, cfg.data.epochs, cfg.training.seed
     )
@@ -103,8 +104,8 @@ def setup(cfg: RunConfig) -> TrainingRun:
     if cfg.training.max_steps:
         total = min(total, cfg.training.max_steps)
     model, optimizer, scheduler, params = _optimizer(cfg, model, acc, total, sharded)
-    if reference is not None:
-        reference = reference.to(acc.device)
+    if extra is not None:
+        extra = extra.to(acc.device)
     per_rank = cfg.training.effective_batch // acc.num_processes
     micro, why = auto_micro_batch(cfg, per_rank)
     pad = tok.pad_token_id
@@ -115,7 +116,7 @@ def setup(cfg: RunConfig) -> TrainingRun:
         precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
         total_steps=total, params=params, sharded=sharded,
         notes=[f"micro-batch {micro}: {why}", *notes], class_weights=weights,
-        reference=reference,
+        extra_model=extra,
     )  # fmt: skip
 
 

@@ -1,7 +1,8 @@
-"""Preference tuning's reference before training: a full fine-tune's frozen copy of the
-model, or (`job.reference: precomputed`) the reference's log-probabilities of every
-training and validation row, computed once by the model before its first update and kept
-in the output directory, so that a resumed run reads the same ones."""
+"""What a task reads besides the trained model, made before training: its second model (a
+full fine-tune's frozen reference copy, a distillation's teacher), or (preference tuning's
+`job.reference: precomputed`) the reference's log-probabilities of every training and
+validation row, computed once by the model before its first update and kept in the output
+directory, so that a resumed run reads the same ones."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from frugal.data.examples import Batcher
+from frugal.data.examples import Batcher, load_tokenizer
 from frugal.data.pairs import PairRows
+from frugal.errors import FrugalError
 from frugal.files import replacing
 from frugal.step.model import DTYPES
 from frugal.step.tasks.preference import policy_logps
@@ -21,12 +23,27 @@ from frugal.step.tasks.preference import policy_logps
 REFERENCE_FILE = "reference_logps-{}.npy"  # by the rows' digest
 
 
-def reference_copy(model: Any, cfg: Any, precision: str) -> Any:
-    """The task's second model made from the freshly built one (None where it has none)."""
+def same_tokenizer(cfg: Any, tok: Any) -> None:
+    """A teacher with its own tokenizer files must map every token as the student's does:
+    its logits are read token for token (a vocabulary of the same size can still differ)."""
+    teacher = cfg.job.teacher
+    if not teacher or not (Path(teacher) / "tokenizer_config.json").exists():
+        return
+    theirs = load_tokenizer(teacher, "give the teacher's directory with its tokenizer files")
+    if theirs.get_vocab() != tok.get_vocab():
+        raise FrugalError(
+            f"job.teacher={teacher} has another tokenizer than the student's: distillation "
+            "reads the teacher's logits token for token: pick a teacher of the same tokenizer"
+        )
+
+
+def extra_model(model: Any, cfg: Any, precision: str) -> Any:
+    """The task's second, frozen model (a reference copy made from the freshly built one,
+    a teacher), or None where it has none."""
     from frugal.step.tasks import task_of
 
     dtype = DTYPES[cfg.job.model_copy(update={"precision": precision}).compute_dtype]
-    return task_of(cfg.job.task).reference(model, cfg.job, dtype)
+    return task_of(cfg.job.task).extra_model(model, cfg.job, dtype)
 
 
 def precompute(run: Any, batches: Batcher) -> None:

@@ -84,6 +84,7 @@ ROWS: dict[str, Callable[[RunConfig, Any], TaskRows]] = {
     "causal": token_rows,
     "classification": labelled_rows,
     "preference": pair_rows,
+    "distill": token_rows,  # the student's causal rows; the teacher reads the same tokens
 }
 
 

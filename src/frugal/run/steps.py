@@ -53,7 +53,7 @@ class TrainingRun:
     sharded: bool  # FSDP: every process holds a shard of each weight
     notes: list[str] = field(default_factory=list)
     class_weights: tuple[float, ...] = ()  # a classifier's loss per class (none: equal)
-    reference: Any = None  # a full fine-tune's frozen reference model (preference tuning)
+    extra_model: Any = None  # a second, frozen model: a reference copy, a teacher
 
     @property
     def world(self) -> int:
@@ -84,7 +84,8 @@ class TrainingRun:
             self.cfg.job, weight=t.contrastive_weight, margin=t.contrastive_margin,
             class_weights=self.class_weights, beta=t.beta, gamma=t.simpo_gamma,
             kto_desirable_weight=t.kto_desirable_weight,
-            kto_undesirable_weight=t.kto_undesirable_weight, reference_model=self.reference,
+            kto_undesirable_weight=t.kto_undesirable_weight, alpha=t.distill_alpha,
+            temperature=t.distill_temperature, extra_model=self.extra_model,
         )  # fmt: skip
 
     @property

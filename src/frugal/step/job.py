@@ -25,7 +25,8 @@ Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor
 Attention = Literal["sdpa", "eager"]
 Sharding = Literal["ddp", "fsdp", "zero2", "zero3"]
 Loss = Literal["ce", "ce+contrastive"]
-Task = Literal["causal", "classification", "preference"]  # `tasks.TASKS` (a test holds them)
+# the names of `tasks.TASKS` (a test holds them)
+Task = Literal["causal", "classification", "preference", "distill"]
 PreferenceMethod = Literal["dpo", "ipo", "orpo", "simpo", "kto"]
 Reference = Literal["auto", "precomputed"]
 
@@ -72,7 +73,8 @@ class TrainJob(BaseModel):
         description="causal: next-token prediction through the LM head; classification: "
         "one label per text (rows of text or text_a/text_b, and label) from a new head on the "
         "last token, no logits over the vocabulary; preference: a chosen completion over a "
-        "rejected one (rows of prompt, chosen, rejected; KTO: prompt, completion, label)",
+        "rejected one (rows of prompt, chosen, rejected; KTO: prompt, completion, label); "
+        "distill: a causal LM learning a --teacher's soft targets with its labels",
     )
     num_labels: int = Field(
         2, ge=2, le=MOST, description="classes of a classification task (its head's outputs)"
@@ -87,6 +89,11 @@ class TrainJob(BaseModel):
         description="preference tuning's reference model: auto (LoRA/QLoRA: the model with "
         "its adapter off; full: a frozen copy; ORPO and SimPO: none) or precomputed (its "
         "log-probabilities from one pass before training: no copy, no reference forward)",
+    )
+    teacher: str | None = Field(
+        None,
+        description="distillation's teacher: a bundled id or a directory with its weights, "
+        "of the student's tokenizer",
     )
 
     method: Method = Field("lora", description="full fine-tuning, LoRA, or QLoRA (4-bit NF4 base)")
@@ -269,6 +276,7 @@ class TrainJob(BaseModel):
         if self.optimizer == "paged-adamw-8bit":  # the same state, in unified memory
             key["optimizer"] = "adamw-8bit"
         key["grad_accum"] = min(self.grad_accum, 2)
+        key.update(task_of(self.task).profile_extra(self))
         return key
 
 

@@ -71,10 +71,11 @@ class PlainEngine:
 def loss_of(job: TrainJob, **settings: Any) -> Loss:
     """The job's loss (the trainer and the estimator build it here). `settings`: the run
     config's (contrastive `weight` and `margin`, `class_weights`, preference tuning's `beta`,
-    `gamma` and KTO weights; None: the default) and a `reference_model`."""
+    `gamma` and KTO weights, distillation's `alpha` and `temperature`; None: the default) and
+    an `extra_model` (a reference copy, a teacher)."""
     given = {k: v for k, v in settings.items() if v is not None}
     beta = given.pop("beta", None) or BETA[job.preference]
-    gamma = given.pop("gamma", None)
+    gamma = given.pop("gamma", None)  # SimPO's default: half its beta
     return Loss(
         job.loss == "ce+contrastive", chunks=job.loss_chunks, task=job.task,
         preference=job.preference, beta=beta, gamma=beta / 2 if gamma is None else gamma,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # torch is imported where a step runs: the CLI reads a task w
     import torch
 
 Rule = tuple[Any, str, str]  # a setting's value, why, and its source (a key of plan.hyper)
+Depth = tuple[int, int]  # a shallow copy's layers, and the whole model's
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,11 @@ class Loss:
     cross-entropy is computed from the last hidden states in that many chunks of tokens
     (`chunked_ce`), so the whole logits tensor never exists. A classifier's is the
     cross-entropy over its classes, weighted by `class_weights` if any. Preference tuning's
-    is its `preference` method's with `beta` (SimPO's `gamma`, KTO's weights), against the
-    `reference_model` (a full fine-tune's frozen copy; None: the adapter off, precomputed
-    log-probabilities in the batch, or no reference)."""
+    is its `preference` method's with `beta` (SimPO's `gamma`, KTO's weights), against a
+    full fine-tune's frozen copy as `extra_model` (None: the adapter off, precomputed
+    log-probabilities in the batch, or no reference). Distillation's mixes the teacher's
+    (`extra_model`) soft targets at `temperature` with the labels' cross-entropy by
+    `alpha`."""
 
     contrastive: bool = False
     weight: float = 1.0
@@ -43,7 +46,9 @@ class Loss:
     gamma: float = 0.0
     kto_desirable_weight: float = 1.0
     kto_undesirable_weight: float = 1.0
-    reference_model: Any = field(default=None, compare=False, repr=False)
+    alpha: float = 0.5
+    temperature: float = 2.0
+    extra_model: Any = field(default=None, compare=False, repr=False)
 
 
 class JobFields(Protocol):
@@ -65,6 +70,9 @@ class JobFields(Protocol):
     def preference(self) -> str: ...
     @property
     def reference(self) -> str: ...
+    @property
+    def teacher(self) -> str | None: ...
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any: ...
 
 
 class Scales(Protocol):
@@ -94,6 +102,7 @@ class Task:
     rows: ClassVar[str] = "sequences"  # what a row of its data is called
     sequences_per_row: ClassVar[int] = 1  # a row (what job.batch counts) is this many
     eval_names: ClassVar[tuple[str, ...]] = ()  # the metric sums `eval_sums` gives, by name
+    headline_metrics: ClassVar[tuple[str, ...]] = ()  # its metrics that stand for a run
 
     def check(self, job: JobFields) -> None:
         """Raise ValueError (naming the flag and the fix) for a job this task cannot run."""
@@ -140,9 +149,22 @@ class Task:
         over processes), `count` the step's."""
         return {}
 
-    def reference(self, model: Any, job: JobFields, dtype: torch.dtype) -> Any:
-        """A second model the step reads, made from the policy before training (None)."""
+    def extra_model(
+        self, model: Any, job: JobFields, dtype: torch.dtype, depth: Depth | None = None
+    ) -> Any:
+        """A second, frozen model the step reads (None): made before training, in `dtype`;
+        `depth`: the estimate's shallow copy of the trained model (its layers, and the
+        whole model's), on the meta device."""
         return None
+
+    def profile_extra(self, job: JobFields) -> dict[str, Any]:
+        """What else the step's profile depends on (a teacher's config)."""
+        return {}
+
+    def min_depth(self, job: JobFields, layers: int) -> int:
+        """The fewest layers a shallow copy of the trained model (of `layers`) may have
+        for the estimate to simulate this task's step."""
+        return 1
 
     def headline(self, job: JobFields) -> str | None:
         """How the estimate's first line names the step's task (none: a causal LM's)."""

@@ -31,6 +31,7 @@ class Classification(Task):
     peft_task_type = "SEQ_CLS"
     fields: ClassVar[tuple[str, ...]] = ("num_labels",)
     training_fields: ClassVar[tuple[str, ...]] = ("best_metric", "class_weights")
+    headline_metrics: ClassVar[tuple[str, ...]] = ("accuracy", "macro_f1")
     packs = False
     chunked_loss = False
     default_model = "meta-llama/Llama-3.2-1B"

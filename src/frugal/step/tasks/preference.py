@@ -41,7 +41,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from frugal.step.tasks.base import JobFields, Loss, Rule, Scales, Task
+from frugal.step.tasks.base import Depth, JobFields, Loss, Rule, Scales, Task
 
 if TYPE_CHECKING:
     import torch
@@ -91,8 +91,8 @@ def reference_logps(model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch
     if "ref_logps" in b:
         return b["ref_logps"]
     with torch.no_grad():
-        if loss.reference_model is not None:
-            return policy_logps(loss.reference_model, b)[0]
+        if loss.extra_model is not None:  # the frozen copy
+            return policy_logps(loss.extra_model, b)[0]
         inner = getattr(model, "module", model)  # DDP
         with inner.disable_adapter():
             return policy_logps(inner, b)[0]
@@ -139,7 +139,9 @@ class Preference(Task):
             return "precomputed"
         return "copy" if job.method == "full" else "adapter-off"
 
-    def reference(self, model: Any, job: JobFields, dtype: torch.dtype) -> Any:
+    def extra_model(
+        self, model: Any, job: JobFields, dtype: torch.dtype, depth: Depth | None = None
+    ) -> Any:
         """The frozen copy of the policy a full fine-tune's reference is (None otherwise),
         made before training: in the compute dtype, no gradients, in eval mode."""
         if self.mode(job) != "copy":
@@ -185,6 +187,7 @@ class Preference(Task):
         return torch.stack([v.detach().double().cpu() for v in sums])
 
     eval_names = STATS
+    headline_metrics = PREFERENCE_METRICS
 
     def eval_width(self, classes: int) -> int:
         return len(STATS)

@@ -1,0 +1,190 @@
+"""Distillation: a student learns a teacher's next-token distribution (its soft targets)
+mixed with the labels, on causal rows (Hinton, Vinyals and Dean 2015, "Distilling the
+Knowledge in a Neural Network", arXiv:1503.02531).
+
+Each trained token's loss, with z_t and z_s the teacher's and the student's logits, T the
+temperature and alpha the soft targets' weight:
+
+    alpha T^2 KL(softmax(z_t / T) || softmax(z_s / T)) + (1 - alpha) CE(z_s, label)
+
+The T^2 keeps the soft targets' gradients at the scale of the labels' as T changes (the
+paper's section 2). A step sums it over its trained tokens and divides by their count, as
+the causal loss does. The teacher (`job.teacher`: a bundled id or a directory with its
+weights) runs forward only, without gradients, in the compute dtype, and its tokenizer must
+be the student's: its logits are read token for token.
+
+In the estimate the teacher is simulated with the student's shallow copies: a copy of n of
+the student's L_s layers reads a teacher of n + L_t - L_s layers, so that extrapolating the
+copies to the student's depth gives the teacher its own L_t layers (its weights, its
+forward's FLOPs and ops); `min_depth` keeps that at one layer or more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from frugal.errors import FrugalError
+from frugal.models.specs import load_spec
+from frugal.step.tasks.base import Depth, JobFields, Loss, Scales
+from frugal.step.tasks.causal import Causal
+
+if TYPE_CHECKING:
+    import torch
+
+
+@cache
+def teacher_config(name: str) -> dict[str, Any]:
+    """The teacher's config (bundled, a local directory, or the hub's cache)."""
+    return load_spec(name).config
+
+
+def same_vocabulary(student: dict[str, Any], teacher: str) -> None:
+    """The teacher's logits are read token for token: its vocabulary must be the student's."""
+    t = int(teacher_config(teacher)["vocab_size"])
+    s = int(student["vocab_size"])
+    if t != s:
+        raise FrugalError(
+            f"--teacher {teacher} has a vocabulary of {t:,} tokens and the student {s:,}: "
+            "distillation reads the teacher's logits token for token: pick a teacher of the "
+            "student's tokenizer (its family)"
+        )
+
+
+def distill_loss(
+    student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, loss: Loss
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The summed loss of the module doc over the trained tokens (labels unshifted, as
+    `loss.causal_lm_loss` reads them), and the summed cross-entropy alone."""
+    import torch.nn.functional as F
+
+    from frugal.step.loss import IGNORE
+
+    vocab, t = student.shape[-1], loss.temperature
+    target = F.pad(labels[:, 1:], (0, 1), value=IGNORE).reshape(-1)
+    s = student.reshape(-1, vocab).float()
+    ce = F.cross_entropy(s, target, ignore_index=IGNORE, reduction="none")
+    soft = F.kl_div(
+        F.log_softmax(s / t, -1), F.log_softmax(teacher.reshape(-1, vocab).float() / t, -1),
+        reduction="none", log_target=True,
+    ).sum(-1)  # fmt: skip
+    trained = target != IGNORE  # (cross-entropy is 0 there already; the soft term is not)
+    per = loss.alpha * t * t * soft + (1 - loss.alpha) * ce
+    return per.where(trained, 0.0).sum(), ce.sum()
+
+
+class Distill(Causal):
+    name = "distill"
+    fields: ClassVar[tuple[str, ...]] = ("teacher",)
+    training_fields: ClassVar[tuple[str, ...]] = ("distill_alpha", "distill_temperature")
+    chunked_loss = False  # the soft targets read whole logits
+    shards = False  # the teacher's forward is not run sharded yet
+    eval_names: ClassVar[tuple[str, ...]] = ("label_loss",)
+    headline_metrics: ClassVar[tuple[str, ...]] = ("label_loss",)
+
+    def check(self, job: JobFields) -> None:
+        if not job.teacher:
+            raise ValueError(
+                "--task distill needs --teacher MODEL: a bundled id or a directory with its "
+                "weights, of the student's tokenizer"
+            )
+        if job.loss != "ce":
+            raise ValueError(
+                "--loss ce+contrastive is not mixed with distillation's soft targets: use --loss ce"
+            )
+        if job.loss_chunks:
+            raise ValueError(
+                "--loss-chunks: distillation reads the student's and the teacher's whole "
+                "logits: use --loss-chunks 0"
+            )
+
+    def extra_model(
+        self, model: Any, job: JobFields, dtype: torch.dtype, depth: Depth | None = None
+    ) -> Any:
+        """The teacher, frozen, in `dtype`: its checkpoint's weights, or on the meta device
+        at the depth that scales with the student's shallow copy (module doc)."""
+        import torch
+
+        from frugal.step.model import build_model
+
+        assert job.teacher
+        config = teacher_config(job.teacher)
+        same_vocabulary(model.config.to_dict(), job.teacher)
+        precision = "fp32" if dtype == torch.float32 else "bf16-true"
+        as_built = job.model_copy(update={
+            "task": "causal", "method": "full", "precision": precision,
+            "grad_checkpointing": False, "offload_activations": False, "loss_chunks": 0,
+            "optimizer_in_backward": False, "teacher": None,
+        })  # fmt: skip
+        if depth is None:
+            try:
+                teacher = build_model(config, as_built, "pretrained", path=job.teacher)
+            except OSError:
+                raise FrugalError(
+                    f"no weights for the teacher {job.teacher} offline: give a local "
+                    "directory with its weights as job.teacher"
+                ) from None
+        else:
+            n, whole = depth
+            layers = n + int(config["num_hidden_layers"]) - whole
+            teacher = build_model(config, as_built, "meta", n_layers=layers)
+        teacher = teacher.to(dtype)
+        teacher.requires_grad_(False)
+        return teacher.eval()
+
+    def min_depth(self, job: JobFields, layers: int) -> int:
+        assert job.teacher
+        return max(1, layers - int(teacher_config(job.teacher)["num_hidden_layers"]) + 1)
+
+    def profile_extra(self, job: JobFields) -> dict[str, Any]:
+        """The teacher by its config (a local directory's may change under its name)."""
+        assert job.teacher
+        blob = json.dumps(teacher_config(job.teacher), sort_keys=True).encode()
+        return {"teacher": hashlib.sha256(blob).hexdigest()[:16]}
+
+    def micro_loss(
+        self, model: Any, b: dict[str, torch.Tensor], loss: Loss, scales: Scales,
+        totals: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        s, _ = self._sums(model, b, loss)
+        return s * scales.ce_scale, s
+
+    def eval_sums(self, model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch.Tensor:
+        """The loss, its tokens, and the labels' cross-entropy alone (`label_loss`: the
+        student's loss as a causal LM's, comparable with one trained on labels alone)."""
+        import torch
+
+        from frugal.step.loss import IGNORE
+
+        s, ce = self._sums(model, b, loss)
+        n = (b["labels"][:, 1:] != IGNORE).sum()
+        return torch.stack([s.double(), n.double(), ce.double()]).cpu()
+
+    def metrics(self, sums: dict[str, float], count: float) -> dict[str, float]:
+        if "label_loss" not in sums:
+            return {}
+        return {"label_loss": sums["label_loss"] / max(count, 1.0)}
+
+    def eval_width(self, classes: int) -> int:
+        return 1
+
+    @staticmethod
+    def _sums(model: Any, b: dict[str, torch.Tensor], loss: Loss) -> tuple[Any, Any]:
+        import torch
+
+        from frugal.step.forward import forward
+
+        with torch.no_grad():
+            teacher = forward(loss.extra_model, b).logits
+        return distill_loss(forward(model, b).logits, teacher, b["labels"], loss)
+
+    def note(self, job: JobFields, vocab_size: int) -> str | None:
+        return (
+            f"the teacher {job.teacher} runs forward only, in the compute dtype (in "
+            "frozen_weights), and its logits are held beside the student's for the loss"
+        )
+
+    def headline(self, job: JobFields) -> str | None:
+        return f"distilled from {job.teacher}"
