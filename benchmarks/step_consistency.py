@@ -248,9 +248,9 @@ def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
         "init": "random",
         "job": {
             "task": case.task,
-            "num_labels": CLASSES,
-            "preference": case.preference or "dpo",
-            "teacher": str(workdir / "teacher") if case.distill else None,
+            **({"num_labels": CLASSES} if case.classify else {}),
+            **({"preference": case.preference} if case.preference else {}),
+            **({"teacher": str(workdir / "teacher")} if case.distill else {}),
             "method": case.method,
             "precision": case.precision,
             "optimizer": case.optimizer,

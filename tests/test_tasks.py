@@ -67,10 +67,27 @@ def test_the_profile_digest_reads_every_module_of_the_step_and_its_tasks() -> No
 
 
 def test_a_tasks_own_fields_count_only_in_its_profile() -> None:
-    causal = make_job(num_labels=7).profile_key()
-    assert "num_labels" not in causal and causal == make_job(num_labels=3).profile_key()
+    causal = make_job().profile_key()
+    assert not {"num_labels", "preference", "reference", "teacher"} & set(causal)
     classes = make_job(task="classification", num_labels=7).profile_key()
-    assert classes["num_labels"] == 7
+    assert classes["num_labels"] == 7 and "teacher" not in classes
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"num_labels": 7}, "--num-labels is for --task classification"),
+        ({"teacher": "meta-llama/Llama-3.1-8B"}, "--teacher is for --task distill"),
+        ({"task": "classification", "reference": "precomputed"},
+         "--reference is for --task preference"),
+    ],
+)  # fmt: skip
+def test_a_setting_of_another_task_is_one_line_naming_its_task(
+    given: dict[str, object], says: str
+) -> None:
+    with pytest.raises(FrugalError) as e:
+        make_job(**given)
+    assert says in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_training_setting_of_another_task_is_one_line_naming_it() -> None:

@@ -164,6 +164,14 @@ class TrainJob(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TrainJob:
         task = task_of(self.task)
+        for other in TASKS.values():  # a setting only another task reads: a mistake
+            given = [f for f in other.fields if f in self.model_fields_set and other is not task
+                     and getattr(self, f) != type(self).model_fields[f].default]  # fmt: skip
+            if given:
+                raise ValueError(
+                    f"{_flag(given[0])} is for --task {other.name}: drop it, or give --task "
+                    f"{other.name}"
+                )
         task.check(self)
         if not task.shards and self.sharding in ("fsdp", "zero3"):
             raise ValueError(

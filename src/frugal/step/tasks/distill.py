@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 @cache
 def teacher_config(name: str) -> dict[str, Any]:
     """The teacher's config (bundled, a local directory, or the hub's cache)."""
-    return load_spec(name).config
+    try:
+        return load_spec(name).config
+    except FrugalError as e:
+        raise FrugalError(f"--teacher {name}: {e}") from None
 
 
 def same_vocabulary(student: dict[str, Any], teacher: str) -> None:
