@@ -56,15 +56,25 @@ def commands(model: str) -> list[list[str]]:
 EXAMPLES = ROOT / "examples"
 # the docs' rank sweep (docs/plan.md, "Many jobs, one bill"): eight LoRA jobs of one model;
 # the example classifiers' plans (README) and a 7B-class classifier beside its causal LM
+PREFERENCE = str(EXAMPLES / "preference" / "train.jsonl")
 SWEEPS = {
     "meta-llama/Llama-3.1-8B": [
         ["plan", "--jobs", str(EXAMPLES / "jobs.yaml"), "--providers", "aws", "--no-spot"],
         ["estimate", "meta-llama/Llama-3.1-8B", "--task", "classification", "--json"],
+        # preference tuning (docs/train.md, README): its steps, and the plan of both references
+        ["plan", "meta-llama/Llama-3.1-8B", "--task", "preference", "--dataset", PREFERENCE,
+         "--seq", "256", "--method", "full", "--epochs", "3"],
+        *[["estimate", "meta-llama/Llama-3.1-8B", "--task", "preference", *more, "--json"]
+          for more in ([], ["--method", "full"], ["--method", "full", "--reference",
+                                                    "precomputed"])],
     ],
     "meta-llama/Llama-3.2-1B": [
-        ["plan", "meta-llama/Llama-3.2-1B", "--task", "classification", "--seq", "128",
-         "--dataset", str(EXAMPLES / name / "train.jsonl"), "--methods", "lora,qlora,full"]
-        for name in ("sentiment", "trades")
+        *[["plan", "meta-llama/Llama-3.2-1B", "--task", "classification", "--seq", "128",
+           "--dataset", str(EXAMPLES / name / "train.jsonl"), "--methods", "lora,qlora,full"]
+          for name in ("sentiment", "trades")],
+        # a student of Llama-3.1-8B (docs/train.md, "Distillation")
+        ["estimate", "meta-llama/Llama-3.2-1B", "--task", "distill", "--teacher",
+         "meta-llama/Llama-3.1-8B", "--json"],
     ],
 }  # fmt: skip
 
