@@ -237,10 +237,7 @@ def render_tokens(file: str, out: dict[str, Any]) -> None:
     for span, b in zip(spans, hist, strict=True):
         bar = "█" * round(30 * b["count"] / top)
         con.print(f"  {span:>{wide}} │{bar} {b['count']}", highlight=False)
-    for w in out["warnings"]:
-        con.print(f"[yellow]warning:[/] {w}")
-    if out.get("wrote_plot"):
-        con.print(f"wrote {out['wrote_plot']}")
+    _said(out)
 
 
 def render_classes(file: str, out: dict[str, Any]) -> None:
@@ -259,10 +256,7 @@ def render_classes(file: str, out: dict[str, Any]) -> None:
               f"{out['duplicates']:,} · conflicting texts: {conflicting:,}")  # fmt: skip
     con.print(f"tokens per example min/median/p95/max: {_spread_text(ln)} · longer than "
               f"{out['seq']}: {out['over_length']:,}")  # fmt: skip
-    for w in out["warnings"]:
-        con.print(f"[yellow]warning:[/] {escape(w)}")
-    if out.get("wrote_plot"):
-        con.print(f"wrote {out['wrote_plot']}")
+    _said(out)
 
 
 def preference_summary(file: str, tok: Any, seq: int, fmt: str) -> dict[str, Any]:
@@ -287,6 +281,12 @@ def render_pairs(file: str, out: dict[str, Any]) -> None:
             else f" · identical pairs: {out['identical_pairs']:,}")  # fmt: skip
     con.print(f"duplicate rows: {out['duplicates']:,} · prompt repeated in a completion: "
               f"{out['prompt_in_completion']:,}{also}")  # fmt: skip
+    _said(out)
+
+
+def _said(out: dict[str, Any]) -> None:
+    """A check's warnings (a file's text in them escaped: no markup) and the plot written."""
+    con = console()
     for w in out["warnings"]:
         con.print(f"[yellow]warning:[/] {escape(w)}")
     if out.get("wrote_plot"):
