@@ -129,3 +129,18 @@ def test_the_distilled_student_beats_the_same_student_on_labels_alone(tmp_path: 
     recipe.train(validate_run_config(alone, "labels.yaml"), quiet=True)
     kd, labels = last(tmp_path / "kd")["eval_label_loss"], last(tmp_path / "labels")["eval_loss"]
     assert math.isfinite(kd) and kd < 0.9 * labels  # 1.09 against 1.38 on two cores
+
+
+@pytest.mark.parametrize(
+    ("teacher", "says"),
+    [([], "--yes: give --teacher"),
+     (["--teacher", "Qwen/Qwen3-8B"], "pick a teacher of the student's tokenizer")],
+)  # fmt: skip
+def test_init_asks_a_distillation_for_its_teacher(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], teacher: list[str], says: str
+) -> None:
+    argv = ["init", "--yes", "--task", "distill", "--dataset", str(ROOT / "examples" / "data" /
+            "spell.jsonl"), "--model", "meta-llama/Llama-3.2-1B", "--output",
+            str(tmp_path / "f.yaml"), *teacher]  # fmt: skip
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err and not (tmp_path / "f.yaml").exists()

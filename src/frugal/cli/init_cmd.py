@@ -41,6 +41,7 @@ from frugal.plan.constraints import Constraints
 from frugal.plan.request import PlanRequest, files, make_plan
 from frugal.step.job import Task, TrainJob
 from frugal.step.tasks import task_of
+from frugal.step.tasks.distill import same_vocabulary
 
 METHODS = {"cost": ("qlora", "lora"), "quality": ("lora", "full")}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bBmM])\s*$")  # 8B, 0.5b, 360M
@@ -61,6 +62,9 @@ class InitOptions:
         None, help="cloud (rent the cheapest), or your own GPUs, e.g. '2x RTX 4090'."
     )
     priority: str | None = typer.Option(None, help="cost or quality: which comes first.")
+    teacher: str | None = typer.Option(
+        None, help="A distillation's teacher: a bundled id or a directory with its weights."
+    )
     output: str = typer.Option("frugal.yaml", help="Where the run config is written.")
     yes: bool = typer.Option(False, "--yes", "-y", help="Ask nothing: flags, else defaults.")
     force: bool = typer.Option(False, "--force", help="Replace --output if it exists.")
@@ -72,6 +76,7 @@ class Question:
     text: str
     default: Callable[[dict[str, Any]], str | None]  # from the answers so far
     check: Callable[[str, dict[str, Any]], Any]  # the answer's value, or FrugalError(why)
+    asked: Callable[[dict[str, Any]], bool] = lambda got: True  # whether it applies
 
 
 def _task(text: str, got: dict[str, Any]) -> str:
@@ -79,7 +84,7 @@ def _task(text: str, got: dict[str, Any]) -> str:
     if t in get_args(Task):
         return t
     raise FrugalError(
-        "answer causal (next-token: chat, completion, text), classification or preference"
+        "answer causal (next-token: chat, completion, text), classification, preference or distill"
     )
 
 
@@ -135,6 +140,12 @@ FROM_DATA: dict[str, Callable[[str], dict[str, Any]]] = {
 }
 
 
+def _teacher(text: str, got: dict[str, Any]) -> str:
+    """A teacher the student can learn from: found, and of the student's vocabulary."""
+    same_vocabulary(load_spec(got["model"]).config, text.strip())
+    return text.strip()
+
+
 def _model(text: str, got: dict[str, Any]) -> str:
     """A hub id or local model as given; a size: the bundled model nearest to it."""
     m = SIZE.match(text)
@@ -184,11 +195,14 @@ def _priority(text: str, got: dict[str, Any]) -> str:
 
 
 QUESTIONS = [
-    Question("task", "Task: causal (next-token), classification or preference", lambda g: "causal",
-             _task),
+    Question("task", "Task: causal (next-token), classification, preference or distill",
+             lambda g: "causal", _task),
     Question("dataset", "Training data file", lambda g: None, _data),
     Question("model", "Model: hub id, local dir, or a size such as 8B",
              lambda g: task_of(g["task"]).default_model, _model),
+    Question("teacher", "Teacher: a bundled id or a directory with its weights (the student's "
+             "tokenizer)", lambda g: None, _teacher,
+             lambda g: "teacher" in task_of(g["task"]).fields),
     Question("budget", "Budget in USD (none: no cap)", lambda g: "none", _money),
     Question("deadline", "Deadline: hours, or e.g. 2d (none: no deadline)", lambda g: "none",
              _hours),
@@ -203,6 +217,8 @@ def ask(o: InitOptions) -> dict[str, Any]:
     the answer passes its check."""
     got: dict[str, Any] = {}
     for q in QUESTIONS:
+        if not q.asked(got):
+            continue
         given, default = getattr(o, q.name), q.default(got)
         if given is not None or o.yes:
             text = given if given is not None else default
@@ -231,7 +247,8 @@ def request(got: dict[str, Any]) -> PlanRequest:
     local = (got["hardware"],) if got["hardware"] else ()
     return PlanRequest.model_validate({
         "model": got["model"], "dataset": got["dataset"], "task": got["task"],
-        "preference": got.get("preference", "dpo"), "seq": got["seq"],
+        "preference": got.get("preference", "dpo"), "teacher": got.get("teacher"),
+        "seq": got["seq"],
         "methods": METHODS[got["priority"]], "budget": got["budget"],
         "deadline": got["deadline"], "local": local, "providers": ("local",) if local else None,
     })  # fmt: skip
