@@ -245,7 +245,7 @@ def _train(out: Path, *overrides: str) -> list[dict[str, float]]:
 def test_the_tiny_model_learns_the_toy_preference_on_cpu(tmp_path: Path) -> None:
     """DPO of the example's random tiny model against its frozen copy: held-out pairs are
     ranked as the data ranks them (chance: 50%), with a margin, in seconds."""
-    rows = _train(tmp_path / "dpo")
+    rows = _train(tmp_path / "dpo", "data.epochs=1")
     steps = [r for r in rows if "loss" in r]
     ev = rows[-1]
     assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-4)  # policy = reference

@@ -62,9 +62,7 @@ class InitOptions:
         None, help="cloud (rent the cheapest), or your own GPUs, e.g. '2x RTX 4090'."
     )
     priority: str | None = typer.Option(None, help="cost or quality: which comes first.")
-    teacher: str | None = typer.Option(
-        None, help="A distillation's teacher: a bundled id or a directory with its weights."
-    )
+    teacher: str | None = option(TrainJob, "teacher")
     output: str = typer.Option("frugal.yaml", help="Where the run config is written.")
     yes: bool = typer.Option(False, "--yes", "-y", help="Ask nothing: flags, else defaults.")
     force: bool = typer.Option(False, "--force", help="Replace --output if it exists.")
