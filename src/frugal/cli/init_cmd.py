@@ -29,7 +29,7 @@ from frugal.cli.options import option, option_set, takes
 from frugal.cli.plan_cmd import render
 from frugal.data.count import CHARS_PER_TOKEN
 from frugal.data.labels import read_labelled
-from frugal.data.pairs import read_preferences
+from frugal.data.pairs import is_kto, read_preferences
 from frugal.data.rows import detect_format, read_rows
 from frugal.durations import parse_duration
 from frugal.errors import FrugalError
@@ -120,8 +120,7 @@ def _preference_seq(path: str) -> dict[str, Any]:
     rows = read_preferences(path)
     longest = max(len(str(r.prompt)) + max(len(str(r.chosen)), len(str(r.rejected or "")))
                   for r in rows) / CHARS_PER_TOKEN  # fmt: skip
-    return {"seq": _power_of_two(longest), "preference": "kto" if rows[0].rejected is None
-            else "dpo"}  # fmt: skip
+    return {"seq": _power_of_two(longest), "preference": "kto" if is_kto(rows) else "dpo"}
 
 
 def _power_of_two(tokens: float) -> int:

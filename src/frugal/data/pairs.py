@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,6 @@ from frugal.errors import FrugalError
 from frugal.step import IGNORE
 
 PAIR_KEYS = ("prompt", "chosen", "rejected")
-KTO_KEYS = ("prompt", "completion", "label")
 
 
 @dataclass
@@ -57,7 +56,6 @@ class PairRows:
     dropped: int = 0  # rows whose completion the cut left empty
     cut: int = 0  # sequences cut to the sequence length
     ref_logps: np.ndarray | None = None  # (rows, 2) float32, once precomputed
-    source: list[PreferenceRow] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -75,7 +73,6 @@ class PairRows:
             [self.prompts[i] for i in idx], [self.chosen[i] for i in idx],
             [self.rejected[i] for i in idx],
             None if self.desirable is None else [self.desirable[i] for i in idx],
-            source=[self.source[i] for i in idx] if self.source else [],
         )  # fmt: skip
 
     def digest(self) -> str:
@@ -111,6 +108,25 @@ def read_preferences(path: str) -> list[PreferenceRow]:
     return rows
 
 
+def is_kto(rows: list[PreferenceRow]) -> bool:
+    """Whether the rows are KTO's unpaired ones (a file holds one kind)."""
+    return rows[0].rejected is None
+
+
+def read_for(path: str, method: str, flag: str) -> list[PreferenceRow]:
+    """The rows of `path` for preference `method` (KTO reads unpaired rows, the others
+    pairs); a file of the other kind is one line naming the fix as `flag` (`--preference `,
+    `job.preference=`)."""
+    rows = read_preferences(path)
+    if is_kto(rows) != (method == "kto"):
+        kind, fix = ("KTO", "kto") if is_kto(rows) else ("paired", "dpo, ipo, orpo or simpo")
+        raise FrugalError(
+            f"{path} holds {kind} rows and {flag}{method} reads "
+            f"{'KTO' if method == 'kto' else 'paired'} ones: give {flag}{fix}"
+        )
+    return rows
+
+
 def _field(row: dict[str, Any], key: str, where: str) -> Any:
     value = row.get(key)
     if isinstance(value, list):
@@ -142,8 +158,8 @@ def _kto_row(row: dict[str, Any], where: str) -> PreferenceRow:
 def tokenize_preferences(rows: list[PreferenceRow], tok: Any, seq: int) -> PairRows:
     """The rows' tokens as the step reads them (module doc), each sequence cut to `seq`."""
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    kto = rows[0].rejected is None
-    prompts, chosen, rejected, desirable, kept = [], [], [], [], []
+    kto = is_kto(rows)
+    prompts, chosen, rejected, desirable = [], [], [], []
     cut = dropped = 0
     encoded = [_encode(r, tok, eos) for r in rows]
     for i, (r, (p, c, x)) in enumerate(zip(rows, encoded, strict=True)):
@@ -158,14 +174,12 @@ def tokenize_preferences(rows: list[PreferenceRow], tok: Any, seq: int) -> PairR
         chosen.append(c[:room])
         rejected.append(x[:room])
         desirable.append(r.desirable)
-        kept.append(r)
     if not prompts:
         raise FrugalError(
             f"no preference row keeps a completion token within job.seq={seq}: raise job.seq "
             "or shorten the prompts"
         )
-    return PairRows(prompts, chosen, rejected, desirable if kto else None, dropped, cut,
-                    source=kept)  # fmt: skip
+    return PairRows(prompts, chosen, rejected, desirable if kto else None, dropped, cut)
 
 
 def _encode(row: PreferenceRow, tok: Any, eos: list[int]) -> tuple[list[int], ...]:
@@ -238,7 +252,7 @@ def pair_stats(rows: list[PreferenceRow], tok: Any, seq: int) -> dict[str, Any]:
     their tokens and lengths (a row's longer sequence, before the cut), and the problems
     that make pairs teach nothing or the wrong thing, each as a warning that names its fix."""
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    kto = rows[0].rejected is None
+    kto = is_kto(rows)
     encoded = [_encode(r, tok, eos) for r in rows]
     lengths = [len(p) + max(len(c), len(x)) for p, c, x in encoded]
     tokens = sum(len(p) * (1 if kto else 2) + len(c) + len(x) for p, c, x in encoded)

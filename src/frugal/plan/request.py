@@ -23,7 +23,7 @@ from frugal import counts
 from frugal.config import DataConfig, RunConfig, Schedule, TrainingConfig
 from frugal.data.count import count_tokens
 from frugal.data.labels import read_labelled
-from frugal.data.pairs import read_preferences
+from frugal.data.pairs import is_kto, read_for
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile
 from frugal.estimate.notes import profile_notes
@@ -333,14 +333,8 @@ def _preference_data(q: PlanRequest) -> tuple[PlanRequest, float, str]:
     """Preference rows: an epoch's rows at --seq tokens each (the step's two sequences of
     a row are padded to its micro-batch's longest), and a note saying how."""
     assert q.dataset
-    rows = read_preferences(q.dataset)
-    kto = rows[0].rejected is None
-    if kto != (q.preference == "kto"):
-        raise FrugalError(
-            f"{q.dataset} holds {'KTO' if kto else 'paired'} rows: give --preference "
-            f"{'kto' if kto else 'dpo, ipo, orpo or simpo'}"
-        )
-    kind = "KTO rows" if kto else "pairs"
+    rows = read_for(q.dataset, q.preference, "--preference ")
+    kind = "KTO rows" if is_kto(rows) else "pairs"
     note = (
         f"{q.dataset}: {len(rows):,} {kind}; each row's two sequences are padded to its "
         f"micro-batch's longest, priced as --seq {q.seq:,} tokens each"

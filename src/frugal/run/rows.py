@@ -10,10 +10,9 @@ from typing import Any
 from frugal.config import RunConfig
 from frugal.data.examples import Rows, load_examples, pack, split, unpacked
 from frugal.data.labels import LabelledRows, read_labelled, tokenize_labelled
-from frugal.data.pairs import PairRows, read_preferences, tokenize_preferences
+from frugal.data.pairs import PairRows, read_for, tokenize_preferences
 from frugal.data.stats import DataStats
 from frugal.data.tokens import Examples
-from frugal.errors import FrugalError
 
 TaskRows = tuple[Any, Any, list[str]]  # training rows, validation rows, notes
 
@@ -56,16 +55,10 @@ def pair_rows(cfg: RunConfig, tok: Any) -> tuple[PairRows, PairRows, list[str]]:
     """Preference tuning's rows: pairs (or KTO's rows), the validation file's or a held-out
     share; notes on the sequences cut and the rows dropped by the cut."""
     assert cfg.data.path
-    train = read_preferences(cfg.data.path)
-    kind = "KTO" if cfg.job.preference == "kto" else "paired"
-    if (train[0].rejected is None) != (cfg.job.preference == "kto"):
-        raise FrugalError(
-            f"{cfg.data.path} holds {'KTO' if train[0].rejected is None else 'paired'} rows "
-            f"and job.preference={cfg.job.preference} reads {kind} ones: give "
-            f"job.preference={'kto' if train[0].rejected is None else 'dpo'} or another file"
-        )
+    method = cfg.job.preference
+    train = read_for(cfg.data.path, method, "job.preference=")
     if cfg.data.val_path:
-        val = read_preferences(cfg.data.val_path)
+        val = read_for(cfg.data.val_path, method, "job.preference=")
     else:
         train, val = split(train, cfg.data.val_ratio, cfg.training.seed)
     seq = cfg.job.seq
