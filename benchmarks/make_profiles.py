@@ -73,8 +73,12 @@ SWEEPS = {
            "--dataset", str(EXAMPLES / name / "train.jsonl"), "--methods", "lora,qlora,full"]
           for name in ("sentiment", "trades")],
         # a student of Llama-3.1-8B (docs/train.md, "Distillation")
-        ["estimate", "meta-llama/Llama-3.2-1B", "--task", "distill", "--teacher",
-         "meta-llama/Llama-3.1-8B", "--json"],
+        *[["estimate", "meta-llama/Llama-3.2-1B", "--task", "distill", "--teacher",
+           "meta-llama/Llama-3.1-8B", *more, "--json"]
+          for more in ([], ["--teacher-logits", "precomputed"])],
+        # its plan, teacher logits both ways (docs/plan.md), and its lifecycle (README)
+        ["plan", "meta-llama/Llama-3.2-1B", "--task", "distill", "--teacher",
+         "meta-llama/Llama-3.1-8B", "--tokens", "50M", "--epochs", "3"],
     ],
 }  # fmt: skip
 

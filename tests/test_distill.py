@@ -9,6 +9,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -144,3 +145,87 @@ def test_init_asks_a_distillation_for_its_teacher(
             str(tmp_path / "f.yaml"), *teacher]  # fmt: skip
     assert main(argv) == 2
     assert says in capsys.readouterr().err and not (tmp_path / "f.yaml").exists()
+
+
+# -- teacher logits precomputed ---------------------------------------------------------------
+
+
+def test_the_top_k_loss_is_the_kl_over_the_teachers_top_k_renormalized() -> None:
+    """k = the vocabulary: Hinton's loss exactly; below it, the teacher's distribution over
+    its top k, against the student's log-probabilities of those tokens."""
+    torch.manual_seed(1)
+    student, teacher = torch.randn(2, 4, 6), torch.randn(2, 4, 6)
+    labels = torch.tensor([[IGNORE, 1, 2, 3], [IGNORE, IGNORE, 5, 0]])
+    loss = Loss(alpha=0.7, temperature=2.0)
+    whole = distill_loss(student, teacher, labels, loss)
+    top = teacher.topk(6, dim=-1)
+    torch.testing.assert_close(distill_loss(student, top.values, labels, loss, top.indices), whole)
+    top = teacher.topk(2, dim=-1)
+    got, ce = distill_loss(student, top.values, labels, loss, top.indices)
+    p = F.softmax(top.values / 2, -1)
+    q = F.log_softmax(student / 2, -1).gather(-1, top.indices)
+    kl = (p * (p.log() - q)).sum(-1)[:, :3]  # positions 0..2 predict labels 1..3
+    trained = labels[:, 1:] != IGNORE
+    want = (0.7 * 4 * kl + 0.3 * 0).where(trained, 0.0).sum() + 0.3 * whole[1]
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(ce, whole[1])
+
+
+def _teacher(tmp_path: Path) -> Path:
+    """A random teacher of the tiny model's shape, saved with its weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY))
+    model.save_pretrained(tmp_path / "teacher")
+    return tmp_path / "teacher"
+
+
+def _losses(out: Path) -> list[float]:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r.get("loss", r.get("eval_loss")) for r in rows]
+
+
+def test_precomputed_teacher_logits_train_as_the_online_teacher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The teacher's top k = its whole vocabulary (128), from one pass before training:
+    the online run's losses step for step (the logits kept as fp16); a resumed session
+    reads the files and never runs the teacher."""
+    teacher = _teacher(tmp_path)
+    short = {"max_steps": 4, "eval_every": 2}
+    recipe.train(_config(tmp_path / "online", teacher, **short), quiet=True)
+    pre = _config(tmp_path / "pre", teacher, **short)
+    pre = pre.model_copy(update={"job": pre.job.model_copy(update={
+        "teacher_logits": "precomputed", "teacher_top_k": 128})})  # fmt: skip
+    recipe.train(pre, quiet=True)
+    online, got = _losses(tmp_path / "online"), _losses(tmp_path / "pre")
+    assert got == pytest.approx(online, rel=2e-3) and len(got) >= 4
+    files = sorted(p.name for p in (tmp_path / "pre").glob("teacher_top128-*.npy"))
+    assert len(files) == 4  # ids and logits, of the training and the validation rows
+    ids = np.load(tmp_path / "pre" / files[0], mmap_mode="r")
+    assert ids.shape[1:] == (128, 128)
+
+    def no_teacher(*_: object) -> None:
+        raise AssertionError("the teacher ran again")
+
+    monkeypatch.setattr("frugal.run.reference._teacher_pass", no_teacher)
+    recipe.train(pre, quiet=True, resume="auto")  # from its last checkpoint
+
+
+def test_top_k_without_precomputed_logits_is_one_line() -> None:
+    with pytest.raises(FrugalError, match="add --teacher-logits precomputed"):
+        make_job(task="distill", teacher="meta-llama/Llama-3.1-8B", teacher_top_k=16)
+
+
+def test_precomputed_logits_take_the_teacher_out_of_the_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def frozen(*args: str) -> float:
+        assert main(["estimate", "meta-llama/Llama-3.2-1B", "--json", "--task", "distill",
+                     "--teacher", "meta-llama/Llama-3.1-8B", *args]) == 0  # fmt: skip
+        return float(json.loads(capsys.readouterr().out)["breakdown_gib"]["frozen_weights"])
+
+    assert frozen() - frozen("--teacher-logits", "precomputed") == pytest.approx(
+        8_030_261_248 * 2 / 2**30, rel=0.002
+    )

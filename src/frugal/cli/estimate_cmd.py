@@ -34,6 +34,8 @@ class EstimateOptions:
     preference: str = option(TrainJob, "preference")
     reference: str = option(TrainJob, "reference")
     teacher: str | None = option(TrainJob, "teacher")
+    teacher_logits: str = option(TrainJob, "teacher_logits")
+    teacher_top_k: int = option(TrainJob, "teacher_top_k")
     method: str = option(TrainJob, "method")
     precision: str = option(TrainJob, "precision")
     optimizer: str = option(TrainJob, "optimizer")

@@ -36,6 +36,10 @@ class PlanOptions:
     )
     preference: str = option(TrainJob, "preference")
     teacher: str | None = option(TrainJob, "teacher")
+    teacher_logits: str | None = option(
+        TrainJob, "teacher_logits", unset="online, or precomputed where that is cheaper"
+    )
+    teacher_top_k: int = option(TrainJob, "teacher_top_k")
     reference: str | None = option(
         TrainJob, "reference", unset="auto, or precomputed where that is cheaper"
     )

@@ -288,6 +288,9 @@ class Batcher:
     ) -> None:
         self.rows, self.pad_id, self.packed = rows, pad_id, packed
         self.tensors: dict[str, torch.Tensor] = {}
+        # arrays (rows, seq, ...) a batch carries beside its tokens, by name, cut to its
+        # length (a distillation's precomputed teacher logits: memory-mapped files)
+        self.per_token: dict[str, np.ndarray] = {}
         if isinstance(rows, PackedRows) and len(rows):
             tensor = lambda a: torch.from_numpy(a).long()  # noqa: E731
             self.tensors = layout(tensor(rows.input_ids), tensor(rows.labels),
@@ -299,6 +302,24 @@ class Batcher:
         return len(self.rows)
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        b = self._tokens(indices)
+        width = b["input_ids"].shape[1] if self.per_token else 0
+        for name, a in self.per_token.items():
+            t = torch.from_numpy(np.ascontiguousarray(a[indices, :width]))
+            b[name] = t.long() if not t.is_floating_point() else t.float()
+        return b
+
+    def digest(self) -> str:
+        """Of every row's inputs as a batch gives them (what a model reads of them)."""
+        h = hashlib.sha256()
+        for start in range(0, len(self), 256):
+            b = self._tokens(list(range(start, min(start + 256, len(self)))))
+            for name in sorted(b):
+                if name != "labels":
+                    h.update(name.encode() + b[name].numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def _tokens(self, indices: list[int]) -> dict[str, torch.Tensor]:
         if self.tensors:
             idx = torch.tensor(indices)
             return {k: v.index_select(0, idx) for k, v in self.tensors.items()}

@@ -100,6 +100,12 @@ class Constraints(BaseModel):
     data_gb: float = Field(
         0.0, ge=0, le=1e6, description="the dataset's size, GB, up to a petabyte (0: not priced)"
     )
+    scratch_gb: float = Field(
+        0.0,
+        ge=0,
+        description="disk the run writes besides checkpoints and the dataset, GB "
+        "(a distillation's precomputed teacher logits), priced for its hours",
+    )
     network_gbps: float | None = Field(
         None,
         gt=0,

@@ -91,6 +91,8 @@ class PlanRequest(BaseModel):
     preference: str = _about(TrainJob, "preference")
     teacher: str | None = _about(TrainJob, "teacher")
     reference: str | None = _unset(TrainJob, "reference")  # None: the cheaper (plan/upfront)
+    teacher_logits: str | None = _unset(TrainJob, "teacher_logits")  # None: alike
+    teacher_top_k: int = _about(TrainJob, "teacher_top_k")
     method: str = _about(TrainJob, "method")
     methods: Listed | None = Field(
         None, min_length=1, description="methods to compare [default: --method]"
@@ -151,7 +153,8 @@ class PlanRequest(BaseModel):
         }  # fmt: skip
         base = make_job(
             task=self.task, num_labels=self.num_labels, preference=self.preference,
-            teacher=self.teacher,
+            teacher=self.teacher, teacher_logits=self.teacher_logits,
+            teacher_top_k=self.teacher_top_k,
             reference=self.reference, method=_adapters_first(methods),
             precision=self.precision, seq=self.seq,
             attention=self.attention, packing=self.packing, loss=self.loss,
@@ -279,7 +282,9 @@ def make_plan(request: PlanRequest, books: Ledger | None = None) -> PlanOutcome:
     except Infeasible as e:  # say what came nearest and which changes would give a plan
         every = q.select(every_provider=True) if q.providers else None
         raise FrugalError(explain(e, Ask(spec, base, offers, k), every)) from None
-    if q.reference is None:  # the step as asked, or with its work moved before training
+    moved = task_of(base.task).upfront(base) or {}
+    if all(getattr(q, name) is None for name in moved):  # not asked: the step as it is, or
+        # with its work moved before training, the cheaper
         up = cheaper_upfront(spec, base, offers, k, per_epoch, result)
         result, k = up.result, up.k
         notes += [up.note] if up.note else []

@@ -184,7 +184,8 @@ def _bill(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> _Bill:
         solve_h=k.tokens / cfg.speed.tokens_per_s / 3600,
         setup_h=setup_h + data_in.hours,
         delta_h=(ckpt / (DISK_GBPS * 1e9) + 10) / 3600,
-        disk_gb=(weights + 2 * ckpt) / 1e9 + 1 + k.data_gb,  # weights, two checkpoints, data
+        # weights, two checkpoints, data, and what the run writes besides (Constraints)
+        disk_gb=(weights + 2 * ckpt) / 1e9 + 1 + k.data_gb + k.scratch_gb,
         output_gb=output_gb,
         egress_usd=data_in.usd + data_out.usd,
         data_in=data_in if k.data_gb else NO_MOVE,  # no dataset size: not priced, nor said

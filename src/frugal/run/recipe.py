@@ -61,7 +61,7 @@ from frugal.run.guard import MoneyGuard
 from frugal.run.interrupt import Stop
 from frugal.run.meter import CostMeter, Progress
 from frugal.run.predict import predict
-from frugal.run.reference import extra_model, precompute, same_tokenizer
+from frugal.run.reference import extra_model, precompute, precompute_teacher, same_tokenizer
 from frugal.run.rows import task_rows
 from frugal.run.state import TrainState
 from frugal.run.steps import TrainingRun, _cuda_device, _parts
@@ -366,6 +366,9 @@ def start(run: TrainingRun, source: Path | None, meter: CostMeter) -> TrainState
         # before a checkpoint's weights: the model as built is the reference
         for batches in (run.batches, run.val_batches):
             precompute(run, batches)
+    if cfg.job.teacher_logits == "precomputed":  # a distillation's (no other task's)
+        for batches in (run.batches, run.val_batches):
+            precompute_teacher(run, batches)
     state = TrainState.fresh(run.micro, run.world, _run_key(run))
     if source is not None:
         state = _restore(run, store, _intact(run, store, source), meter)

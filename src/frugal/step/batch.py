@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-NOT_MODEL_INPUTS = ("labels", "segment_ids")  # read by the loss, not by the model
+NOT_MODEL_INPUTS = ("labels", "segment_ids", "teacher_ids", "teacher_logits")  # the loss's
 
 
 def layout(

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from frugal.errors import FrugalError
 from frugal.models.specs import experts_per_token
 from frugal.step.tasks import TASKS, task_of
+from frugal.step.tasks.distill import TOP_K
 from frugal.validation import RANGE_ERRORS, problem
 
 Method = Literal["full", "lora", "qlora"]
@@ -29,6 +30,7 @@ Loss = Literal["ce", "ce+contrastive"]
 Task = Literal["causal", "classification", "preference", "distill"]
 PreferenceMethod = Literal["dpo", "ipo", "orpo", "simpo", "kto"]
 Reference = Literal["auto", "precomputed"]
+TeacherLogits = Literal["online", "precomputed"]
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_targets", "lora_dropout")
 FIXED_4BIT_INPUT = "0.43.2"  # the first bitsandbytes whose 4-bit matmul drops its input
@@ -94,6 +96,19 @@ class TrainJob(BaseModel):
         None,
         description="distillation's teacher: a bundled id or a directory with its weights, "
         "of the student's tokenizer",
+    )
+    teacher_logits: TeacherLogits = Field(
+        "online",
+        description="distillation's soft targets: online (the teacher in memory, its forward "
+        "in every step) or precomputed (its top --teacher-top-k logits of every token from "
+        "one pass before training, on disk: no teacher in the step)",
+    )
+    teacher_top_k: int = Field(
+        TOP_K,
+        ge=1,
+        le=MOST,
+        description="precomputed teacher logits: how many of each token's largest are kept "
+        "(the soft targets are the teacher's distribution over them, renormalized)",
     )
 
     method: Method = Field("lora", description="full fine-tuning, LoRA, or QLoRA (4-bit NF4 base)")

@@ -72,6 +72,10 @@ class JobFields(Protocol):
     def reference(self) -> str: ...
     @property
     def teacher(self) -> str | None: ...
+    @property
+    def teacher_logits(self) -> str: ...
+    @property
+    def teacher_top_k(self) -> int: ...
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any: ...
 
 
@@ -103,6 +107,7 @@ class Task:
     sequences_per_row: ClassVar[int] = 1  # a row (what job.batch counts) is this many
     eval_names: ClassVar[tuple[str, ...]] = ()  # the metric sums `eval_sums` gives, by name
     headline_metrics: ClassVar[tuple[str, ...]] = ()  # its metrics that stand for a run
+    upfront_holds_extra: ClassVar[bool] = False  # its pass (`upfront`) runs its extra model
 
     def check(self, job: JobFields) -> None:
         """Raise ValueError (naming the flag and the fix) for a job this task cannot run."""
@@ -142,7 +147,7 @@ class Task:
 
     def eval_width(self, classes: int) -> int:
         """How many metric sums `eval_sums` gives after the loss and count."""
-        return 0
+        return len(self.eval_names)
 
     def metrics(self, sums: dict[str, float], count: float) -> dict[str, float]:
         """What the trainer logs of a step's other sums (`micro_loss`'s `totals`, summed
@@ -182,6 +187,11 @@ class Task:
     def upfront_why(self, job: JobFields) -> str:
         """What those settings save in each step."""
         return ""
+
+    def upfront_disk_bytes(self, job: JobFields, tokens: float) -> float:
+        """What that pass writes to disk for `tokens` tokens of data, kept through training
+        (none worth pricing: a preference row's two log-probabilities)."""
+        return 0.0
 
     def settings(self, method: str, params: int) -> dict[str, Rule]:
         """The training settings frugal chooses for `method` on a model of `params`."""

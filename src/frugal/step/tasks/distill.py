@@ -13,6 +13,14 @@ the causal loss does. The teacher (`job.teacher`: a bundled id or a directory wi
 weights) runs forward only, without gradients, in the compute dtype, and its tokenizer must
 be the student's: its logits are read token for token.
 
+With `job.teacher_logits: precomputed`, the teacher runs once before training, over every
+training and validation row, and keeps each token's `teacher_top_k` largest logits (their
+token ids as int32, the logits as fp16: 6 bytes each) in the output directory; the step
+reads them from the batch (`teacher_ids`, `teacher_logits`) and holds no teacher. The soft
+targets are then the teacher's distribution renormalized over its top k, and the KL is
+taken over those k tokens: exact at k = the vocabulary, biased towards the head of the
+distribution below it (Anshumann et al. 2025, "Sparse Logit Sampling", arXiv:2503.16870).
+
 In the estimate the teacher is simulated with the student's shallow copies: a copy of n of
 the student's L_s layers reads a teacher of n + L_t - L_s layers, so that extrapolating the
 copies to the student's depth gives the teacher its own L_t layers (its weights, its
@@ -33,6 +41,9 @@ from frugal.step.tasks.causal import Causal
 
 if TYPE_CHECKING:
     import torch
+
+TOP_K = 64  # job.teacher_top_k's default
+TOP_BYTES = 6  # a precomputed logit on disk: its token id (int32) and its value (fp16)
 
 
 @cache
@@ -57,10 +68,12 @@ def same_vocabulary(student: dict[str, Any], teacher: str) -> None:
 
 
 def distill_loss(
-    student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, loss: Loss
-) -> tuple[torch.Tensor, torch.Tensor]:
+    student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, loss: Loss,
+    top_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The summed loss of the module doc over the trained tokens (labels unshifted, as
-    `loss.causal_lm_loss` reads them), and the summed cross-entropy alone."""
+    `loss.causal_lm_loss` reads them), and the summed cross-entropy alone. `teacher`: its
+    whole logits, or (with `top_ids`, their token ids) its top k of each token."""
     import torch.nn.functional as F
 
     from frugal.step.loss import IGNORE
@@ -69,10 +82,12 @@ def distill_loss(
     target = F.pad(labels[:, 1:], (0, 1), value=IGNORE).reshape(-1)
     s = student.reshape(-1, vocab).float()
     ce = F.cross_entropy(s, target, ignore_index=IGNORE, reduction="none")
-    soft = F.kl_div(
-        F.log_softmax(s / t, -1), F.log_softmax(teacher.reshape(-1, vocab).float() / t, -1),
-        reduction="none", log_target=True,
-    ).sum(-1)  # fmt: skip
+    mine = F.log_softmax(s / t, -1)
+    width = vocab if top_ids is None else top_ids.shape[-1]
+    if top_ids is not None:  # the student's log-probabilities of the teacher's top k
+        mine = mine.gather(-1, top_ids.reshape(-1, width))
+    theirs = F.log_softmax(teacher.reshape(-1, width).float() / t, -1)
+    soft = F.kl_div(mine, theirs, reduction="none", log_target=True).sum(-1)
     trained = target != IGNORE  # (cross-entropy is 0 there already; the soft term is not)
     per = loss.alpha * t * t * soft + (1 - loss.alpha) * ce
     return per.where(trained, 0.0).sum(), ce.sum()
@@ -80,12 +95,13 @@ def distill_loss(
 
 class Distill(Causal):
     name = "distill"
-    fields: ClassVar[tuple[str, ...]] = ("teacher",)
+    fields: ClassVar[tuple[str, ...]] = ("teacher", "teacher_logits", "teacher_top_k")
     training_fields: ClassVar[tuple[str, ...]] = ("distill_alpha", "distill_temperature")
     chunked_loss = False  # the soft targets read whole logits
     shards = False  # the teacher's forward is not run sharded yet
     eval_names: ClassVar[tuple[str, ...]] = ("label_loss",)
     headline_metrics: ClassVar[tuple[str, ...]] = ("label_loss",)
+    upfront_holds_extra = True  # the pass runs the teacher
 
     def check(self, job: JobFields) -> None:
         if not job.teacher:
@@ -102,12 +118,30 @@ class Distill(Causal):
                 "--loss-chunks: distillation reads the student's and the teacher's whole "
                 "logits: use --loss-chunks 0"
             )
+        if job.teacher_logits == "online" and job.teacher_top_k != TOP_K:
+            raise ValueError(
+                "--teacher-top-k is how many precomputed teacher logits are kept: add "
+                "--teacher-logits precomputed, or drop --teacher-top-k"
+            )
+
+    def example(self, job: JobFields, rows: int, seq: int) -> dict[str, torch.Tensor]:
+        """A causal micro-batch, with the teacher's top k of each token where they were
+        precomputed (ids as the batch's int64, logits widened to fp32)."""
+        import torch
+
+        b = super().example(job, rows, seq)
+        if job.teacher_logits == "precomputed":
+            b["teacher_ids"] = torch.zeros((rows, seq, job.teacher_top_k), dtype=torch.long)
+            b["teacher_logits"] = torch.zeros((rows, seq, job.teacher_top_k))
+        return b
 
     def extra_model(
         self, model: Any, job: JobFields, dtype: torch.dtype, depth: Depth | None = None
     ) -> Any:
         """The teacher, frozen, in `dtype`: its checkpoint's weights, or on the meta device
-        at the depth that scales with the student's shallow copy (module doc)."""
+        at the depth that scales with the student's shallow copy (module doc); none in the
+        step where its logits were precomputed (the pass before training asks for it with
+        `teacher_logits: online`)."""
         import torch
 
         from frugal.step.model import build_model
@@ -115,6 +149,13 @@ class Distill(Causal):
         assert job.teacher
         config = teacher_config(job.teacher)
         same_vocabulary(model.config.to_dict(), job.teacher)
+        if job.teacher_logits == "precomputed":
+            if job.teacher_top_k > int(config["vocab_size"]):
+                raise FrugalError(
+                    f"--teacher-top-k {job.teacher_top_k}: the teacher's vocabulary is "
+                    f"{int(config['vocab_size']):,} tokens: give that many or fewer"
+                )
+            return None
         precision = "fp32" if dtype == torch.float32 else "bf16-true"
         as_built = job.model_copy(update={
             "task": "causal", "method": "full", "precision": precision,
@@ -139,11 +180,16 @@ class Distill(Causal):
 
     def min_depth(self, job: JobFields, layers: int) -> int:
         assert job.teacher
+        if job.teacher_logits == "precomputed":
+            return 1
         return max(1, layers - int(teacher_config(job.teacher)["num_hidden_layers"]) + 1)
 
     def profile_extra(self, job: JobFields) -> dict[str, Any]:
-        """The teacher by its config (a local directory's may change under its name)."""
+        """The teacher by its config (a local directory's may change under its name), where
+        the step runs it."""
         assert job.teacher
+        if job.teacher_logits == "precomputed":
+            return {}
         blob = json.dumps(teacher_config(job.teacher), sort_keys=True).encode()
         return {"teacher": hashlib.sha256(blob).hexdigest()[:16]}
 
@@ -170,23 +216,42 @@ class Distill(Causal):
             return {}
         return {"label_loss": sums["label_loss"] / max(count, 1.0)}
 
-    def eval_width(self, classes: int) -> int:
-        return 1
-
     @staticmethod
     def _sums(model: Any, b: dict[str, torch.Tensor], loss: Loss) -> tuple[Any, Any]:
         import torch
 
         from frugal.step.forward import forward
 
-        with torch.no_grad():
+        if "teacher_ids" in b:  # precomputed: the teacher's top k of each token
+            top = b["teacher_logits"], b["labels"], loss, b["teacher_ids"]
+            return distill_loss(forward(model, b).logits, *top)
+        with torch.no_grad():  # first: its activations are gone before the student's
             teacher = forward(loss.extra_model, b).logits
         return distill_loss(forward(model, b).logits, teacher, b["labels"], loss)
 
     def note(self, job: JobFields, vocab_size: int) -> str | None:
+        if job.teacher_logits == "precomputed":
+            return (
+                f"the teacher {job.teacher}'s top {job.teacher_top_k} logits of every token "
+                f"come from one pass before training, on disk ({TOP_BYTES} bytes each): no "
+                "teacher in the step"
+            )
         return (
             f"the teacher {job.teacher} runs forward only, in the compute dtype (in "
-            "frozen_weights), and its logits are held beside the student's for the loss"
+            "frozen_weights), and its logits are held beside the student's for the loss; "
+            "--teacher-logits precomputed moves its forward into one pass before training"
+        )
+
+    def upfront(self, job: JobFields) -> dict[str, Any] | None:
+        return {"teacher_logits": "precomputed"} if job.teacher_logits == "online" else None
+
+    def upfront_disk_bytes(self, job: JobFields, tokens: float) -> float:
+        return tokens * job.teacher_top_k * TOP_BYTES
+
+    def upfront_why(self, job: JobFields) -> str:
+        return (
+            f"the teacher's weights leave memory and its forward leaves every step; its top "
+            f"{job.teacher_top_k} logits of every token are kept on disk"
         )
 
     def headline(self, job: JobFields) -> str | None:

@@ -189,9 +189,6 @@ class Preference(Task):
     eval_names = STATS
     headline_metrics = PREFERENCE_METRICS
 
-    def eval_width(self, classes: int) -> int:
-        return len(STATS)
-
     def metrics(self, sums: dict[str, float], count: float) -> dict[str, float]:
         """What the trainer logs of a step's or an evaluation's reward sums: the mean reward
         of the chosen (KTO: desirable) and rejected (undesirable) completions, their margin,
