@@ -50,6 +50,11 @@ class AddOptions:
     provider: str = typer.Option("", help="Who billed it, e.g. aws or runpod.")
     at: str | None = typer.Option(None, help="When: ISO date or time, UTC \\[default: now].")
     gpu_hours: float = number(0.0, "GPU-hours it bought, if any.", ge=0)
+    model: str | None = typer.Option(
+        None,
+        help="The model it served (with --kind serving): a run id or output directory for a "
+        "model frugal trained, else a hub id; `costs lifetime MODEL` sums it with its training.",
+    )
     tag: list[str] | None = typer.Option(
         None, help="Ledger tag key=value (project, team, env, ...); repeat for more."
     )
@@ -68,6 +73,12 @@ def add(ctx: typer.Context, o: AddOptions) -> None:
     when = parse_instant(o.at, "--at") if o.at else None
     tags = resolve(list(o.tag or []))
     led = Ledger()
+    served = None
+    if o.model is not None:
+        from frugal.ledger.lifetime import served as find
+
+        served = find(led, o.model)
+        tags |= served.tags
     cid = led.add_cost(o.amount, o.kind.strip(), o.description[:500], o.resource_id[:300], at=when,
                        tags=tags, provider=o.provider[:50], gpu_hours=o.gpu_hours)  # fmt: skip
     _alerts(led, tags)
@@ -75,7 +86,36 @@ def add(ctx: typer.Context, o: AddOptions) -> None:
         print_json({"cost_id": cid, "amount_usd": o.amount, "kind": o.kind, "tags": tags})
         return
     scope = ", ".join(f"{k}={v}" for k, v in tags.items())
-    console().print(escape(f"cost {cid}: ${o.amount:,.2f} {o.kind} on the books · {scope}"))
+    of = f" of {served.name}" if served else ""
+    console().print(escape(f"cost {cid}: ${o.amount:,.2f} {o.kind}{of} on the books · {scope}"))
+
+
+@app.command("lifetime")
+def lifetime_(
+    model: str = typer.Argument(
+        ..., help="A run id or output directory (a model frugal trained), or a hub id."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """A model's training and serving on the books: GPU-hours and dollars, from its first
+    run to its latest serving bill."""
+    from frugal.ledger.lifetime import lifetime
+    from frugal.ledger.store import Ledger
+
+    life = lifetime(Ledger(), model)
+    if json_out:
+        print_json(life.to_json())
+        return
+    runs = f" (run {', '.join(r[:8] for r in life.model.runs)})" if life.model.runs else ""
+    t = Table(title=escape(f"{life.model.name}{runs}: its lifetime on the books"))
+    for c in ("part", "entries", "from", "to", "GPU-h", "spend"):
+        t.add_column(c, justify="left" if c in ("part", "from", "to") else "right")
+    for i, p in enumerate(life.parts):
+        t.add_row(escape(p.what), str(p.entries), _day(p.first), _day(p.last),
+                  f"{p.gpu_hours:,.1f}", usd(p.usd),
+                  end_section=i == len(life.parts) - 1)  # fmt: skip
+    t.add_row("total", "", "", "", f"{life.gpu_hours:,.1f}", usd(life.usd))
+    console().print(t)
 
 
 @app.command("import")

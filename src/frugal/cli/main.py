@@ -27,6 +27,7 @@ from frugal.cli import (
     data_cmd,
     estimate_cmd,
     init_cmd,
+    lifecycle_cmd,
     models_cmd,
     plan_cmd,
     serve_cmd,
@@ -50,6 +51,7 @@ app.command("train")(train_cmd.train)
 app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("dashboard")(dashboard_cmd.dashboard)
 app.command("tco")(tco_cmd.tco_cmd)
+app.command("lifecycle")(lifecycle_cmd.lifecycle)
 app.add_typer(catalog_cmd.offers_app, name="offers")
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(budget_cmd.app, name="budget")

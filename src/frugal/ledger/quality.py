@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -213,3 +214,60 @@ def _effects(runs: list[RunQuality], sign: float) -> tuple[list[Effect], list[st
 
 def _key(value: Any) -> str:
     return repr(value)
+
+
+# what a model is measured by beside its cost (`frugal lifecycle`): its loss on held-out
+# labels (a distilled student's `label_loss`, since its eval loss mixes in the teacher's
+# soft targets; else the eval loss), or a classifier's accuracy or macro-F1; by the keys of
+# a run's end where each is kept, the first found
+MODEL_METRICS = {
+    "loss": (("label_loss", "best_eval_loss"), "held-out loss on the labels", False),
+    "accuracy": (("accuracy",), "accuracy", True),
+    "macro_f1": (("macro_f1",), "macro-F1", True),
+}
+
+
+@dataclass(frozen=True)
+class Measured:
+    value: float
+    run_id: str
+
+
+def measured(
+    led: Ledger, metric: str, *, runs: tuple[str, ...] = (), model: str | None = None,
+    task: str = "causal", data: str | None = None,
+) -> Measured | None:  # fmt: skip
+    """The newest finished run's `metric` (a key of MODEL_METRICS): among `runs` (the runs
+    that made a model), else among those that trained `model` for `task` (on `data`)."""
+    keys = MODEL_METRICS[metric][0]
+    with led.session() as s:
+        rows = s.scalars(
+            select(RunRecord).where(RunRecord.dry_run.is_(False), RunRecord.outcome.is_not(None))
+            .order_by(RunRecord.started_at.desc())
+        ).all()  # fmt: skip
+    for r in rows:
+        config = r.config or {}
+        if runs:
+            if r.id not in runs:
+                continue
+        elif not (
+            _same(config.get("model"), model)
+            and ((config.get("job") or {}).get("task") or "causal") == task
+            and (data is None or _same((config.get("data") or {}).get("path"), data))
+        ):
+            continue
+        actual = r.actual or {}
+        value = next((actual[k] for k in keys if actual.get(k) is not None), None)
+        if value is not None:
+            return Measured(float(value), r.id)
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two model or data names the same: as written, or one existing path."""
+    if a is None or b is None:
+        return False
+    if str(a) == str(b):
+        return True
+    pa, pb = Path(str(a)).expanduser(), Path(str(b)).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()

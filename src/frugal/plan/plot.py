@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -209,3 +210,85 @@ def _points(result: Result, sx: Scale, sy: Scale) -> list[str]:
     )
     svg.append(f'<text x="{rx + 10:.1f}" y="{ry - 10:.1f}">{html.escape(rec.label())}</text>')
     return svg
+
+
+# -- any labelled points against a quality axis (`frugal lifecycle --plot`) -----------------
+
+
+@dataclass(frozen=True)
+class Point:
+    """A labelled point of a scatter: `marked` ones (a frontier) are joined and named."""
+
+    x: float
+    y: float
+    label: str
+    marked: bool = False
+
+
+def write_points(path: str, points: list[Point], title: str, x_label: str, y_label: str) -> None:
+    """`points` on a linear x and a log y axis: FILE.html (an inline SVG) or an image."""
+    if check_plot_path(path) != ".html":
+        plt = pyplot(path)
+        fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+        ax.scatter([p.x for p in points], [p.y for p in points], s=24, c="#9aa5b1")
+        front = sorted((p for p in points if p.marked), key=lambda p: p.x)
+        ax.plot([p.x for p in front], [p.y for p in front], "o-", c="#1f6feb", ms=6,
+                label="Pareto frontier")  # fmt: skip
+        for p in points:
+            ax.annotate(p.label, (p.x, p.y), xytext=(6, 6), textcoords="offset points", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(loc="upper right", fontsize=8)
+        fig.tight_layout()
+        with replacing(path) as tmp:
+            fig.savefig(tmp)
+        plt.close(fig)
+        return
+    xs = [p.x for p in points]
+    lo, hi = min(xs), max(xs)
+    pad = (hi - lo) * 0.1 or abs(lo) * 0.1 or 1.0
+    x0, x1 = lo - pad, hi + pad
+
+    def sx(v: float) -> float:
+        return PAD_L + (v - x0) / (x1 - x0) * (W - PAD_R - PAD_L)
+
+    ys = [p.y for p in points]
+    sy, yr = _log_scale(max(min(ys), 1e-6), max(max(ys), 1e-6), H - PAD_B, PAD_T)
+    svg = []
+    for v in _ticks(*yr):
+        y = sy(v)
+        svg.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" class="g"/>')
+        svg.append(f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" class="t" text-anchor="end">'
+                   f"${v:g}</text>")  # fmt: skip
+    for i in range(6):
+        v = x0 + (x1 - x0) * i / 5
+        svg.append(f'<text x="{sx(v):.1f}" y="{H - PAD_B + 16}" class="t" '
+                   f'text-anchor="middle">{v:.3g}</text>')  # fmt: skip
+    front = sorted((p for p in points if p.marked), key=lambda p: p.x)
+    line = " ".join(f"{sx(p.x):.1f},{sy(p.y):.1f}" for p in front)
+    svg.append(f'<polyline points="{line}" class="f"/>')
+    for p in points:
+        tip = html.escape(f"{p.label}: {p.x:g}, ${p.y:,.4g}")
+        svg.append(f'<circle cx="{sx(p.x):.1f}" cy="{sy(p.y):.1f}" r="{6 if p.marked else 4}" '
+                   f'class="{"fp" if p.marked else "p"}"><title>{tip}</title></circle>'
+                   f'<text x="{sx(p.x) + 8:.1f}" y="{sy(p.y) - 8:.1f}">'
+                   f"{html.escape(p.label)}</text>")  # fmt: skip
+    axes = (
+        f'<text x="{(PAD_L + W - PAD_R) / 2}" y="{H - 10}" text-anchor="middle">'
+        f"{html.escape(x_label)}</text>"
+        f'<text transform="rotate(-90)" x="{-(PAD_T + H - PAD_B) / 2}" y="16" '
+        f'text-anchor="middle">{html.escape(y_label)}</text>'
+    )
+    style = (
+        "svg{font:12px sans-serif}.g{stroke:#eaeef2}.t{fill:#57606a;font-size:11px}"
+        ".p{fill:#9aa5b1}.f{fill:none;stroke:#1f6feb;stroke-width:2}.fp{fill:#1f6feb}"
+    )
+    write_text_atomic(path, (
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style><h3 style='font-family:sans-serif'>{html.escape(title)}</h3>"
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}">'
+        + "".join(svg) + axes + "</svg>\n"
+    ))  # fmt: skip
