@@ -36,6 +36,7 @@ from frugal.estimate.core import get_profile
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
 from frugal.run import recipe, steps
+from frugal.run.reference import precompute_teacher
 from frugal.step.model import cuda_kernels
 from frugal.step.tasks import task_of
 
@@ -133,6 +134,7 @@ class Case:
     classify: bool = False  # a sequence classifier of 3 classes (padded rows, no LM head)
     preference: str = ""  # preference tuning's method (pairs of padded rows, a reference)
     distill: bool = False  # a student of TEACHER (its weights and forward beside the step)
+    top_k: int = 0  # distilled from TEACHER's top-k logits, precomputed (no teacher in the step)
 
     @property
     def task(self) -> str:
@@ -155,6 +157,7 @@ class Case:
         bits += ["classifier"] if self.classify else []
         bits += [self.preference] if self.preference else []
         bits += ["distilled"] if self.distill else []
+        bits += [f"top{self.top_k}"] if self.top_k else []
         return "-".join(bits)
 
 
@@ -191,6 +194,7 @@ CASES = [
     # distillation: a teacher deeper than the student, priced at its own depth
     Case("llama", "lora", "bf16-mixed", "adamw", True, distill=True),
     Case("llama31-8b", "full", "bf16-mixed", "adamw", False, accum=2, distill=True),
+    Case("llama", "lora", "bf16-mixed", "adamw", True, distill=True, top_k=16),
 ]
 MICRO, SEQ = 2, 96
 
@@ -251,6 +255,9 @@ def make_cfg(case: Case, workdir: Path, out: Path) -> RunConfig:
             **({"num_labels": CLASSES} if case.classify else {}),
             **({"preference": case.preference} if case.preference else {}),
             **({"teacher": str(workdir / "teacher")} if case.distill else {}),
+            **(
+                {"teacher_logits": "precomputed", "teacher_top_k": case.top_k} if case.top_k else {}
+            ),
             "method": case.method,
             "precision": case.precision,
             "optimizer": case.optimizer,
@@ -313,6 +320,9 @@ def _measure(cfg: RunConfig) -> Measured:
         run = recipe.setup(cfg)
     if run.micro != MICRO or run.accum != cfg.training.effective_batch // MICRO:
         raise AssertionError(f"the trainer chose micro-batch {run.micro} x {run.accum}")
+    if cfg.job.teacher_logits == "precomputed":  # the teacher's pass, as `recipe.start` runs it
+        run.out.mkdir(parents=True, exist_ok=True)
+        precompute_teacher(run, run.batches)
     steps.train_step(run, 0)
     inp = steps.step_input(run, 1)
     widths = {b["input_ids"].shape[1] for b in inp.batches}

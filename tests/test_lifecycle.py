@@ -114,6 +114,13 @@ def test_quality_comes_from_the_books_and_draws_the_frontier(
     assert got["frontier"] == ["Llama-3.2-1B fine-tuned, lora", "final as it is"]
     page = plot.read_text()
     assert "Llama-3.2-1B fine-tuned, lora" in page and "held-out loss on the labels" in page
+    # both ways drawn, on the frontier (no API serves a model of one's own)
+    assert page.count('class="fp"') == 2 and page.count('class="p"') == 0
+    assert len(got["ways"]) == 2
+    png = tmp_path / "life.png"
+    run_json(capsys, "lifecycle", SMALL, "--large", str(made / "final"), "--tokens", "50M",
+             "--epochs", "3", *LOAD, "--plot", str(png), "--json")  # fmt: skip
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a quality given wins over the books'
     got = run_json(capsys, "lifecycle", SMALL, "--large", str(made / "final"), "--tokens", "50M",
                    "--epochs", "3", *LOAD, "--quality", "trained=0.9", "--json")  # fmt: skip

@@ -29,6 +29,7 @@ from frugal.errors import FrugalError
 from frugal.files import check_target
 from frugal.formats import usd
 from frugal.ledger.quality import MODEL_METRICS, Measured, measured
+from frugal.models.specs import load_spec
 from frugal.plan.plot import Point, check_plot_path, write_points
 from frugal.plan.request import PlanOutcome, PlanRequest, make_plan
 from frugal.serve import compare
@@ -92,6 +93,10 @@ def lifecycle(ctx: typer.Context, o: LifecycleOptions) -> None:
     if large is None:
         raise FrugalError("--large MODEL: the model to serve as it is (a distillation's "
                           "default is its --teacher)")  # fmt: skip
+    try:
+        load_spec(large)  # before the training plan
+    except FrugalError as e:
+        raise FrugalError(f"--large {large}: {e}") from None
     if o.plot:
         check_plot_path(o.plot)
         check_target(o.plot, "--plot", force=o.force)

@@ -227,26 +227,31 @@ class Point:
 
 def write_points(path: str, points: list[Point], title: str, x_label: str, y_label: str) -> None:
     """`points` on a linear x and a log y axis: FILE.html (an inline SVG) or an image."""
-    if check_plot_path(path) != ".html":
-        plt = pyplot(path)
-        fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-        ax.scatter([p.x for p in points], [p.y for p in points], s=24, c="#9aa5b1")
-        front = sorted((p for p in points if p.marked), key=lambda p: p.x)
-        ax.plot([p.x for p in front], [p.y for p in front], "o-", c="#1f6feb", ms=6,
-                label="Pareto frontier")  # fmt: skip
-        for p in points:
-            ax.annotate(p.label, (p.x, p.y), xytext=(6, 6), textcoords="offset points", fontsize=8)
-        ax.set_yscale("log")
-        ax.set_xlabel(x_label)
-        ax.set_ylabel(y_label)
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.25)
-        ax.legend(loc="upper right", fontsize=8)
-        fig.tight_layout()
-        with replacing(path) as tmp:
-            fig.savefig(tmp)
-        plt.close(fig)
+    if check_plot_path(path) == ".html":
+        write_text_atomic(path, _points_page(points, title, x_label, y_label))
         return
+    plt = pyplot(path)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    ax.scatter([p.x for p in points], [p.y for p in points], s=24, c="#9aa5b1")
+    front = sorted((p for p in points if p.marked), key=lambda p: p.x)
+    ax.plot([p.x for p in front], [p.y for p in front], "o-", c="#1f6feb", ms=6,
+            label="Pareto frontier")  # fmt: skip
+    for p in points:
+        ax.annotate(p.label, (p.x, p.y), xytext=(6, 6), textcoords="offset points", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    with replacing(path) as tmp:
+        fig.savefig(tmp)
+    plt.close(fig)
+
+
+def _points_page(points: list[Point], title: str, x_label: str, y_label: str) -> str:
+    """The points as an SVG in a page of its own, each described on hover."""
     xs = [p.x for p in points]
     lo, hi = min(xs), max(xs)
     pad = (hi - lo) * 0.1 or abs(lo) * 0.1 or 1.0
@@ -286,9 +291,9 @@ def write_points(path: str, points: list[Point], title: str, x_label: str, y_lab
         "svg{font:12px sans-serif}.g{stroke:#eaeef2}.t{fill:#57606a;font-size:11px}"
         ".p{fill:#9aa5b1}.f{fill:none;stroke:#1f6feb;stroke-width:2}.fp{fill:#1f6feb}"
     )
-    write_text_atomic(path, (
+    return (
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style><h3 style='font-family:sans-serif'>{html.escape(title)}</h3>"
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}">'
         + "".join(svg) + axes + "</svg>\n"
-    ))  # fmt: skip
+    )  # fmt: skip
