@@ -81,10 +81,16 @@ def _matplotlib_chart(result: Result, k: Constraints, path: str) -> None:
     if k.budget_usd:
         ax.axhline(k.budget_usd, ls=":", c="#6e7781", lw=1, label=f"budget ${k.budget_usd:g}")
     ax.set_xscale("log")
+    _save(plt, fig, ax, path, ("expected wall time (h)", "expected total cost (USD)",
+                               "frugal plan: cost vs time"))  # fmt: skip
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: str, words: tuple[str, str, str]) -> None:
+    """A chart's log y axis, its labels (x, y, title), grid and legend, written whole."""
     ax.set_yscale("log")
-    ax.set_xlabel("expected wall time (h)")
-    ax.set_ylabel("expected total cost (USD)")
-    ax.set_title("frugal plan: cost vs time")
+    ax.set_xlabel(words[0])
+    ax.set_ylabel(words[1])
+    ax.set_title(words[2])
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
@@ -238,16 +244,7 @@ def write_points(path: str, points: list[Point], title: str, x_label: str, y_lab
             label="Pareto frontier")  # fmt: skip
     for p in points:
         ax.annotate(p.label, (p.x, p.y), xytext=(6, 6), textcoords="offset points", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xlabel(x_label)
-    ax.set_ylabel(y_label)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.25)
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    with replacing(path) as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    _save(plt, fig, ax, path, (x_label, y_label, title))
 
 
 def _points_page(points: list[Point], title: str, x_label: str, y_label: str) -> str:
