@@ -47,7 +47,7 @@ class LifecycleOptions:
 
     model: str = typer.Argument(..., help="The smaller model to train. " + MODEL_HELP)
     large: str | None = typer.Option(
-        None, help="The large model, served as it is or by an API [default: --teacher]."
+        None, help="The large model, served as it is or by an API \\[default: --teacher]."
     )
     task: str = option(TrainJob, "task")
     teacher: str | None = option(TrainJob, "teacher")
