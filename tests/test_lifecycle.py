@@ -203,3 +203,15 @@ def test_a_model_the_books_do_not_know_is_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_no_commitment_outlives_the_horizon(
+    capsys: pytest.CaptureFixture[str], books: Ledger
+) -> None:
+    """On AWS the 8B serves 20 requests/s cheapest on a 12-month commitment: over 12 months
+    the lifecycle takes it, over 6 it may not (it would be owed for 6 more)."""
+    aws = [*DISTIL, *LOAD, "--providers", "aws", "--json"]
+    ways = {w["name"]: w for w in run_json(capsys, "lifecycle", SMALL, *aws)["ways"]}
+    assert "commitment 12 months" in ways["Llama-3.1-8B as it is"]["serving"]
+    short = run_json(capsys, "lifecycle", SMALL, *aws, "--months", "6")
+    assert not any("commitment" in w["serving"] for w in short["ways"])

@@ -101,7 +101,11 @@ def lifecycle(ctx: typer.Context, o: LifecycleOptions) -> None:
         check_plot_path(o.plot)
         check_target(o.plot, "--plot", force=o.force)
     trained = make_plan(request_of(ctx, PlanRequest))  # recorded, as every plan
-    served = {m: make_serve_plan(request_of(ctx, ServeRequest, model=m)) for m in (large, o.model)}
+    # a commitment longer than the horizon would still be owed after it: not priced
+    terms = tuple(t for t in ServeRequest.model_fields["commitment_months"].default
+                  if t <= o.months)  # fmt: skip
+    served = {m: make_serve_plan(request_of(ctx, ServeRequest, model=m, commitment_months=terms))
+              for m in (large, o.model)}  # fmt: skip
     life = _lifecycle(o, large, trained, served, given)
     if o.plot:
         _plot(life, o.plot)
