@@ -86,6 +86,9 @@ def test_each_way_is_priced_as_plan_and_serve_plan_price_it(
     assert got["cheapest"] == "Llama-3.2-1B distilled, lora"  # a 1B serves 20/s for less
     assert got["frontier"] == []  # no quality known: no frontier
     assert any("no quality on the books" in n for n in got["notes"])
+    one = run_json(capsys, "lifecycle", SMALL, *DISTIL, *LOAD, "--quality", "trained=1.2", "--json")
+    assert one["frontier"] == ["Llama-3.2-1B distilled, lora"]
+    assert any("whose quality is known (1 of 3)" in n for n in one["notes"])
 
 
 def test_quality_comes_from_the_books_and_draws_the_frontier(

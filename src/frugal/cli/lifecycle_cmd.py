@@ -217,9 +217,13 @@ def _notes(life: Lifecycle, trained: PlanOutcome) -> list[str]:
             when = f"{m:,.1f} months" if m >= 1 else f"{m * 30.44:,.1f} days"
             notes.append(f"training pays for itself against {other.name} after {when} of "
                          "serving")  # fmt: skip
-    if not any(w.quality is not None for w in life.ways):
+    known = sum(w.quality is not None for w in life.ways)
+    if not known:
         notes.append("no quality on the books for these models: train and evaluate them "
                      "(frugal train), or give --quality large=VALUE and trained=VALUE")  # fmt: skip
+    elif known < len(life.ways):
+        notes.append(f"the frontier is of the ways whose quality is known ({known} of "
+                     f"{len(life.ways)}); give the others' with --quality")  # fmt: skip
     notes.append("serving: each model's cheapest deployment for the load (frugal serve plan), "
                  "billed every hour of the month; training: frugal plan's plan (plan "
                  f"{trained.plan_id or 'not recorded'})")  # fmt: skip
