@@ -46,6 +46,10 @@ def test_totals_per_million_payback_and_the_frontier() -> None:
     assert life.pays_back_months(big, small) is None  # it serves for more: never
     # the API's quality is the big model's at a higher price; `worse` costs more for less
     assert life.frontier == [small, big] and life.cheapest is small
+    again = Lifecycle([big, small], 12, 2e6, "loss", False, retrain_every=5)  # months 1, 6, 11
+    assert again.trainings == 3 and again.total_usd(small) == 3 * 300 + 250 * 12
+    assert again.gpu_hours(small) == 3 * 20 + 730 * 12
+    assert Lifecycle([big], 12, 2e6, "loss", False, retrain_every=12).trainings == 1
     higher = Lifecycle([big, small], 12, 2e6, "accuracy", True)  # higher: small is better too
     assert higher.frontier == [small]
     assert Lifecycle([big, small, api], 12, 2e6, "loss", False).to_json()["frontier"] == [
@@ -83,6 +87,13 @@ def test_each_way_is_priced_as_plan_and_serve_plan_price_it(
         assert w["usd_per_million_predictions"] == pytest.approx(total / (requests * months) * 1e6,
                                                                  rel=1e-3)  # fmt: skip
     assert requests == pytest.approx(20 * 3600 * 730)
+    monthly = run_json(capsys, "lifecycle", SMALL, *DISTIL, *LOAD, "--train-every-months", "1",
+                       "--json")  # fmt: skip
+    again = {w["name"]: w for w in monthly["ways"]}["Llama-3.2-1B distilled, lora"]
+    assert monthly["trainings"] == 12
+    assert again["total_usd"] == pytest.approx(
+        12 * trained["training_usd"] + 12 * trained["serving_usd_per_month"], abs=0.05
+    )
     assert got["cheapest"] == "Llama-3.2-1B distilled, lora"  # a 1B serves 20/s for less
     assert got["frontier"] == []  # no quality known: no frontier
     assert any("no quality on the books" in n for n in got["notes"])

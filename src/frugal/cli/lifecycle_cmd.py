@@ -63,6 +63,9 @@ class LifecycleOptions:
     ttft_ms: float | None = option(ServeRequest, "ttft_ms")
     itl_ms: float | None = option(ServeRequest, "itl_ms")
     months: int = number(12, "Months of serving to compare over.", ge=1, le=MONTHS, whole=True)
+    train_every_months: int = number(
+        0, "Train the smaller model again every K months (0: once).", ge=0, le=MONTHS, whole=True
+    )
     metric: str = typer.Option(
         "loss", help=f"What quality is: {', '.join(MODEL_METRICS)} (from the books' runs)."
     )
@@ -156,7 +159,7 @@ def _lifecycle(
                         serving_usd_month=a["usd_per_month"],
                         quality=q_large[0], quality_from=q_large[1]))  # fmt: skip
     _, label, higher = MODEL_METRICS[o.metric]
-    return Lifecycle(ways, o.months, month_requests, label, higher)
+    return Lifecycle(ways, o.months, month_requests, label, higher, o.train_every_months)
 
 
 def _short(model: str) -> str:
@@ -213,6 +216,9 @@ def _notes(life: Lifecycle, trained: PlanOutcome) -> list[str]:
             notes.append(f"training never pays back against {other.name}: its serving costs "
                          f"{usd(other.serving_usd_month)} a month, no more than the trained "
                          f"model's {usd(train.serving_usd_month)}")  # fmt: skip
+        elif life.retrain_every and m > life.retrain_every:
+            notes.append(f"each training costs more than the {life.retrain_every} months of "
+                         f"serving it saves against {other.name}")  # fmt: skip
         else:
             when = f"{m:,.1f} months" if m >= 1 else f"{m * 30.44:,.1f} days"
             notes.append(f"training pays for itself against {other.name} after {when} of "
@@ -240,7 +246,7 @@ def _render(life: Lifecycle, trained: PlanOutcome, plot: str | None) -> None:
     front = life.frontier
     for w in life.ways:
         q = "-" if w.quality is None else f"{w.quality:.4g}"
-        t.add_row(escape(w.name), usd(w.training_usd), usd(w.serving_usd_month),
+        t.add_row(escape(w.name), usd(w.training_usd * life.trainings), usd(w.serving_usd_month),
                   usd(life.total_usd(w)), usd(life.usd_per_million(w)),
                   f"{life.gpu_hours(w):,.0f}", q, "yes" if w in front else "")  # fmt: skip
     con.print(t)
@@ -258,7 +264,9 @@ def _render(life: Lifecycle, trained: PlanOutcome, plot: str | None) -> None:
             "per million requests served"
         )
     )
-    con.print(escape(f"training: {rec.label()}, {rec.hours:.2f} h, {usd(rec.cost_usd)}"))
+    times = f", {life.trainings} times (every {life.retrain_every} months)" if (
+        life.trainings > 1) else ""  # fmt: skip
+    con.print(escape(f"training: {rec.label()}, {rec.hours:.2f} h, {usd(rec.cost_usd)}{times}"))
     con.print(escape(f"cheapest over {life.months} months: {life.cheapest.name}"))
     for n in _notes(life, trained):
         con.print(escape(f"note: {n}"))

@@ -6,9 +6,12 @@ Each way has its training dollars (once, before serving: `frugal plan`'s plan of
 its serving dollars a month (a self-hosted deployment, `serve.plan`'s cheapest, is billed
 every hour of the month; an API bills the month's tokens), and from them:
 
-    total            = training + serving a month x months
+    total            = training x trainings + serving a month x months
     $ per million    = total / (requests a month x months) x 1e6
-    GPU-hours        = training's + the deployment's GPUs x hours a month x months
+    GPU-hours        = training's x trainings + the deployment's GPUs x hours a month x months
+
+where a model trained again every K months (`retrain_every`) is trained 1 + (months - 1) // K
+times over the horizon (once: K = 0).
 
 A trained way pays for itself against a way that serves for more a month after
 training / (their monthly difference) months (`pays_back_months`). Where a way's quality
@@ -46,12 +49,17 @@ class Lifecycle:
     requests_per_month: float
     metric: str  # what quality is: "loss on the labels", "accuracy"
     higher_is_better: bool
+    retrain_every: int = 0  # months between trainings (0: trained once)
+
+    @property
+    def trainings(self) -> int:
+        return 1 + (self.months - 1) // self.retrain_every if self.retrain_every else 1
 
     def total_usd(self, w: Way) -> float:
-        return w.training_usd + w.serving_usd_month * self.months
+        return w.training_usd * self.trainings + w.serving_usd_month * self.months
 
     def gpu_hours(self, w: Way) -> float:
-        return w.training_gpu_h + w.serving_gpu_h_month * self.months
+        return w.training_gpu_h * self.trainings + w.serving_gpu_h_month * self.months
 
     def usd_per_million(self, w: Way) -> float:
         return self.total_usd(w) / max(self.requests_per_month * self.months, 1e-9) * 1e6
@@ -76,7 +84,7 @@ class Lifecycle:
 
     def pays_back_months(self, trained: Way, other: Way) -> float | None:
         """Months of serving after which `trained` has cost less than `other` in all (None:
-        never, its serving costs as much a month or more)."""
+        never, its serving costs as much a month or more); of its first training."""
         saved = other.serving_usd_month - trained.serving_usd_month
         extra = trained.training_usd - other.training_usd
         if saved <= 0:
@@ -86,7 +94,7 @@ class Lifecycle:
     def way_json(self, w: Way) -> dict[str, Any]:
         return {
             "name": w.name, "model": w.model, "serving": w.serving,
-            "training_usd": round(w.training_usd, 2),
+            "training_usd": round(w.training_usd, 2),  # one training; `trainings` of them
             "training_gpu_hours": round(w.training_gpu_h, 2),
             "serving_usd_per_month": round(w.serving_usd_month, 2),
             "total_usd": round(self.total_usd(w), 2),
@@ -99,6 +107,7 @@ class Lifecycle:
     def to_json(self) -> dict[str, Any]:
         return {
             "months": self.months,
+            "trainings": self.trainings,
             "requests_per_month": round(self.requests_per_month),
             "quality_metric": self.metric,
             "higher_is_better": self.higher_is_better,
