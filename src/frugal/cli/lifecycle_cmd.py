@@ -264,8 +264,8 @@ def _render(life: Lifecycle, trained: PlanOutcome, plot: str | None) -> None:
             "per million requests served"
         )
     )
-    times = f", {life.trainings} times (every {life.retrain_every} months)" if (
-        life.trainings > 1) else ""  # fmt: skip
+    every = "month" if life.retrain_every == 1 else f"{life.retrain_every} months"
+    times = f", {life.trainings} times (every {every})" if life.trainings > 1 else ""
     con.print(escape(f"training: {rec.label()}, {rec.hours:.2f} h, {usd(rec.cost_usd)}{times}"))
     con.print(escape(f"cheapest over {life.months} months: {life.cheapest.name}"))
     for n in _notes(life, trained):
