@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from conftest import run_json
+from sqlalchemy import func, select
 
 from frugal.cli.main import main
+from frugal.ledger.schema import PlanRecord
 from frugal.ledger.store import Ledger
 from frugal.models.specs import load_spec
 from frugal.serve.lifecycle import Lifecycle, Way
@@ -149,6 +151,7 @@ def test_quality_comes_from_the_books_and_draws_the_frontier(
         (["--tokens", "1M"], "--large MODEL"),
         ([*DISTIL, "--quality", "small=1"], "give large=VALUE or trained=VALUE"),
         ([*DISTIL, "--quality", "large=good"], "'good' is not a number"),
+        ([*DISTIL, "--quality", "trained=nan"], "'nan' is not a number"),
         ([*DISTIL, "--metric", "bleu"], "--metric 'bleu'"),
         ([*DISTIL, "--plot", "x.txt"], "end the name in .png"),
     ],
@@ -159,6 +162,15 @@ def test_bad_input_is_one_line(
     assert main(["lifecycle", SMALL, *LOAD, *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_a_load_missing_stops_before_the_training_plan_is_recorded(
+    capsys: pytest.CaptureFixture[str], books: Ledger
+) -> None:
+    assert main(["lifecycle", SMALL, *DISTIL, "--input-len", "10", "--output-len", "10"]) == 2
+    assert "give the load" in capsys.readouterr().err
+    with books.session() as s:
+        assert s.scalar(select(func.count()).select_from(PlanRecord)) == 0
 
 
 def test_a_plot_without_any_quality_writes_nothing(

@@ -7,6 +7,7 @@ serving the large model."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import typer
@@ -103,12 +104,14 @@ def lifecycle(ctx: typer.Context, o: LifecycleOptions) -> None:
     if o.plot:
         check_plot_path(o.plot)
         check_target(o.plot, "--plot", force=o.force)
-    trained = make_plan(request_of(ctx, PlanRequest))  # recorded, as every plan
     # a commitment longer than the horizon would still be owed after it: not priced
     terms = tuple(t for t in ServeRequest.model_fields["commitment_months"].default
                   if t <= o.months)  # fmt: skip
-    served = {m: make_serve_plan(request_of(ctx, ServeRequest, model=m, commitment_months=terms))
-              for m in (large, o.model)}  # fmt: skip
+    asks = {m: request_of(ctx, ServeRequest, model=m, commitment_months=terms)
+            for m in (large, o.model)}  # fmt: skip
+    asks[large].ask()  # the load checked before the training plan is made and recorded
+    trained = make_plan(request_of(ctx, PlanRequest))  # recorded, as every plan
+    served = {m: make_serve_plan(q) for m, q in asks.items()}
     life = _lifecycle(o, large, trained, served, given)
     if o.plot:
         _plot(life, o.plot)
@@ -132,7 +135,9 @@ def _given_quality(flags: list[str]) -> dict[str, float]:
         try:
             out[name] = float(value)
         except ValueError:
-            raise FrugalError(f"--quality {f!r}: {value!r} is not a number") from None
+            out[name] = math.nan
+        if not math.isfinite(out[name]):
+            raise FrugalError(f"--quality {f!r}: {value!r} is not a number")
     return out
 
 
