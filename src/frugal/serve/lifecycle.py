@@ -24,6 +24,7 @@ against quality and pick from the Pareto frontier).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 
@@ -75,7 +76,7 @@ class Lifecycle:
         ca, cb = self.usd_per_million(a), self.usd_per_million(b)
         return qa >= qb and ca <= cb and (qa > qb or ca < cb)
 
-    @property
+    @cached_property  # asked once per way by the JSON and the table
     def frontier(self) -> list[Way]:
         """The ways of known quality no other way beats, cheapest first."""
         known = [w for w in self.ways if w.quality is not None]
