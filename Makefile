@@ -48,7 +48,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/train_overhead.py
 
 # the bundled models' profiles for the common jobs, shipped in the package: after changing
-# the step or the simulation, or upgrading torch, transformers or peft (a test says when)
+# what the step runs (bump frugal.step.STEP_FORMAT), or upgrading torch, transformers or
+# peft (a test says when)
 profiles: $(STAMP)
 	$(BIN)/python benchmarks/make_profiles.py
 

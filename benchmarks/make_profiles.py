@@ -14,8 +14,9 @@ decoder resolved with the installed transformers (`_frugal_text_config`), which 
 estimate of it then reads instead of importing transformers.
 
 Usage: python benchmarks/make_profiles.py [MODEL ...] [--workers N]
-(`make profiles`; run it after changing the step or the simulation, or after upgrading
-torch, transformers or peft: `tests/test_shipped_profiles.py` fails until you do).
+(`make profiles`; run it after bumping the step's format, `frugal.step.STEP_FORMAT`, for a
+change of what the step runs or the simulation records, or after upgrading torch,
+transformers or peft: `tests/test_shipped_profiles.py` fails until you do).
 """
 
 from __future__ import annotations

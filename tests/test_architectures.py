@@ -71,7 +71,7 @@ def test_every_bundled_model_answers_from_its_shipped_profile(
     import json
 
     if json.loads(index.read_text())["versions"] != cache.versions():
-        pytest.skip("the shipped profiles are not this code's: run `make profiles`")
+        pytest.skip("the shipped profiles are not this step format's: run `make profiles`")
     monkeypatch.setenv("FRUGAL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(sim, "simulate", lambda *a, **k: pytest.fail("simulated"))
     for model in bundled_model_ids():

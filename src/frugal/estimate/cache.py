@@ -1,11 +1,16 @@
 """Profiles cached in the user cache dir, so a new (batch, seq) needs no simulation; and
 the bundled models' profiles for the common jobs, shipped with the package.
 
-A profile is keyed by the model's config, the job settings it depends on, the fitting
-regime, the versions of frugal, torch, transformers and peft that produced it, and a digest
-of the step's and the simulation's source: a shipped profile made by other code or other
-versions is never found, so it is never used stale. A lookup tries the user's cache, then
-the shipped profiles (`make profiles` writes them: benchmarks/make_profiles.py).
+A profile is keyed by what it contains: the model's config, the job settings it depends
+on, the fitting regime, the versions of torch, transformers and peft that produced it, and
+the step's format (`frugal.step.STEP_FORMAT`), which the step bumps on purpose when what it
+runs changes. A profile made by another step or other versions is never found, so it is
+never used stale; an edit under `step/` that changes nothing it runs (a docstring, a name)
+keeps every profile. The format is also written into each file and checked when it is read.
+`tests/test_shipped_profiles.py` simulates a sample of the shipped profiles again, so a
+change of what the step runs without a new format is caught before it lands. A lookup tries
+the user's cache, then the shipped profiles (`make profiles` writes them:
+benchmarks/make_profiles.py).
 
 A profile's file is the same bytes wherever it is written (`dump`): compressed arrays in a
 zip whose entries carry no time, so a shipped profile can be checked against a new
@@ -22,7 +27,6 @@ import os
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
-from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -34,9 +38,10 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-from frugal import DISTRIBUTION, paths
+from frugal import paths
 from frugal.errors import notice
 from frugal.estimate.profile import LayerFit, Profile
+from frugal.step import STEP_FORMAT
 from frugal.step.job import installed_version
 
 
@@ -44,35 +49,16 @@ def cache_dir() -> Path:
     return paths.cache_dir("profiles")
 
 
-SIMULATION = ("categories.py", "phantom.py", "profile.py", "simulate.py", "tracker.py")
-
-
-def digested_files() -> list[Path]:
-    """The code a profile comes from: every module of the step (its tasks' too) and the
-    simulation's."""
-    package = Path(str(resources.files("frugal")))
-    files = sorted((package / "step").rglob("*.py"))
-    return files + [package / "estimate" / name for name in SIMULATION]
-
-
-@cache
-def code_digest() -> str:
-    """A digest of the code a profile comes from (`digested_files`): editing it makes old
-    profiles miss, even within one frugal version."""
-    package = Path(str(resources.files("frugal")))
-    h = hashlib.sha256()
-    for f in digested_files():
-        h.update(f.relative_to(package).as_posix().encode() + f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def versions() -> dict[str, str]:
-    """What a profile depends on besides its model and job. torch's local label (`+cpu`,
-    `+cu128`) is left out: the simulation runs on fake CPU tensors whatever the build."""
-    pkgs = (DISTRIBUTION, "torch", "transformers", "peft")
-    out = {pkg: (installed_version(pkg) or "?").split("+")[0] for pkg in pkgs}
-    out["code"] = code_digest()
+    """What a profile depends on besides its model and job: the step's format and the
+    libraries that build and trace it. torch's local label (`+cpu`, `+cu128`) is left out:
+    the simulation runs on fake CPU tensors whatever the build."""
+    out = {pkg: (installed_version(pkg) or "?").split("+")[0] for pkg in LIBRARIES}
+    out["step_format"] = str(STEP_FORMAT)
     return out
+
+
+LIBRARIES = ("torch", "transformers", "peft")
 
 
 SHIPPED_ENV = "FRUGAL_SHIPPED_PROFILES"  # "off": simulate what is not in the user's cache
@@ -130,9 +116,14 @@ FOUND: Counter[str] = Counter()
 
 
 def read(path: Path) -> Profile:
-    """The profile in the file `path` (raises what a damaged file makes numpy raise)."""
+    """The profile in the file `path` (raises what a damaged file makes numpy raise, and
+    ValueError for a file of another step format than its key says)."""
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
+        if meta.get("step_format") != STEP_FORMAT:
+            raise ValueError(
+                f"made for step format {meta.get('step_format')}, this step's is {STEP_FORMAT}"
+            )
         fits = [
             LayerFit(
                 n_layers=f["n_layers"],
@@ -192,6 +183,7 @@ def dump(profile: Profile) -> bytes:
             }
         )
     meta = {
+        "step_format": STEP_FORMAT,
         "n_layers": profile.n_layers,
         "lora_targets": profile.lora_targets,
         "attention": profile.attention,

@@ -136,8 +136,7 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int, why: str = "") -> Prof
     s0 = base_length(spec, seq, job.loss_chunks)
 
     def key(accum: int) -> str:
-        k = job.model_copy(update={"grad_accum": accum}).profile_key()
-        return cache.profile_key(spec.config, k, str(s0))
+        return profile_key(spec, job.model_copy(update={"grad_accum": accum}), seq)
 
     prof = cache.load(key(job.grad_accum))
     if prof is not None:
@@ -148,6 +147,20 @@ def get_profile(spec: ModelSpec, job: TrainJob, seq: int, why: str = "") -> Prof
             or _from_other_ranks(spec, job, s0, key(job.grad_accum))
             or _simulate_profile(spec, job, seq, s0, key, why or f"the {job.method} step")
         )
+
+
+def profile_key(spec: ModelSpec, job: TrainJob, seq: int) -> str:
+    """The key of `job`'s profile for a step of `seq` tokens (the fitting regime: its
+    simulated lengths)."""
+    s0 = base_length(spec, seq, job.loss_chunks)
+    return cache.profile_key(spec.config, job.profile_key(), str(s0))
+
+
+def keys_of(spec: ModelSpec, job: TrainJob, seq: int) -> list[str]:
+    """The keys `get_profile` saves `job`'s profiles under: with one micro-step, and for a
+    job that accumulates, with two."""
+    accums = (1, 2) if job.grad_accum > 1 else (1,)
+    return [profile_key(spec, job.model_copy(update={"grad_accum": a}), seq) for a in accums]
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,15 @@ and 8-bit optimizers), and each is tested against the real thing's tensors.
 
 import logging
 
+STEP_FORMAT = 1
+"""The version of what the step runs and its simulation records, which every profile
+names (`estimate.cache`): bump it in the commit that changes a tensor the step allocates,
+an op it runs, or what the simulation records of them, and run `make profiles`. An edit
+that changes none of these (a docstring, a name, a comment) leaves it, and every shipped
+and cached profile stays valid. `tests/test_shipped_profiles.py` simulates a sample of the
+shipped profiles again with today's code and fails on any difference, naming the command
+that remakes them."""
+
 IGNORE = -100
 """Label value of positions that are not trained (prompt, padding); as in Hugging Face.
 Here, not in `loss`, so that reading data needs no torch."""
