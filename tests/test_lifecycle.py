@@ -58,6 +58,18 @@ def test_totals_per_million_payback_and_the_frontier() -> None:
         "small", "big"]  # fmt: skip
 
 
+def test_a_training_that_costs_nothing_is_still_the_trained_way() -> None:
+    """The trained way is named by the lifecycle, not found by its dollars: a training of
+    $0 (a local GPU already paid for) pays for itself at once, and its notes say so."""
+    big = Way("big", "b", "4x GPU", serving_usd_month=1000.0)
+    free = Way("free", "s", "local GPU", training_usd=0.0, serving_usd_month=250.0)
+    notes = Lifecycle([big, free], 12, 2e6, "loss", False, trained=1).notes()
+    assert notes[0] == "training pays for itself against big after 0.0 days of serving"
+    assert "(plan not recorded)" in notes[-1]
+    both = Lifecycle([big, free], 12, 2e6, "loss", False, trained=0).notes()
+    assert both[0].startswith("training never pays back against free")
+
+
 # -- the command ------------------------------------------------------------------------------
 
 

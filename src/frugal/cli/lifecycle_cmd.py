@@ -8,7 +8,6 @@ serving the large model."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import typer
 from rich.markup import escape
@@ -29,14 +28,12 @@ from frugal.config import DataConfig
 from frugal.errors import FrugalError
 from frugal.files import check_target
 from frugal.formats import usd
-from frugal.ledger.quality import MODEL_METRICS, Measured, measured
+from frugal.ledger.quality import MODEL_METRICS
 from frugal.models.specs import load_spec
 from frugal.plan.plot import Point, check_plot_path, write_points
 from frugal.plan.request import PlanOutcome, PlanRequest, make_plan
-from frugal.serve import compare
-from frugal.serve.lifecycle import Lifecycle, Way
-from frugal.serve.plan import HOURS_PER_MONTH, Option
-from frugal.serve.request import ServeOutcome, ServeRequest, make_serve_plan
+from frugal.serve.lifecycle import Lifecycle, Training, lifecycle_of, qualities
+from frugal.serve.request import ServeRequest, make_serve_plan
 from frugal.step.job import TrainJob
 
 MONTHS = 240  # as `frugal tco`'s longest horizon
@@ -112,18 +109,26 @@ def lifecycle(ctx: typer.Context, o: LifecycleOptions) -> None:
     asks[large].ask()  # the load checked before the training plan is made and recorded
     trained = make_plan(request_of(ctx, PlanRequest))  # recorded, as every plan
     served = {m: make_serve_plan(q) for m, q in asks.items()}
-    life = _lifecycle(o, large, trained, served, given)
+    quality = qualities(o.metric, large, o.model, o.task, o.dataset, given)
+    life = lifecycle_of(served[large].plan, served[o.model].plan, _training(trained), quality,
+                     o.metric, o.months, o.train_every_months)  # fmt: skip
     if o.plot:
         _plot(life, o.plot)
     if o.json_out:
         print_json(life.to_json() | {
             "training_plan": trained.to_json()["recommendation"],
-            "plan_id": trained.plan_id, "notes": _notes(life, trained),
+            "plan_id": trained.plan_id, "notes": life.notes(),
             "prices": served[large].basis.to_json(),
         })  # fmt: skip
     else:
-        _render(life, trained, o.plot)
+        _render(life, o.plot)
     show_prices(served[large].basis, o.json_out)
+
+
+def _training(trained: PlanOutcome) -> Training:
+    rec = trained.result.recommendation
+    return Training(rec.cost_usd, rec.hours * rec.gpus, rec.hours, rec.label(), rec.job.method,
+                    distilled=rec.job.teacher is not None, plan_id=trained.plan_id)  # fmt: skip
 
 
 def _given_quality(flags: list[str]) -> dict[str, float]:
@@ -141,109 +146,10 @@ def _given_quality(flags: list[str]) -> dict[str, float]:
     return out
 
 
-def _lifecycle(
-    o: LifecycleOptions, large: str, trained: PlanOutcome, served: dict[str, ServeOutcome],
-    given: dict[str, float],
-) -> Lifecycle:  # fmt: skip
-    big, small = served[large].plan, served[o.model].plan
-    month_requests = big.ask.billed_rate * 3600 * HOURS_PER_MONTH
-    q_large, q_trained = _quality(o, large, given)
-    rec = trained.result.recommendation
-    job = rec.job
-    how = "distilled" if job.teacher else "fine-tuned"  # (a teacher: only distillation's)
-    trained_way = f"{_short(small.ask.spec.id)} {how}, {job.method}"
-    ways = [
-        _self_hosted(f"{_short(big.ask.spec.id)} as it is", big.best, q_large),
-        _self_hosted(trained_way, small.best, q_trained, rec.cost_usd, rec.hours * rec.gpus),
-    ]
-    apis = compare.apis(big)
-    if apis:
-        a = apis[0]
-        ways.append(Way(f"{_short(big.ask.spec.id)} by API, {a['provider']}", big.ask.spec.id,
-                        f"{a['provider']} {a['api_model']}",
-                        serving_usd_month=a["usd_per_month"],
-                        quality=q_large[0], quality_from=q_large[1]))  # fmt: skip
-    _, label, higher = MODEL_METRICS[o.metric]
-    return Lifecycle(ways, o.months, month_requests, label, higher, o.train_every_months)
-
-
-def _short(model: str) -> str:
-    """A model's name without its owner (the table's; the lines below it say the whole)."""
-    return model.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _self_hosted(
-    name: str, best: Option, quality: tuple[float | None, str], training_usd: float = 0.0,
-    training_gpu_h: float = 0.0,
-) -> Way:  # fmt: skip
-    gpus = best.instances * best.offer.gpus
-    return Way(name, best.cap.d.spec.id, best.label(), training_usd, training_gpu_h,
-               best.usd_per_month, gpus * HOURS_PER_MONTH, *quality)  # fmt: skip
-
-
-def _quality(
-    o: LifecycleOptions, large: str, given: dict[str, float]
-) -> tuple[tuple[float | None, str], tuple[float | None, str]]:
-    """The large model's and the trained one's quality: given, or the books' newest
-    finished run that made the large model (a directory frugal trained) or trained the job
-    (the same model, task and data)."""
-    from frugal.ledger.lifetime import served
-    from frugal.ledger.spool import attempt
-
-    def seen(m: Measured | None) -> tuple[float | None, str]:
-        return (m.value, f"run {m.run_id[:8]} on the books") if m else (None, "")
-
-    def books(led: Any) -> tuple[Measured | None, Measured | None]:
-        try:
-            runs = served(led, large).runs
-        except FrugalError:
-            runs = ()
-        big = measured(led, o.metric, runs=runs) if runs else None
-        mine = measured(led, o.metric, model=o.model, task=o.task, data=o.dataset)
-        return big, mine
-
-    found, _ = attempt(books)
-    big, mine = found or (None, None)
-    out = []
-    for key, m in (("large", big), ("trained", mine)):
-        out.append((given[key], "--quality") if key in given else seen(m))
-    return out[0], out[1]
-
-
-def _notes(life: Lifecycle, trained: PlanOutcome) -> list[str]:
-    notes = []
-    train = next(w for w in life.ways if w.training_usd)
-    for other in life.ways:
-        if other is train:
-            continue
-        m = life.pays_back_months(train, other)
-        if m is None:
-            notes.append(f"training never pays back against {other.name}: its serving costs "
-                         f"{usd(other.serving_usd_month)} a month, no more than the trained "
-                         f"model's {usd(train.serving_usd_month)}")  # fmt: skip
-        elif life.retrain_every and m > life.retrain_every:
-            notes.append(f"each training costs more than the {life.retrain_every} months of "
-                         f"serving it saves against {other.name}")  # fmt: skip
-        else:
-            when = f"{m:,.1f} months" if m >= 1 else f"{m * 30.44:,.1f} days"
-            notes.append(f"training pays for itself against {other.name} after {when} of "
-                         "serving")  # fmt: skip
-    known = sum(w.quality is not None for w in life.ways)
-    if not known:
-        notes.append("no quality on the books for these models: train and evaluate them "
-                     "(frugal train), or give --quality large=VALUE and trained=VALUE")  # fmt: skip
-    elif known < len(life.ways):
-        notes.append(f"the frontier is of the ways whose quality is known ({known} of "
-                     f"{len(life.ways)}); give the others' with --quality")  # fmt: skip
-    notes.append("serving: each model's cheapest deployment for the load (frugal serve plan), "
-                 "billed every hour of the month; training: frugal plan's plan (plan "
-                 f"{trained.plan_id or 'not recorded'})")  # fmt: skip
-    return notes
-
-
-def _render(life: Lifecycle, trained: PlanOutcome, plot: str | None) -> None:
+def _render(life: Lifecycle, plot: str | None) -> None:
     con = console()
-    rec = trained.result.recommendation
+    training = life.training
+    assert training is not None
     t = Table(title=f"{life.months} months of {life.requests_per_month:,.0f} requests a month")
     for c in ("way", "training", "serving/mo", "total", "$/M pred.", "GPU-h", "quality",
               "frontier"):  # fmt: skip
@@ -271,9 +177,11 @@ def _render(life: Lifecycle, trained: PlanOutcome, plot: str | None) -> None:
     )
     every = "month" if life.retrain_every == 1 else f"{life.retrain_every} months"
     times = f", {life.trainings} times (every {every})" if life.trainings > 1 else ""
-    con.print(escape(f"training: {rec.label()}, {rec.hours:.2f} h, {usd(rec.cost_usd)}{times}"))
+    con.print(
+        escape(f"training: {training.label}, {training.hours:.2f} h, {usd(training.usd)}{times}")
+    )
     con.print(escape(f"cheapest over {life.months} months: {life.cheapest.name}"))
-    for n in _notes(life, trained):
+    for n in life.notes():
         con.print(escape(f"note: {n}"))
     if plot:
         con.print(escape(f"wrote {plot}: $ per million predictions against {life.metric}"))
