@@ -36,7 +36,7 @@ from frugal.estimate.core import get_profile
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
 from frugal.run import recipe, steps
-from frugal.run.reference import precompute_teacher
+from frugal.run.passes import run_passes
 from frugal.step.model import cuda_kernels
 from frugal.step.tasks import task_of
 
@@ -320,9 +320,8 @@ def _measure(cfg: RunConfig) -> Measured:
         run = recipe.setup(cfg)
     if run.micro != MICRO or run.accum != cfg.training.effective_batch // MICRO:
         raise AssertionError(f"the trainer chose micro-batch {run.micro} x {run.accum}")
-    if cfg.job.teacher_logits == "precomputed":  # the teacher's pass, as `recipe.start` runs it
-        run.out.mkdir(parents=True, exist_ok=True)
-        precompute_teacher(run, run.batches)
+    run.out.mkdir(parents=True, exist_ok=True)
+    run_passes(run)  # the task's passes (a teacher's top k), as `recipe.start` runs them
     steps.train_step(run, 0)
     inp = steps.step_input(run, 1)
     widths = {b["input_ids"].shape[1] for b in inp.batches}

@@ -250,8 +250,7 @@ def _tiny(vocab: int = 1000, **extra: object) -> torch.nn.Module:
 def test_the_steps_chunked_loss_is_the_plain_loss() -> None:
     """tasks.causal.token_ce with --loss-chunks: the model gives no logits; the loss and
     every weight's gradient equal the plain step's (fp32, 1e-5)."""
-    from frugal.step.tasks.base import Loss
-    from frugal.step.tasks.causal import token_ce
+    from frugal.step.tasks.causal import TokenLoss, token_ce
 
     model = _tiny()
     ids = torch.randint(0, 1000, (2, 17))
@@ -263,7 +262,7 @@ def test_the_steps_chunked_loss_is_the_plain_loss() -> None:
     model.lm_head.register_forward_hook(lambda m, a, out: head_out.append(out.shape))
     for chunks in (0, 3):
         model.zero_grad(set_to_none=True)
-        _, ce = token_ce(model, b, Loss(chunks=chunks))
+        _, ce = token_ce(model, b, TokenLoss(chunks=chunks))
         ce.backward()
         if chunks:
             assert head_out[-1][1] == 0  # the model materialized no logits

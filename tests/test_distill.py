@@ -22,8 +22,7 @@ from frugal.errors import FrugalError
 from frugal.run import recipe
 from frugal.step.job import make_job
 from frugal.step.loss import IGNORE
-from frugal.step.tasks.base import Loss
-from frugal.step.tasks.distill import distill_loss
+from frugal.step.tasks.distill import DistillLoss, distill_loss
 
 DISTILL = ROOT / "examples" / "distill"
 
@@ -33,7 +32,7 @@ def test_the_loss_is_hintons_soft_targets_mixed_with_the_labels() -> None:
     student, teacher = torch.randn(2, 4, 6), torch.randn(2, 4, 6)
     labels = torch.tensor([[IGNORE, 1, 2, 3], [IGNORE, IGNORE, 5, 0]])
     alpha, t = 0.3, 2.5
-    got, ce = distill_loss(student, teacher, labels, Loss(alpha=alpha, temperature=t))
+    got, ce = distill_loss(student, teacher, labels, DistillLoss(alpha=alpha, temperature=t))
     want = want_ce = torch.zeros(())
     for r in range(2):
         for i in range(3):  # position i predicts labels[i + 1]
@@ -156,7 +155,7 @@ def test_the_top_k_loss_is_the_kl_over_the_teachers_top_k_renormalized() -> None
     torch.manual_seed(1)
     student, teacher = torch.randn(2, 4, 6), torch.randn(2, 4, 6)
     labels = torch.tensor([[IGNORE, 1, 2, 3], [IGNORE, IGNORE, 5, 0]])
-    loss = Loss(alpha=0.7, temperature=2.0)
+    loss = DistillLoss(alpha=0.7, temperature=2.0)
     whole = distill_loss(student, teacher, labels, loss)
     top = teacher.topk(6, dim=-1)
     torch.testing.assert_close(distill_loss(student, top.values, labels, loss, top.indices), whole)
@@ -201,15 +200,15 @@ def test_precomputed_teacher_logits_train_as_the_online_teacher(
     recipe.train(pre, quiet=True)
     online, got = _losses(tmp_path / "online"), _losses(tmp_path / "pre")
     assert got == pytest.approx(online, rel=2e-3) and len(got) >= 4
-    files = sorted(p.name for p in (tmp_path / "pre").glob("teacher_top128-*.npy"))
+    files = sorted((tmp_path / "pre" / "passes").glob("teacher-*/*.npy"))
     assert len(files) == 4  # ids and logits, of the training and the validation rows
-    ids = np.load(tmp_path / "pre" / files[0], mmap_mode="r")
+    ids = np.load(files[0], mmap_mode="r")
     assert ids.shape[1:] == (128, 128)
 
     def no_teacher(*_: object) -> None:
         raise AssertionError("the teacher ran again")
 
-    monkeypatch.setattr("frugal.run.reference._teacher_pass", no_teacher)
+    monkeypatch.setattr("frugal.run.passes._compute", no_teacher)
     recipe.train(pre, quiet=True, resume="auto")  # from its last checkpoint
 
 

@@ -13,10 +13,12 @@ from frugal.estimate.throughput import SpeedConstants
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import load_spec
 from frugal.step.job import make_job
-from frugal.step.loop import Loss, PlainEngine, UpdateRule, optimizer_step
+from frugal.step.loop import PlainEngine, UpdateRule, optimizer_step
 from frugal.step.model import build_model
 from frugal.step.offload import _pack, _unpack
 from frugal.step.optim import make_optimizer
+from frugal.step.tasks import task_of
+from frugal.step.tasks.causal import TokenLoss
 
 TINY = UNTIED_LLAMA
 B, S = 2, 40
@@ -48,7 +50,7 @@ def _step(offload: bool, method: str = "lora", tracker: StepTracker | None = Non
             params,
             [batch],
             PlainEngine("fp32"),
-            UpdateRule(Loss(), 1 / (B * S), 1.0, 1.0),
+            UpdateRule(task_of("causal"), TokenLoss(), 1 / (B * S), 1.0, 1.0),
         )
     weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     return sums.ce, grads, weights

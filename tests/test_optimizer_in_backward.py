@@ -18,9 +18,11 @@ from frugal.estimate.categories import CATEGORIES
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.run import recipe, training_loop
 from frugal.step.job import make_job
-from frugal.step.loop import Loss, PlainEngine, UpdateRule, optimizer_step
+from frugal.step.loop import PlainEngine, UpdateRule, optimizer_step
 from frugal.step.model import build_model
 from frugal.step.optim import PerParameter, make_optimizer
+from frugal.step.tasks import task_of
+from frugal.step.tasks.causal import TokenLoss
 
 TINY = UNTIED_LLAMA
 B, S = 2, 40
@@ -48,7 +50,7 @@ def _steps(in_backward: bool, method: str, optimizer: str, tracker: Any = None) 
                 params,
                 [batch],
                 PlainEngine("fp32"),
-                UpdateRule(Loss(), 1 / (B * S), 1.0, 0.0),
+                UpdateRule(task_of("causal"), TokenLoss(), 1 / (B * S), 1.0, 0.0),
             )
         for h in hooks:
             h.remove()
@@ -122,7 +124,14 @@ def test_it_refuses_what_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> No
     p = torch.nn.Parameter(torch.ones(2))
     opt = make_optimizer("sgd", [p], in_backward=True)
     with pytest.raises(FrugalError, match="one micro-batch"):
-        optimizer_step(None, opt, [p], [{}, {}], PlainEngine("fp32"), UpdateRule(Loss(), 1, 1, 0.0))
+        optimizer_step(
+            None,
+            opt,
+            [p],
+            [{}, {}],
+            PlainEngine("fp32"),
+            UpdateRule(task_of("causal"), TokenLoss(), 1, 1, 0.0),
+        )
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ rows as TRL reads them, and the tiny model learning a toy preference on the CPU.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
@@ -27,8 +26,7 @@ from frugal.models.specs import load_spec
 from frugal.run import recipe
 from frugal.step.job import make_job
 from frugal.step.loss import IGNORE
-from frugal.step.tasks.base import Loss
-from frugal.step.tasks.preference import _kto, _paired, sequence_logps
+from frugal.step.tasks.preference import METHODS, Logps, PreferenceLoss, sequence_logps
 
 PAIRS = ROOT / "examples" / "preference" / "train.jsonl"
 VAL = ROOT / "examples" / "preference" / "val.jsonl"
@@ -57,7 +55,8 @@ N = torch.tensor([2, 3, 4, 2])
 @pytest.mark.parametrize("method", ["dpo", "ipo", "simpo", "orpo"])
 def test_each_paired_loss_is_its_papers(method: str) -> None:
     beta, gamma = 0.2, 0.3
-    per, stats = _paired(LOGP, N, REF, Loss(preference=method, beta=beta, gamma=gamma))
+    loss = PreferenceLoss(METHODS[method], beta=beta, gamma=gamma)
+    per, stats = loss.method.losses(Logps(LOGP, N, REF), loss, {})
     w, l_, rw, rl = LOGP[:2], LOGP[2:], REF[:2], REF[2:]
     nw, nl = N[:2].float(), N[2:].float()
     if method == "dpo":  # Rafailov et al. eq. 7
@@ -80,8 +79,8 @@ def test_kto_weighs_each_row_against_the_kl_of_the_mismatched_rows() -> None:
     logp = torch.tensor([-4.0, -6.0, -3.0, -5.0], requires_grad=True)
     ref = torch.tensor([-5.0, -5.0, -4.0, -6.0])
     good = torch.tensor([True, False])
-    loss = Loss(preference="kto", beta=0.5, kto_desirable_weight=1.0, kto_undesirable_weight=2.0)
-    per, stats = _kto(logp, ref, good, loss)
+    loss = PreferenceLoss(METHODS["kto"], 0.5, desirable_weight=1.0, undesirable_weight=2.0)
+    per, stats = loss.method.losses(Logps(logp, N, ref), loss, {"desirable": good})
     z = ((logp[2:] - ref[2:]).mean()).clamp(min=0).detach()  # 1.0
     r = logp[:2] - ref[:2]
     want = torch.stack(
@@ -262,7 +261,7 @@ def test_a_precomputed_reference_trains_as_the_live_one(tmp_path: Path) -> None:
     pre = _train(tmp_path / "pre", *one, "job.reference=precomputed")
     losses = [[r.get("loss", r.get("eval_loss")) for r in rows] for rows in (live, pre)]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-    saved = list((tmp_path / "pre").glob("reference_logps-*.npy"))
+    saved = list((tmp_path / "pre" / "passes").glob("reference-*/ref_logps.npy"))
     assert len(saved) == 2 and all(np.load(p).shape[1] == 2 for p in saved)
 
 
@@ -290,32 +289,6 @@ def test_estimate_shows_the_reference_copy_only_for_full_fine_tuning(
         8_030_261_248 * 2 / 2**30, rel=0.002
     )
     assert frozen("--task", "preference", "--method", "full", "--reference", "precomputed") == 0
-
-
-def test_a_resumed_session_reads_the_saved_reference_not_the_trained_model(
-    tmp_path: Path,
-) -> None:
-    """The reference's log-probabilities are the model's before its first update: a second
-    session (whose model has trained) reads the saved file and never runs the model."""
-    from types import SimpleNamespace
-
-    from frugal.data.examples import Batcher, load_tokenizer
-    from frugal.run.reference import precompute
-    from frugal.step.model import build_model
-
-    tok = load_tokenizer(str(TINY), "")
-    rows = tokenize_preferences(read_preferences(str(VAL)), tok, 192)
-    model = build_model(load_spec(str(TINY)).config, make_job(task="preference"), "random")
-    acc = SimpleNamespace(
-        device=torch.device("cpu"), process_index=0, autocast=contextlib.nullcontext
-    )
-    run = SimpleNamespace(out=tmp_path, acc=acc, unwrapped=model, world=1, eval_micro=8, main=True)
-    precompute(run, Batcher(rows, tok.pad_token_id, False))
-    first = rows.ref_logps
-    assert first is not None and first.shape == (len(rows), 2) and (first < 0).all()
-    rows.ref_logps, run.unwrapped = None, None  # a later session: no model to run
-    precompute(run, Batcher(rows, tok.pad_token_id, False))
-    assert np.array_equal(rows.ref_logps, first)
 
 
 def test_the_plan_prices_the_reference_both_ways_and_keeps_the_cheaper(

@@ -50,6 +50,7 @@ from frugal.data.tokens import (
 from frugal.errors import FrugalError
 from frugal.step.batch import layout
 from frugal.step.loss import IGNORE
+from frugal.step.tasks.base import Output
 
 
 def tokenize(row: dict[str, Any], fmt: str, tok: Any, where: str) -> Example:
@@ -288,9 +289,9 @@ class Batcher:
     ) -> None:
         self.rows, self.pad_id, self.packed = rows, pad_id, packed
         self.tensors: dict[str, torch.Tensor] = {}
-        # arrays (rows, seq, ...) a batch carries beside its tokens, by name, cut to its
-        # length (a distillation's precomputed teacher logits: memory-mapped files)
-        self.per_token: dict[str, np.ndarray] = {}
+        # what a batch carries beside its rows, by name: a pass's outputs (`run.passes`),
+        # one entry per row, memory-mapped, each laid out as its `Output` says
+        self.carried: dict[str, tuple[np.ndarray, Output]] = {}
         if isinstance(rows, PackedRows) and len(rows):
             tensor = lambda a: torch.from_numpy(a).long()  # noqa: E731
             self.tensors = layout(tensor(rows.input_ids), tensor(rows.labels),
@@ -303,20 +304,17 @@ class Batcher:
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         b = self._tokens(indices)
-        width = b["input_ids"].shape[1] if self.per_token else 0
-        for name, a in self.per_token.items():
-            t = torch.from_numpy(np.ascontiguousarray(a[indices, :width]))
-            b[name] = t.long() if not t.is_floating_point() else t.float()
+        for name, (a, out) in self.carried.items():
+            b[name] = out.carried(a[indices], b["input_ids"].shape[1])
         return b
 
     def digest(self) -> str:
-        """Of every row's inputs as a batch gives them (what a model reads of them)."""
+        """Of every row as a batch gives it (its tokens, labels and layout)."""
         h = hashlib.sha256()
         for start in range(0, len(self), 256):
             b = self._tokens(list(range(start, min(start + 256, len(self)))))
             for name in sorted(b):
-                if name != "labels":
-                    h.update(name.encode() + b[name].numpy().tobytes())
+                h.update(name.encode() + b[name].numpy().tobytes())
         return h.hexdigest()[:16]
 
     def _tokens(self, indices: list[int]) -> dict[str, torch.Tensor]:

@@ -17,16 +17,14 @@ log-probabilities of it can be computed once (`job.reference: precomputed`).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from frugal.data.rows import messages, read_rows, text
 from frugal.errors import FrugalError
 from frugal.step import IGNORE
+from frugal.step.tasks.preference import METHODS
 
 PAIR_KEYS = ("prompt", "chosen", "rejected")
 
@@ -47,7 +45,7 @@ class PreferenceRow:
 class PairRows:
     """Tokenized preference rows as `frugal train` reads them: each row's prompt tokens and
     its two completions' (KTO: the completion, and the mismatched one of the next row),
-    cut to the sequence length; the reference's log-probabilities once precomputed."""
+    cut to the sequence length."""
 
     prompts: list[list[int]]
     chosen: list[list[int]]
@@ -55,7 +53,6 @@ class PairRows:
     desirable: list[bool] | None = None  # KTO rows: whether each completion is desirable
     dropped: int = 0  # rows whose completion the cut left empty
     cut: int = 0  # sequences cut to the sequence length
-    ref_logps: np.ndarray | None = None  # (rows, 2) float32, once precomputed
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -74,13 +71,6 @@ class PairRows:
             [self.rejected[i] for i in idx],
             None if self.desirable is None else [self.desirable[i] for i in idx],
         )  # fmt: skip
-
-    def digest(self) -> str:
-        """What the rows hold (their tokens and order): a precomputed reference's key."""
-        h = hashlib.sha256()
-        for part in (self.prompts, self.chosen, self.rejected, self.desirable):
-            h.update(repr(part).encode())
-        return h.hexdigest()[:16]
 
 
 def read_preferences(path: str) -> list[PreferenceRow]:
@@ -118,11 +108,13 @@ def read_for(path: str, method: str, flag: str) -> list[PreferenceRow]:
     pairs); a file of the other kind is one line naming the fix as `flag` (`--preference `,
     `job.preference=`)."""
     rows = read_preferences(path)
-    if is_kto(rows) != (method == "kto"):
-        kind, fix = ("KTO", "kto") if is_kto(rows) else ("paired", "dpo, ipo, orpo or simpo")
+    paired = METHODS[method].paired
+    if is_kto(rows) == paired:
+        others = [m for m, how in METHODS.items() if how.paired != paired]
+        fix = others[0] if len(others) == 1 else f"{', '.join(others[:-1])} or {others[-1]}"
+        has, reads = ("KTO", "paired") if paired else ("paired", "KTO")
         raise FrugalError(
-            f"{path} holds {kind} rows and {flag}{method} reads "
-            f"{'KTO' if method == 'kto' else 'paired'} ones: give {flag}{fix}"
+            f"{path} holds {has} rows and {flag}{method} reads {reads} ones: give {flag}{fix}"
         )
     return rows
 
@@ -221,8 +213,7 @@ def _encode_chat(row: PreferenceRow, tok: Any) -> tuple[list[int], ...]:
 
 def collate_pairs(rows: PairRows, indices: list[int], pad_id: int) -> dict[str, Any]:
     """A preference micro-batch (`step.tasks.preference`): the chosen sequences, then the
-    rejected (KTO: mismatched) ones, right-padded to the longest; KTO's `desirable` flags and
-    the precomputed reference's log-probabilities where there are."""
+    rejected (KTO: mismatched) ones, right-padded to the longest; KTO's `desirable` flags."""
     import torch
 
     from frugal.step.batch import layout
@@ -241,9 +232,6 @@ def collate_pairs(rows: PairRows, indices: list[int], pad_id: int) -> dict[str, 
     b = layout(tokens, labels, segments, positions, packed=False)
     if rows.desirable is not None:
         b["desirable"] = torch.tensor([int(rows.desirable[i]) for i in indices])
-    if rows.ref_logps is not None:
-        ref = torch.from_numpy(rows.ref_logps[indices])  # (rows, 2)
-        b["ref_logps"] = torch.cat([ref[:, 0], ref[:, 1]])
     return b
 
 

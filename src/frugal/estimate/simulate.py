@@ -25,8 +25,9 @@ from torch import nn
 from frugal.estimate.phantom import PhantomMode, phantom_like
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import is_moe_config
+from frugal.step.extra import build_extra
 from frugal.step.job import TrainJob
-from frugal.step.loop import PlainEngine, UpdateRule, loss_of, optimizer_step
+from frugal.step.loop import PlainEngine, UpdateRule, optimizer_step
 from frugal.step.model import adapted, build_model, compute_dtype, count_params, cuda_kernels
 from frugal.step.moe import inactive_params
 from frugal.step.optim import make_optimizer
@@ -96,7 +97,7 @@ def simulate(
     # a second model the task reads (a full fine-tune's frozen reference, a teacher), made
     # as the trainer makes it, before training
     whole = int(config["num_hidden_layers"])
-    extra = task_of(job.task).extra_model(model, job, compute_dtype(job), (n_layers, whole))
+    extra = build_extra(model, job, compute_dtype(job), (n_layers, whole))
     total, trainable = count_params(model)
     targets = adapted(model)
     active = total - inactive_params(model, config)
@@ -150,14 +151,15 @@ def _tracked_step(
     micro-batches where the job accumulates (the second is every later one). `extra`: the
     task's second model (its weights are frozen weights)."""
     tracker = StepTracker(vocab)
-    micro = [task_of(job.task).example(job, *shape)] * min(job.grad_accum, 2)
+    task = task_of(job.task)
+    micro = [task.batch_example(job, *shape)] * min(job.grad_accum, 2)
     clip = 0.0 if job.optimizer_in_backward else 1.0  # the optimizer in backward cannot clip
-    loss = loss_of(job, extra_model=extra)
-    engine, update = PlainEngine(job.precision), UpdateRule(loss, 1.0, 1.0, clip)
+    engine = PlainEngine(job.precision)
+    update = UpdateRule(task, task.loss(job, {}), 1.0, 1.0, clip)
     hooks = tracker.watch(model, opt) + (tracker.watch(extra) if extra is not None else [])
     try:
         with tracking(tracker):
-            optimizer_step(model, opt, params, micro, engine, update)
+            optimizer_step(model, opt, params, micro, engine, update, extra)
     finally:
         for h in hooks:
             h.remove()

@@ -55,13 +55,14 @@ def cheaper_upfront(
     lighter = get_profile(spec, alt, alt.seq, "the pass before training")
     f_asked, f_alt = (sum(p.flops(1, base.seq).values()) for p in (asked, lighter))
     share = max(f_asked - f_alt, 0.0) / max(f_alt, 1.0)
-    disk_gb = task.upfront_disk_bytes(alt, per_epoch) / 1e9
+    passes = task.passes(alt)
+    disk_gb = sum(p.disk_bytes(per_epoch) for p in passes) / 1e9
     k_alt = k.model_copy(update={"tokens": k.tokens + per_epoch * share,
                                  "scratch_gb": k.scratch_gb + disk_gb})  # fmt: skip
     pass_note = f"one pass before training priced as {share:.0%} of an epoch of steps"
     if disk_gb:
         pass_note += f", its {disk_gb:,.1f} GB on disk through the run"
-    if task.upfront_holds_extra:  # the pass holds the other model beside the trained one
+    if any(p.model is not None for p in passes):  # it holds another model beside the trained one
         held = asked.start_bytes("frozen_weights") - lighter.start_bytes("frozen_weights")
         need = held + memory_at(lighter, alt, 1, alt.seq).device_total
         offers = [o for o in offers if memory_budget(o.gpu.usable_gib, k.margin) >= need]

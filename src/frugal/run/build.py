@@ -8,17 +8,20 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from frugal.config import RunConfig
+from frugal.data.examples import load_tokenizer
 from frugal.data.labels import LabelledRows, balanced_weights
 from frugal.errors import FrugalError
 from frugal.estimate.core import get_profile, largest_micro_batch
 from frugal.hardware.gpus import memory_budget
 from frugal.models.specs import load_spec
 from frugal.step.job import TrainJob
+from frugal.step.model import DTYPES
 
 
 def choose_precision(wanted: str, sharded: bool = False) -> tuple[str, str]:
@@ -91,6 +94,25 @@ def load_model(
             "pair the model with its tokenizer"
         )
     return model, tok
+
+
+def compute_dtype(job: TrainJob, precision: str) -> torch.dtype:
+    """The dtype the run computes in, at the precision it chose (a second model's)."""
+    return DTYPES[job.model_copy(update={"precision": precision}).compute_dtype]
+
+
+def same_tokenizer(cfg: RunConfig, tok: Any) -> None:
+    """A teacher with its own tokenizer files must map every token as the student's does:
+    its logits are read token for token (a vocabulary of the same size can still differ)."""
+    teacher = cfg.job.teacher
+    if not teacher or not (Path(teacher) / "tokenizer_config.json").exists():
+        return
+    theirs = load_tokenizer(teacher, "give the teacher's directory with its tokenizer files")
+    if theirs.get_vocab() != tok.get_vocab():
+        raise FrugalError(
+            f"job.teacher={teacher} has another tokenizer than the student's: distillation "
+            "reads the teacher's logits token for token: pick a teacher of the same tokenizer"
+        )
 
 
 def random_weights_device(config: dict[str, Any], job: TrainJob) -> torch.device | None:

@@ -41,7 +41,6 @@ import torch
 from frugal.config import RunConfig
 from frugal.data.examples import Batcher, Schedule
 from frugal.data.labels import LabelledRows
-from frugal.data.pairs import PairRows
 from frugal.errors import RESUMABLE_EXIT as RESUMABLE_EXIT  # the runner's exit code
 from frugal.errors import FrugalError, PeerLost
 from frugal.files import write_text_atomic
@@ -52,21 +51,24 @@ from frugal.run.build import (
     auto_micro_batch,
     choose_precision,
     classifier,
+    compute_dtype,
     load_model,
     make_optimizer,
     refuse_unsupported,
+    same_tokenizer,
     shard,
 )
 from frugal.run.guard import MoneyGuard
 from frugal.run.interrupt import Stop
 from frugal.run.meter import CostMeter, Progress
+from frugal.run.passes import run_passes
 from frugal.run.predict import predict
-from frugal.run.reference import extra_model, precompute, precompute_teacher, same_tokenizer
 from frugal.run.rows import task_rows
 from frugal.run.state import TrainState
 from frugal.run.steps import TrainingRun, _cuda_device, _parts
 from frugal.run.summary import Outcome, RunSummary
 from frugal.run.training_loop import Clock, Driving, Loop
+from frugal.step.extra import build_extra
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -96,7 +98,8 @@ def setup(cfg: RunConfig) -> TrainingRun:
     rows, val_rows, notes = task_rows(cfg, tok)
     weights = classifier(cfg, model, tok, rows) if isinstance(rows, LabelledRows) else ()
     same_tokenizer(cfg, tok)
-    extra = extra_model(model, cfg, precision)  # before training: the model as built
+    # the task's second model, before training: a reference is the model as built
+    extra = build_extra(model, job, compute_dtype(job, precision))
     sched_data = Schedule(
         len(rows), cfg.training.effective_batch, cfg.data.epochs, cfg.training.seed
     )
@@ -362,13 +365,7 @@ def start(run: TrainingRun, source: Path | None, meter: CostMeter) -> TrainState
     store = ckpt.Checkpoints(out / "checkpoints", cfg.training.keep_checkpoints)
     if run.main:
         out.mkdir(parents=True, exist_ok=True)
-    if isinstance(run.batches.rows, PairRows) and cfg.job.reference == "precomputed":
-        # before a checkpoint's weights: the model as built is the reference
-        for batches in (run.batches, run.val_batches):
-            precompute(run, batches)
-    if cfg.job.teacher_logits == "precomputed":  # a distillation's (no other task's)
-        for batches in (run.batches, run.val_batches):
-            precompute_teacher(run, batches)
+    run_passes(run)  # before a checkpoint's weights: a reference pass reads the model as built
     state = TrainState.fresh(run.micro, run.world, _run_key(run))
     if source is not None:
         state = _restore(run, store, _intact(run, store, source), meter)

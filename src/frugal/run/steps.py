@@ -24,10 +24,10 @@ from frugal.errors import FrugalError
 from frugal.files import write_text_atomic
 from frugal.run import checkpoint as ckpt
 from frugal.step.forward import forward
-from frugal.step.loop import Sums, UpdateRule, loss_of, optimizer_step
+from frugal.step.loop import Sums, UpdateRule, optimizer_step
 from frugal.step.loss import IGNORE
 from frugal.step.tasks import Task, task_of
-from frugal.step.tasks.base import Loss
+from frugal.step.tasks.base import Loss, LossInputs
 
 
 @dataclass
@@ -78,15 +78,14 @@ class TrainingRun:
 
     @property
     def loss(self) -> Loss:
-        """The step's loss, as the estimate builds it (`step.loop.loss_of`)."""
-        t = self.cfg.training
-        return loss_of(
-            self.cfg.job, weight=t.contrastive_weight, margin=t.contrastive_margin,
-            class_weights=self.class_weights, beta=t.beta, gamma=t.simpo_gamma,
-            kto_desirable_weight=t.kto_desirable_weight,
-            kto_undesirable_weight=t.kto_undesirable_weight, alpha=t.distill_alpha,
-            temperature=t.distill_temperature, extra_model=self.extra_model,
-        )  # fmt: skip
+        """The task's loss settings from the run config (a classifier's class weights from
+        its rows), as the estimate builds them with the defaults (`Task.loss`)."""
+        given = self.cfg.training.model_dump() | {"class_weights": self.class_weights}
+        return self.task.loss(self.cfg.job, given)
+
+    def loss_inputs(self) -> LossInputs:
+        """What the task's loss reads besides a micro-batch, in evaluation."""
+        return LossInputs(self.unwrapped, self.loss, self.extra_model)
 
     @property
     def classes(self) -> Classes | None:
@@ -140,7 +139,8 @@ def step_input(run: TrainingRun, step: int) -> StepInput:
     batches = [run.batches(b) for b in ids]
     # what each micro-batch's summed loss is divided by: its predicted tokens, a
     # classifier's rows (weighted by class when weighted), ...: the task's count
-    local_tok = sum(run.task.count(b, run.class_weights) for b in batches)
+    loss = run.loss
+    local_tok = sum(run.task.count(b, loss) for b in batches)
     local_seg = (
         sum(_segments_with_pairs(b["labels"], b["segment_ids"]) for b in batches)
         if contrastive
@@ -163,12 +163,14 @@ def device_step(run: TrainingRun, inp: StepInput) -> Sums:
         inp.batches,
         run.acc,
         UpdateRule(
+            run.task,
             run.loss,
             ce_scale=run.world / max(inp.tokens, 1.0),
             cl_scale=run.world / max(inp.segments, 1.0),
             max_grad_norm=t.max_grad_norm,
             reduce_each=run.sharded,  # FSDP: no process ever holds more than its gradient shard
         ),
+        run.extra_model,
     )
 
 
@@ -269,13 +271,13 @@ def _evaluate(run: TrainingRun) -> Evaluation:
     if run.sharded:
         chunks += [[]] * (math.ceil(math.ceil(n_rows / run.world) / m) - len(chunks))
     model.eval()
-    loss = run.loss
+    inputs = run.loss_inputs()
     with torch.no_grad():
         for rows in chunks:
             b = run.val_batches(rows or [0])
             b = {key: v.to(acc.device) for key, v in b.items()}
             with acc.autocast():
-                got = run.task.eval_sums(model, b, loss)
+                got = run.task.eval_sums(inputs, b)
             if rows:
                 sums += got.cpu()
     total = _global_sum(run, sums.to(acc.device))

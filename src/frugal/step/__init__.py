@@ -17,7 +17,7 @@ and 8-bit optimizers), and each is tested against the real thing's tensors.
 
 import logging
 
-STEP_FORMAT = 1
+STEP_FORMAT = 2
 """The version of what the step runs and its simulation records, which every profile
 names (`estimate.cache`): bump it in the commit that changes a tensor the step allocates,
 an op it runs, or what the simulation records of them, and run `make profiles`. An edit

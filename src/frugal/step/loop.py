@@ -26,11 +26,8 @@ import torch
 
 from frugal.errors import FrugalError
 from frugal.step import marks
-from frugal.step.job import TrainJob
 from frugal.step.optim import PerParameter
-from frugal.step.tasks import task_of
-from frugal.step.tasks.base import Loss
-from frugal.step.tasks.preference import BETA
+from frugal.step.tasks.base import Loss, LossInputs, Task
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -68,21 +65,6 @@ class PlainEngine:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
 
-def loss_of(job: TrainJob, **settings: Any) -> Loss:
-    """The job's loss (the trainer and the estimator build it here). `settings`: the run
-    config's (contrastive `weight` and `margin`, `class_weights`, preference tuning's `beta`,
-    `gamma` and KTO weights, distillation's `alpha` and `temperature`; None: the default) and
-    an `extra_model` (a reference copy, a teacher)."""
-    given = {k: v for k, v in settings.items() if v is not None}
-    beta = given.pop("beta", None) or BETA[job.preference]
-    gamma = given.pop("gamma", None)  # SimPO's default: half its beta
-    return Loss(
-        job.loss == "ce+contrastive", chunks=job.loss_chunks, task=job.task,
-        preference=job.preference, beta=beta, gamma=beta / 2 if gamma is None else gamma,
-        **given,
-    )  # fmt: skip
-
-
 @dataclass
 class Sums:
     """What one process's micro-batches gave: the task's summed (unscaled) loss, the
@@ -98,12 +80,14 @@ class Sums:
 class UpdateRule:
     """How one optimizer step turns its micro-batches into an update.
 
-    `ce_scale` and `cl_scale` turn each micro-batch's summed losses into its share of the
-    step's loss (1 / the step's token or segment count, times the process count under
-    data parallelism, whose reduction averages). `max_grad_norm`: clipping (0: none).
-    `reduce_each`: FSDP reduce-scatters the gradients after every micro-batch; DDP
-    all-reduces once, after the last."""
+    The `task`'s loss with its settings (`loss`, `Task.loss`); `ce_scale` and `cl_scale`
+    turn each micro-batch's summed losses into its share of the step's loss (1 / the
+    step's token or segment count, times the process count under data parallelism, whose
+    reduction averages). `max_grad_norm`: clipping (0: none). `reduce_each`: FSDP
+    reduce-scatters the gradients after every micro-batch; DDP all-reduces once, after
+    the last."""
 
+    task: Task
     loss: Loss
     ce_scale: float
     cl_scale: float
@@ -118,8 +102,10 @@ def optimizer_step(
     batches: Iterable[dict[str, torch.Tensor]],
     engine: Engine,
     update: UpdateRule,
+    extra: Any = None,
 ) -> Sums:
-    """Accumulate the micro-batches' gradients, clip, update, free the gradients."""
+    """Accumulate the micro-batches' gradients, clip, update, free the gradients. `extra`:
+    the task's second, frozen model (a reference copy, a teacher), if any."""
     batches = list(batches)
     zero = torch.zeros((), device=engine.device)
     totals = {"ce": zero.clone(), "cl": zero.clone()}  # on the device: no sync per micro-batch
@@ -131,7 +117,7 @@ def optimizer_step(
             "unclipped: run the step as one micro-batch with max_grad_norm 0"
         )
     with fused.in_backward() if fused is not None else contextlib.nullcontext():
-        _accumulate(model, batches, engine, update, totals)
+        _accumulate(LossInputs(model, update.loss, extra, update, totals), batches, engine)
     marks.phase("opt")
     if fused is not None:
         norm = fused.grad_norm(engine.device)
@@ -146,13 +132,11 @@ def optimizer_step(
     return Sums(ce, cl, norm, totals)
 
 
-def _accumulate(
-    model: Any, batches: list[dict[str, torch.Tensor]], engine: Engine, update: UpdateRule,
-    totals: dict[str, torch.Tensor],
-) -> None:  # fmt: skip
+def _accumulate(m: LossInputs, batches: list[dict[str, torch.Tensor]], engine: Engine) -> None:
     """Forward and backward of each micro-batch, the gradients summed; the task's summed
-    loss added to `totals["ce"]`, its other sums (the contrastive term's) by name."""
-    task = task_of(update.loss.task)
+    loss added to `m.totals["ce"]`, its other sums (the contrastive term's) by name."""
+    update, model, totals = m.scales, m.model, m.totals
+    assert isinstance(update, UpdateRule)
     for i, b in enumerate(batches, start=1):
         marks.micro_step(i)
         marks.phase("fwd")
@@ -161,7 +145,7 @@ def _accumulate(
         sync = contextlib.nullcontext() if last or update.reduce_each else engine.no_sync(model)
         with sync:
             with engine.autocast():
-                total, ce_sum = task.micro_loss(model, b, update.loss, update, totals)
+                total, ce_sum = update.task.micro_loss(m, b)
             marks.phase("bwd_head")
             engine.backward(total)
         totals["ce"] += ce_sum.detach()

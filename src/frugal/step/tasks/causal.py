@@ -7,15 +7,30 @@ reads a task's rules without them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from frugal.step.tasks.base import JobFields, Loss, Rule, Scales, Task
+from frugal.step.tasks.base import JobFields, Loss, LossInputs, Rule, Task, given_settings
 
 if TYPE_CHECKING:
     import torch
 
 FULL_LARGE_B = 10e9  # Alpaca's recipe changes between its 7B and 13B models
 LARGE_B = 20e9  # QLoRA's between its 13B and 33B models
+
+
+@dataclass(frozen=True)
+class TokenLoss(Loss):
+    """A causal LM's loss: the summed token cross-entropy, computed from the last hidden
+    states in `chunks` chunks of tokens when set (`chunked_ce`: the whole logits tensor
+    never exists), plus SimCTG's contrastive term at `weight` and `margin` when
+    `contrastive`."""
+
+    chunks: int = 0
+    contrastive: bool = False
+    weight: float = 1.0
+    margin: float = 0.5
 
 
 def lm_example(rows: int, seq: int, packed: bool) -> dict[str, torch.Tensor]:
@@ -29,7 +44,7 @@ def lm_example(rows: int, seq: int, packed: bool) -> dict[str, torch.Tensor]:
 
 
 def token_ce(
-    model: Any, b: dict[str, torch.Tensor], loss: Loss
+    model: Any, b: dict[str, torch.Tensor], loss: TokenLoss
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The forward and its summed cross-entropy (plain, or chunked from the hidden states);
     with the contrastive term, also the last hidden states."""
@@ -68,33 +83,37 @@ class Causal(Task):
     def example(self, job: JobFields, rows: int, seq: int) -> dict[str, torch.Tensor]:
         return lm_example(rows, seq, job.packing)
 
+    def loss(self, job: JobFields, given: Mapping[str, Any]) -> Loss:
+        named = given_settings(given, weight="contrastive_weight", margin="contrastive_margin")
+        return TokenLoss(job.loss_chunks, job.loss == "ce+contrastive", **named)
+
     def micro_loss(
-        self, model: Any, b: dict[str, torch.Tensor], loss: Loss, scales: Scales,
-        totals: dict[str, torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        self, m: LossInputs, b: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         from frugal.step.loss import contrastive_loss
 
-        hidden, ce_sum = token_ce(model, b, loss)
-        total = ce_sum * scales.ce_scale
+        loss: TokenLoss = m.loss
+        hidden, ce_sum = token_ce(m.model, b, loss)
+        total = ce_sum * m.scale()
         if hidden is not None:
             cl_sum, _ = contrastive_loss(hidden, b["labels"], b["segment_ids"], loss.margin)
-            total = total + cl_sum * (scales.cl_scale * loss.weight)
-            totals["cl"] += cl_sum.detach()
+            total = total + cl_sum * (m.scale("cl") * loss.weight)
+            m.totals["cl"] += cl_sum.detach()
         return total, ce_sum
 
-    def count(self, b: dict[str, torch.Tensor], class_weights: tuple[float, ...]) -> float:
+    def count(self, b: dict[str, torch.Tensor], loss: Loss) -> float:
         """Its predicted tokens."""
         from frugal.step.loss import IGNORE
 
         return float((b["labels"][:, 1:] != IGNORE).sum())
 
-    def eval_sums(self, model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch.Tensor:
+    def eval_sums(self, m: LossInputs, b: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
         from frugal.step.forward import forward
         from frugal.step.loss import causal_lm_loss
 
-        s, n = causal_lm_loss(forward(model, b).logits, b["labels"])
+        s, n = causal_lm_loss(forward(m.model, b).logits, b["labels"])
         return torch.stack([s.double(), n.double()])
 
     def settings(self, method: str, params: int) -> dict[str, Rule]:

@@ -7,9 +7,11 @@ torch and the step's modules are imported where the step runs (as in `causal.py`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from frugal.step.tasks.base import JobFields, Loss, Rule, Scales, Task
+from frugal.step.tasks.base import JobFields, Loss, LossInputs, Rule, Task
 
 if TYPE_CHECKING:
     import torch
@@ -20,6 +22,14 @@ EVERY_METHOD: dict[str, Rule] = {
     "effective_batch": (32, "32 examples a step", "bert"),
     "epochs": (3.0, "3 passes, the middle of BERT's 2 to 4", "bert"),
 }
+
+
+@dataclass(frozen=True)
+class ClassLoss(Loss):
+    """A classifier's loss: the cross-entropy over its classes, each class's rows weighted
+    by `class_weights` (none: equally)."""
+
+    class_weights: tuple[float, ...] = ()
 
 
 class Classification(Task):
@@ -71,36 +81,42 @@ class Classification(Task):
         z = torch.zeros((rows, seq), dtype=torch.long)
         return layout(z, torch.zeros(rows, dtype=torch.long), z.clone(), z.clone(), False)
 
+    def loss(self, job: JobFields, given: Mapping[str, Any]) -> ClassLoss:
+        """`given["class_weights"]`: each class's weight, from the training rows (the run
+        config's `balanced`); none: equal."""
+        return ClassLoss(tuple(given.get("class_weights") or ()))
+
     def micro_loss(
-        self, model: Any, b: dict[str, torch.Tensor], loss: Loss, scales: Scales,
-        totals: dict[str, torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        self, m: LossInputs, b: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         from frugal.step.forward import forward
         from frugal.step.loss import classification_loss
 
+        loss: ClassLoss = m.loss
         weight = torch.tensor(loss.class_weights) if loss.class_weights else None
-        ce_sum = classification_loss(forward(model, b).logits, b["labels"], weight)[0]
-        return ce_sum * scales.ce_scale, ce_sum
+        ce_sum = classification_loss(forward(m.model, b).logits, b["labels"], weight)[0]
+        return ce_sum * m.scale(), ce_sum
 
-    def count(self, b: dict[str, torch.Tensor], class_weights: tuple[float, ...]) -> float:
+    def count(self, b: dict[str, torch.Tensor], loss: Loss) -> float:
         """Its rows, each weighted by its class's weight when weighted."""
         import torch
 
+        assert isinstance(loss, ClassLoss)
         labels = b["labels"]
-        if not class_weights:
+        if not loss.class_weights:
             return float(labels.numel())
-        return float(torch.tensor(class_weights)[labels].sum())
+        return float(torch.tensor(loss.class_weights)[labels].sum())
 
-    def eval_sums(self, model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch.Tensor:
+    def eval_sums(self, m: LossInputs, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """The unweighted loss, its rows, and the confusion matrix [true][said] by row."""
         import torch
 
         from frugal.step.forward import forward
         from frugal.step.loss import classification_loss
 
-        logits = forward(model, b).logits
+        logits = forward(m.model, b).logits
         s, n = classification_loss(logits, b["labels"])
         k = logits.shape[-1]
         said = torch.bincount(b["labels"] * k + logits.argmax(-1), minlength=k * k)

@@ -21,22 +21,31 @@ targets are then the teacher's distribution renormalized over its top k, and the
 taken over those k tokens: exact at k = the vocabulary, biased towards the head of the
 distribution below it (Anshumann et al. 2025, "Sparse Logit Sampling", arXiv:2503.16870).
 
-In the estimate the teacher is simulated with the student's shallow copies: a copy of n of
-the student's L_s layers reads a teacher of n + L_t - L_s layers, so that extrapolating the
-copies to the student's depth gives the teacher its own L_t layers (its weights, its
-forward's FLOPs and ops); `min_depth` keeps that at one layer or more.
+The teacher is an `ExtraModel` the step's builder makes (`step.extra`: in the estimate, at
+the depth that scales with the student's shallow copies); `min_depth` keeps that at one
+layer or more. Its precomputed top k is a `TeacherPass`, run by `run.passes`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from frugal.errors import FrugalError
 from frugal.models.specs import load_spec
-from frugal.step.tasks.base import Depth, JobFields, Loss, Scales
+from frugal.step.tasks.base import (
+    ExtraModel,
+    JobFields,
+    Loss,
+    LossInputs,
+    Output,
+    Pass,
+    given_settings,
+)
 from frugal.step.tasks.causal import Causal
 
 if TYPE_CHECKING:
@@ -67,8 +76,17 @@ def same_vocabulary(student: dict[str, Any], teacher: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class DistillLoss(Loss):
+    """Distillation's loss (the module doc's): the soft targets' weight `alpha` (the labels'
+    is 1 - alpha) and the softmax `temperature` of both models."""
+
+    alpha: float = 0.5
+    temperature: float = 2.0
+
+
 def distill_loss(
-    student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, loss: Loss,
+    student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, loss: DistillLoss,
     top_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The summed loss of the module doc over the trained tokens (labels unshifted, as
@@ -93,6 +111,28 @@ def distill_loss(
     return per.where(trained, 0.0).sum(), ce.sum()
 
 
+class TeacherPass(Pass):
+    """The teacher's top `k` logits of every token (`teacher_ids`, `teacher_logits`: the
+    token ids as int32 and the logits as fp16, `TOP_BYTES` each), the teacher forward only
+    in the compute dtype, as the step would run it online."""
+
+    name = "teacher"
+
+    def __init__(self, teacher: ExtraModel, k: int) -> None:
+        self.model, self.k = teacher, k
+        self.outputs = (Output("teacher_ids", "int32", k), Output("teacher_logits", "float16", k))
+
+    def key(self) -> dict[str, Any]:
+        assert self.model is not None
+        return {"teacher": self.model.source, "config": self.model.config, "k": self.k}
+
+    def compute(self, model: Any, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from frugal.step.forward import forward
+
+        top = forward(model, b).logits.float().topk(self.k, dim=-1)
+        return {"teacher_ids": top.indices.int(), "teacher_logits": top.values.half()}
+
+
 class Distill(Causal):
     name = "distill"
     fields: ClassVar[tuple[str, ...]] = ("teacher", "teacher_logits", "teacher_top_k")
@@ -101,7 +141,6 @@ class Distill(Causal):
     shards = False  # the teacher's forward is not run sharded yet
     eval_names: ClassVar[tuple[str, ...]] = ("label_loss",)
     headline_metrics: ClassVar[tuple[str, ...]] = ("label_loss",)
-    upfront_holds_extra = True  # the pass runs the teacher
 
     def check(self, job: JobFields) -> None:
         if not job.teacher:
@@ -124,59 +163,35 @@ class Distill(Causal):
                 "--teacher-logits precomputed, or drop --teacher-top-k"
             )
 
-    def example(self, job: JobFields, rows: int, seq: int) -> dict[str, torch.Tensor]:
-        """A causal micro-batch, with the teacher's top k of each token where they were
-        precomputed (ids as the batch's int64, logits widened to fp32)."""
-        import torch
+    def passes(self, job: JobFields) -> tuple[TeacherPass, ...]:
+        if job.teacher_logits != "precomputed":
+            return ()
+        return (TeacherPass(self.teacher(job), job.teacher_top_k),)
 
-        b = super().example(job, rows, seq)
-        if job.teacher_logits == "precomputed":
-            b["teacher_ids"] = torch.zeros((rows, seq, job.teacher_top_k), dtype=torch.long)
-            b["teacher_logits"] = torch.zeros((rows, seq, job.teacher_top_k))
-        return b
-
-    def extra_model(
-        self, model: Any, job: JobFields, dtype: torch.dtype, depth: Depth | None = None
-    ) -> Any:
-        """The teacher, frozen, in `dtype`: its checkpoint's weights, or on the meta device
-        at the depth that scales with the student's shallow copy (module doc); none in the
-        step where its logits were precomputed (the pass before training asks for it with
-        `teacher_logits: online`)."""
-        import torch
-
-        from frugal.step.model import build_model
-
+    def check_model(self, job: JobFields, config: dict[str, Any]) -> None:
+        """The teacher's vocabulary is the student's, and holds the top k kept of it."""
         assert job.teacher
-        config = teacher_config(job.teacher)
-        same_vocabulary(model.config.to_dict(), job.teacher)
-        if job.teacher_logits == "precomputed":
-            if job.teacher_top_k > int(config["vocab_size"]):
-                raise FrugalError(
-                    f"--teacher-top-k {job.teacher_top_k}: the teacher's vocabulary is "
-                    f"{int(config['vocab_size']):,} tokens: give that many or fewer"
-                )
-            return None
-        precision = "fp32" if dtype == torch.float32 else "bf16-true"
-        as_built = job.model_copy(update={
-            "task": "causal", "method": "full", "precision": precision,
-            "grad_checkpointing": False, "offload_activations": False, "loss_chunks": 0,
-            "optimizer_in_backward": False, "teacher": None,
-        })  # fmt: skip
-        if depth is None:
-            try:
-                teacher = build_model(config, as_built, "pretrained", path=job.teacher)
-            except OSError:
-                raise FrugalError(
-                    f"no weights for the teacher {job.teacher} offline: give a local "
-                    "directory with its weights as job.teacher"
-                ) from None
-        else:
-            n, whole = depth
-            layers = n + int(config["num_hidden_layers"]) - whole
-            teacher = build_model(config, as_built, "meta", n_layers=layers)
-        teacher = teacher.to(dtype)
-        teacher.requires_grad_(False)
-        return teacher.eval()
+        same_vocabulary(config, job.teacher)
+        vocab = int(teacher_config(job.teacher)["vocab_size"])
+        if job.teacher_logits == "precomputed" and job.teacher_top_k > vocab:
+            raise FrugalError(
+                f"--teacher-top-k {job.teacher_top_k}: the teacher's vocabulary is "
+                f"{vocab:,} tokens: give that many or fewer"
+            )
+
+    def teacher(self, job: JobFields) -> ExtraModel:
+        """The teacher, as the step's builder makes it (a causal LM, forward only)."""
+        assert job.teacher
+        return ExtraModel("checkpoint", job.teacher, teacher_config(job.teacher), "teacher")
+
+    def extra_model(self, job: JobFields) -> ExtraModel | None:
+        """The teacher, where the step runs it (none where its logits were precomputed:
+        the pass before training runs it instead)."""
+        return None if job.teacher_logits == "precomputed" else self.teacher(job)
+
+    def loss(self, job: JobFields, given: Mapping[str, Any]) -> Loss:
+        named = given_settings(given, alpha="distill_alpha", temperature="distill_temperature")
+        return DistillLoss(**named)
 
     def min_depth(self, job: JobFields, layers: int) -> int:
         assert job.teacher
@@ -194,20 +209,19 @@ class Distill(Causal):
         return {"teacher": hashlib.sha256(blob).hexdigest()[:16]}
 
     def micro_loss(
-        self, model: Any, b: dict[str, torch.Tensor], loss: Loss, scales: Scales,
-        totals: dict[str, torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        s, _ = self._sums(model, b, loss)
-        return s * scales.ce_scale, s
+        self, m: LossInputs, b: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        s, _ = self._sums(m, b)
+        return s * m.scale(), s
 
-    def eval_sums(self, model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch.Tensor:
+    def eval_sums(self, m: LossInputs, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """The loss, its tokens, and the labels' cross-entropy alone (`label_loss`: the
         student's loss as a causal LM's, comparable with one trained on labels alone)."""
         import torch
 
         from frugal.step.loss import IGNORE
 
-        s, ce = self._sums(model, b, loss)
+        s, ce = self._sums(m, b)
         n = (b["labels"][:, 1:] != IGNORE).sum()
         return torch.stack([s.double(), n.double(), ce.double()]).cpu()
 
@@ -217,17 +231,17 @@ class Distill(Causal):
         return {"label_loss": sums["label_loss"] / max(count, 1.0)}
 
     @staticmethod
-    def _sums(model: Any, b: dict[str, torch.Tensor], loss: Loss) -> tuple[Any, Any]:
+    def _sums(m: LossInputs, b: dict[str, torch.Tensor]) -> tuple[Any, Any]:
         import torch
 
         from frugal.step.forward import forward
 
         if "teacher_ids" in b:  # precomputed: the teacher's top k of each token
-            top = b["teacher_logits"], b["labels"], loss, b["teacher_ids"]
-            return distill_loss(forward(model, b).logits, *top)
+            top = b["teacher_logits"], b["labels"], m.loss, b["teacher_ids"]
+            return distill_loss(forward(m.model, b).logits, *top)
         with torch.no_grad():  # first: its activations are gone before the student's
-            teacher = forward(loss.extra_model, b).logits
-        return distill_loss(forward(model, b).logits, teacher, b["labels"], loss)
+            teacher = forward(m.extra, b).logits
+        return distill_loss(forward(m.model, b).logits, teacher, b["labels"], m.loss)
 
     def note(self, job: JobFields, vocab_size: int) -> str | None:
         if job.teacher_logits == "precomputed":
@@ -244,9 +258,6 @@ class Distill(Causal):
 
     def upfront(self, job: JobFields) -> dict[str, Any] | None:
         return {"teacher_logits": "precomputed"} if job.teacher_logits == "online" else None
-
-    def upfront_disk_bytes(self, job: JobFields, tokens: float) -> float:
-        return tokens * job.teacher_top_k * TOP_BYTES
 
     def upfront_why(self, job: JobFields) -> str:
         return (

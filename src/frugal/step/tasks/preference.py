@@ -38,24 +38,170 @@ whose chosen reward is higher.
 
 from __future__ import annotations
 
-import copy
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from frugal.step.tasks.base import Depth, JobFields, Loss, Rule, Scales, Task
+from frugal.step.tasks.base import (
+    ExtraModel,
+    JobFields,
+    Loss,
+    LossInputs,
+    Output,
+    Pass,
+    Rule,
+    Task,
+    given_settings,
+)
 
 if TYPE_CHECKING:
     import torch
 
-PAIRED = ("dpo", "ipo", "orpo", "simpo")
-NO_REFERENCE = ("orpo", "simpo")
-# each method's beta as its paper and TRL set it (SimPO: its Llama-3 and Mistral base
-# recipes, gamma = beta / 2)
-BETA = {"dpo": 0.1, "ipo": 0.1, "kto": 0.1, "orpo": 0.1, "simpo": 2.0}
 STATS = ("chosen_reward", "rejected_reward", "correct", "kl", "desirable")  # summed per step
 PREFERENCE_METRICS = (  # what `Preference.metrics` makes of them
     "preference_accuracy", "reward_margin", "reward_chosen", "reward_rejected",
     "reward_desirable", "reward_undesirable", "kl",
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Logps:
+    """A micro-batch's log-probabilities of its completions, chosen rows first, then the
+    rejected ones (KTO: its rows, then the mismatched ones): the policy's summed (`sum`)
+    over each completion's `n` tokens and their average (`mean`), and the reference's
+    summed (`ref`; None for a method without one)."""
+
+    sum: torch.Tensor
+    n: torch.Tensor
+    ref: Any
+
+    @property
+    def half(self) -> int:
+        return int(self.sum.shape[0] // 2)
+
+    @cached_property
+    def mean(self) -> torch.Tensor:
+        return self.sum / self.n.clamp(min=1)
+
+
+class Method:
+    """A preference method (the module doc's formulas): whether its rows are pairs, whether
+    it reads a reference model, its paper's beta (as TRL sets it), and its loss."""
+
+    name: ClassVar[str]
+    beta: ClassVar[float] = 0.1
+    paired: ClassVar[bool] = True  # chosen and rejected pairs (KTO: unpaired rows)
+    reference_free: ClassVar[bool] = False
+
+    def gamma(self, beta: float) -> float:
+        """Its target reward margin's default (SimPO's; the others have none)."""
+        return 0.0
+
+    def losses(
+        self, lp: Logps, loss: PreferenceLoss, b: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Each pair's loss, and the micro-batch's reward sums by name (`STATS`)."""
+        lp.mean  # noqa: B018 (first: the step computes it before any method's terms)
+        per, reward = self.scores(lp, loss)
+        chosen, rejected = reward.detach()[: lp.half], reward.detach()[lp.half :]
+        return per, {"chosen_reward": chosen.sum(), "rejected_reward": rejected.sum(),
+                     "correct": (chosen > rejected).sum().to(chosen.dtype)}  # fmt: skip
+
+    def scores(self, lp: Logps, loss: PreferenceLoss) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each pair's loss and each row's implicit reward."""
+        raise NotImplementedError
+
+
+class DPO(Method):
+    name = "dpo"
+
+    def scores(self, lp: Logps, loss: PreferenceLoss) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch.nn.functional as F
+
+        h = lp.sum - lp.ref
+        per = -F.logsigmoid(loss.beta * (h[: lp.half] - h[lp.half :]))
+        return per, loss.beta * (lp.sum - lp.ref)
+
+
+class IPO(Method):
+    name = "ipo"
+
+    def scores(self, lp: Logps, loss: PreferenceLoss) -> tuple[torch.Tensor, torch.Tensor]:
+        h = lp.mean - lp.ref / lp.n.clamp(min=1)  # of the average token log-probabilities
+        per = (h[: lp.half] - h[lp.half :] - 1 / (2 * loss.beta)) ** 2
+        return per, loss.beta * (lp.sum - lp.ref)
+
+
+class SimPO(Method):
+    name = "simpo"
+    beta = 2.0  # its Llama-3 and Mistral base recipes
+    reference_free = True
+
+    def gamma(self, beta: float) -> float:
+        return beta / 2  # as its recipes set it
+
+    def scores(self, lp: Logps, loss: PreferenceLoss) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch.nn.functional as F
+
+        reward = loss.beta * lp.mean
+        return -F.logsigmoid(reward[: lp.half] - reward[lp.half :] - loss.gamma), reward
+
+
+class ORPO(Method):
+    name = "orpo"
+    reference_free = True
+
+    def scores(self, lp: Logps, loss: PreferenceLoss) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch.nn.functional as F
+
+        reward = loss.beta * lp.mean
+        odds = lp.mean - _log1mexp(lp.mean)  # log odds of the average token probability
+        per = -lp.mean[: lp.half] - loss.beta * F.logsigmoid(odds[: lp.half] - odds[lp.half :])
+        return per, reward
+
+
+class KTO(Method):
+    name = "kto"
+    paired = False
+
+    def losses(
+        self, lp: Logps, loss: PreferenceLoss, b: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Each row's loss against the KL estimate of the mismatched rows (eq. 8)."""
+        import torch
+
+        good = b["desirable"].bool()
+        r = lp.sum[: lp.half] - lp.ref[: lp.half]
+        z = (lp.sum[lp.half :] - lp.ref[lp.half :]).detach().mean().clamp(min=0)  # the KL
+        sig = torch.sigmoid(loss.beta * torch.where(good, r - z, z - r))
+        weight = torch.where(good, loss.desirable_weight, loss.undesirable_weight)
+        reward = loss.beta * r.detach()
+        return weight * (1 - sig), {
+            "chosen_reward": torch.where(good, reward, 0.0).sum(),
+            "rejected_reward": torch.where(good, 0.0, reward).sum(),
+            "kl": z * lp.half,
+            "desirable": good.sum().to(reward.dtype),
+        }
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (DPO(), IPO(), ORPO(), SimPO(), KTO())}
+
+
+@dataclass(frozen=True)
+class PreferenceLoss(Loss):
+    """Preference tuning's loss: its `method` at `beta` (SimPO's `gamma`, KTO's weights of
+    desirable and undesirable rows), against the reference `reference` says: none, the
+    model with its adapter off, a frozen copy (the step's extra model), or precomputed
+    log-probabilities the batch carries (`ref_logps`)."""
+
+    method: Method = METHODS["dpo"]
+    beta: float = 0.1
+    gamma: float = 0.0
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    reference: str = "adapter-off"
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,20 +226,21 @@ def policy_logps(model: Any, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     return sequence_logps(forward(model, b).logits, b["labels"])
 
 
-def reference_logps(model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch.Tensor | None:
-    """The reference model's log-probabilities of the rows (None: the method has none):
-    carried by the batch (precomputed), from the frozen copy, or from the policy with its
-    adapter off; never differentiated."""
+def reference_logps(m: LossInputs, b: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The reference model's log-probabilities of the rows, by the loss's `reference`:
+    none, carried by the batch (precomputed), from the frozen copy, or from the policy with
+    its adapter off; never differentiated."""
     import torch
 
-    if loss.preference in NO_REFERENCE:
+    loss: PreferenceLoss = m.loss
+    if loss.reference == "none":
         return None
-    if "ref_logps" in b:
+    if loss.reference == "precomputed":
         return b["ref_logps"]
     with torch.no_grad():
-        if loss.extra_model is not None:  # the frozen copy
-            return policy_logps(loss.extra_model, b)[0]
-        inner = getattr(model, "module", model)  # DDP
+        if loss.reference == "copy":
+            return policy_logps(m.extra, b)[0]
+        inner = getattr(m.model, "module", m.model)  # DDP
         with inner.disable_adapter():
             return policy_logps(inner, b)[0]
 
@@ -125,30 +272,34 @@ class Preference(Task):
                 "--loss-chunks: preference tuning reads each sequence's log-probability from "
                 "whole logits: use --loss-chunks 0"
             )
-        if job.reference == "precomputed" and job.preference in NO_REFERENCE:
+        if job.reference == "precomputed" and METHODS[job.preference].reference_free:
             raise ValueError(
                 f"--reference precomputed: {job.preference.upper()} has no reference model: "
                 "drop --reference"
             )
 
     def mode(self, job: JobFields) -> str:
-        """Where the reference comes from: none, adapter-off, copy or precomputed."""
-        if job.preference in NO_REFERENCE:
+        """Where the reference comes from, decided here alone (the loss, the extra model,
+        the pass and the notes read it): none, adapter-off, copy or precomputed."""
+        if METHODS[job.preference].reference_free:
             return "none"
         if job.reference == "precomputed":
             return "precomputed"
         return "copy" if job.method == "full" else "adapter-off"
 
-    def extra_model(
-        self, model: Any, job: JobFields, dtype: torch.dtype, depth: Depth | None = None
-    ) -> Any:
-        """The frozen copy of the policy a full fine-tune's reference is (None otherwise),
-        made before training: in the compute dtype, no gradients, in eval mode."""
-        if self.mode(job) != "copy":
-            return None
-        ref = copy.deepcopy(model).to(dtype)
-        ref.requires_grad_(False)
-        return ref.eval()
+    def loss(self, job: JobFields, given: Mapping[str, Any]) -> PreferenceLoss:
+        """The method's beta and gamma where the run config gives none."""
+        method = METHODS[job.preference]
+        beta = given.get("beta") or method.beta
+        gamma = given.get("simpo_gamma")
+        weights = given_settings(given, desirable_weight="kto_desirable_weight",
+                                 undesirable_weight="kto_undesirable_weight")  # fmt: skip
+        return PreferenceLoss(method, beta, method.gamma(beta) if gamma is None else gamma,
+                              reference=self.mode(job), **weights)  # fmt: skip
+
+    def extra_model(self, job: JobFields) -> ExtraModel | None:
+        """A full fine-tune's reference: a frozen copy of the policy as built."""
+        return ExtraModel("copy") if self.mode(job) == "copy" else None
 
     def example(self, job: JobFields, rows: int, seq: int) -> dict[str, torch.Tensor]:
         import torch
@@ -157,31 +308,31 @@ class Preference(Task):
 
         z = torch.zeros((2 * rows, seq), dtype=torch.long)
         b = layout(z, z.clone(), z.clone(), z.clone(), False)
-        if job.preference == "kto":
+        if not METHODS[job.preference].paired:  # KTO's
             b["desirable"] = torch.zeros(rows, dtype=torch.long)
-        if self.mode(job) == "precomputed":
-            b["ref_logps"] = torch.zeros(2 * rows)
         return b
 
-    def micro_loss(
-        self, model: Any, b: dict[str, torch.Tensor], loss: Loss, scales: Scales,
-        totals: dict[str, torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        per, stats = pair_losses(model, b, loss)
-        for k, v in stats.items():
-            totals[k] = totals[k] + v if k in totals else v
-        s = per.sum()
-        return s * scales.ce_scale, s
+    def passes(self, job: JobFields) -> tuple[ReferencePass, ...]:
+        return (ReferencePass(),) if self.mode(job) == "precomputed" else ()
 
-    def count(self, b: dict[str, torch.Tensor], class_weights: tuple[float, ...]) -> float:
+    def micro_loss(
+        self, m: LossInputs, b: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        per, stats = pair_losses(m, b)
+        for k, v in stats.items():
+            m.totals[k] = m.totals[k] + v if k in m.totals else v
+        s = per.sum()
+        return s * m.scale(), s
+
+    def count(self, b: dict[str, torch.Tensor], loss: Loss) -> float:
         """Its pairs (KTO: its rows): half the sequences."""
         return float(b["input_ids"].shape[0] // 2)
 
-    def eval_sums(self, model: Any, b: dict[str, torch.Tensor], loss: Loss) -> torch.Tensor:
+    def eval_sums(self, m: LossInputs, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """The loss, the pairs, and the rewards' sums (`STATS`)."""
         import torch
 
-        per, stats = pair_losses(model, b, loss)
+        per, stats = pair_losses(m, b)
         sums = [per.sum(), torch.tensor(b["input_ids"].shape[0] // 2)]
         sums += [stats.get(k, torch.zeros(())) for k in STATS]
         return torch.stack([v.detach().double().cpu() for v in sums])
@@ -259,64 +410,34 @@ class Preference(Task):
         }  # fmt: skip
 
 
+class ReferencePass(Pass):
+    """The reference's log-probabilities of every row's two sequences (`ref_logps`), by
+    the policy as built, its adapter off (a full fine-tune's: the weights before
+    training), in fp32."""
+
+    name = "reference"
+    outputs = (Output("ref_logps", "float32"),)
+
+    def context(self, model: Any) -> Any:
+        off = getattr(model, "disable_adapter", None)
+        return off() if off is not None else contextlib.nullcontext()
+
+    def compute(self, model: Any, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        import torch
+
+        logp = policy_logps(model, b)[0].double()
+        half = logp.shape[0] // 2
+        return {"ref_logps": torch.stack([logp[:half], logp[half:]], dim=1)}
+
+
 def pair_losses(
-    model: Any, b: dict[str, torch.Tensor], loss: Loss
+    m: LossInputs, b: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Each pair's (KTO: row's) loss, and the micro-batch's reward sums by name (`STATS`)."""
-    ref = reference_logps(model, b, loss)
-    logp, n = policy_logps(model, b)
-    if loss.preference == "kto":
-        return _kto(logp, ref, b["desirable"].bool(), loss)
-    return _paired(logp, n, ref, loss)
-
-
-def _paired(
-    logp: torch.Tensor, n: torch.Tensor, ref: torch.Tensor | None, loss: Loss
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    import torch.nn.functional as F
-
-    half = logp.shape[0] // 2
-    beta, method = loss.beta, loss.preference
-    mean = logp / n.clamp(min=1)
-    if method in NO_REFERENCE:
-        reward = beta * mean
-        if method == "simpo":
-            per = -F.logsigmoid(reward[:half] - reward[half:] - loss.gamma)
-        else:  # orpo: log odds of the average token probability, p / (1 - p)
-            odds = mean - _log1mexp(mean)
-            per = -mean[:half] - beta * F.logsigmoid(odds[:half] - odds[half:])
-    else:
-        assert ref is not None
-        if method == "ipo":
-            h = mean - ref / n.clamp(min=1)
-            per = (h[:half] - h[half:] - 1 / (2 * beta)) ** 2
-        else:
-            h = logp - ref
-            per = -F.logsigmoid(beta * (h[:half] - h[half:]))
-        reward = beta * (logp - ref)
-    chosen, rejected = reward.detach()[:half], reward.detach()[half:]
-    return per, {"chosen_reward": chosen.sum(), "rejected_reward": rejected.sum(),
-                 "correct": (chosen > rejected).sum().to(chosen.dtype)}  # fmt: skip
-
-
-def _kto(
-    logp: torch.Tensor, ref: torch.Tensor | None, good: torch.Tensor, loss: Loss
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    import torch
-
-    assert ref is not None
-    half = logp.shape[0] // 2
-    r = logp[:half] - ref[:half]
-    z = (logp[half:] - ref[half:]).detach().mean().clamp(min=0)  # the KL estimate
-    sig = torch.sigmoid(loss.beta * torch.where(good, r - z, z - r))
-    weight = torch.where(good, loss.kto_desirable_weight, loss.kto_undesirable_weight)
-    reward = loss.beta * r.detach()
-    return weight * (1 - sig), {
-        "chosen_reward": torch.where(good, reward, 0.0).sum(),
-        "rejected_reward": torch.where(good, 0.0, reward).sum(),
-        "kl": z * half,
-        "desirable": good.sum().to(reward.dtype),
-    }
+    loss: PreferenceLoss = m.loss
+    ref = reference_logps(m, b)
+    logp, n = policy_logps(m.model, b)
+    return loss.method.losses(Logps(logp, n, ref), loss, b)
 
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
