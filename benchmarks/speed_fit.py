@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from frugal.estimate.categories import CAT_INDEX
-from frugal.estimate.optime import OpSpeedConstants, OpTable, op_seconds
+from frugal.estimate.optime import Depths, OpSpeedConstants, OpTable, along, op_seconds
 from frugal.estimate.simulate import shallow_depths, simulate
 from frugal.estimate.throughput import comm_seconds, load_speed_constants
 from frugal.hardware.csvdata import data_rows
@@ -171,9 +171,9 @@ class Stack:
             p = c.gpu.peak_tflops(c.job.compute_dtype)
             assert p, (c.id, c.gpu.name)
             for d, t in enumerate(c.tables):
-                slot = (i * 2 + d) * 3 + t.ops[:, 0]
-                rows.append(np.column_stack([slot, t.ops[:, 1:]]))
-                n = len(t.ops)
+                slot = (i * 2 + d) * 3 + t.part
+                rows.append(np.column_stack([slot, t.kind, t.flops, t.nbytes, t.count]))
+                n = len(t.part)
                 peak.append(np.full(n, p * 1e12))
                 bw.append(np.full(n, c.gpu.bandwidth_gbps * 1e9))
                 link.append(np.full(n, c.gpu.host_link_gbps * 1e9))
@@ -187,7 +187,7 @@ class Stack:
             np.concatenate(link),
         )
         self.cases = cs
-        self.w = np.array([(c.layers - c.depths[0]) / (c.depths[1] - c.depths[0]) for c in cs])
+        self.w = np.array([Depths(*c.depths).weight(c.layers) for c in cs])
         self.accum = np.array([c.job.grad_accum for c in cs], dtype=np.float64)
         speed = load_speed_constants()
         self.comm = np.array([comm_seconds(*c.weights, c.job, c.gpu, c.job.gpus, 0.0, speed)
@@ -204,7 +204,7 @@ class Stack:
         h = self.host[:, :, 0] * c.host_op_s + self.host[:, :, 1] * c.host_view_s
         h = h * host[:, None, None]
         w = self.w[:, None]
-        g, h = g[:, 0] + w * (g[:, 1] - g[:, 0]), h[:, 0] + w * (h[:, 1] - h[:, 0])
+        g, h = along(g[:, 0], g[:, 1], w), along(h[:, 0], h[:, 1], w)
         m = np.maximum(g, h)
         micro = m[:, 0] + m[:, 1]
         exposed = np.maximum(0.0, self.comm - self.overlap * self.accum * (g[:, 0] + g[:, 1]))

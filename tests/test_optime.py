@@ -13,7 +13,14 @@ from conftest import TINY_LLAMA
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from frugal.estimate.categories import OP_CLASS, OP_CLASSES
-from frugal.estimate.optime import OpSpeedConstants, OpTable, StepOps, op_seconds, step_seconds
+from frugal.estimate.optime import (
+    Depths,
+    OpSpeedConstants,
+    OpTable,
+    StepOps,
+    op_seconds,
+    step_seconds,
+)
 from frugal.estimate.simulate import simulate
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.hardware.gpus import find_gpu
@@ -34,8 +41,8 @@ def test_an_op_is_entered_with_its_class_flops_bytes_and_the_views_before_it() -
             torch.empty(64, 128, dtype=torch.bfloat16)  # the stand-in's dequantize_4bit
         marks.phase("opt")
         d.mul_(2.0)
-    table = tr.op_table()
-    kinds = [OP_CLASSES[int(k)] for k in table[1:, 0]]
+    ops = tr.op_table()
+    kinds = [OP_CLASSES[int(k)] for k in ops.kind[1:]]
     assert kinds == [
         "alloc",
         "alloc",
@@ -46,14 +53,13 @@ def test_an_op_is_entered_with_its_class_flops_bytes_and_the_views_before_it() -
         "dequant",
         "optimizer",
     ]
-    assert not table[1:3, 1:3].any()  # an empty tensor is the allocator's: no kernel
-    mm = table[3]
-    assert mm[1] == 2 * 64 * 128 * 32  # torch's own FLOP formula
-    assert mm[2] == 2 * (64 * 128 + 128 * 32 + 64 * 32)  # both inputs and the result, bf16
-    assert mm[3] == 2  # the transposes: views the host dispatches too
-    assert table[4, 2] == 2 * 2 * 64 * 32  # relu reads c and writes d
-    assert table[7, 2] == 2 * 64 * 128 * 5 // 4  # writes 16-bit values, reads 4-bit codes
-    assert table[8, 2] == 2 * 2 * 64 * 32  # in place: reads d and writes it back
+    assert not ops.cost(np.arange(1, 3)).any()  # an empty tensor is the allocator's: no kernel
+    assert ops.flops[3] == 2 * 64 * 128 * 32  # torch's own FLOP formula
+    assert ops.nbytes[3] == 2 * (64 * 128 + 128 * 32 + 64 * 32)  # both inputs and the result
+    assert ops.views[3] == 2  # the transposes: views the host dispatches too
+    assert ops.nbytes[4] == 2 * 2 * 64 * 32  # relu reads c and writes d
+    assert ops.nbytes[7] == 2 * 64 * 128 * 5 // 4  # writes 16-bit values, reads 4-bit codes
+    assert ops.nbytes[8] == 2 * 2 * 64 * 32  # in place: reads d and writes it back
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +79,13 @@ def test_the_op_table_holds_every_flop_the_step_counts_and_only_the_updates_ops_
         for t in (t1, t2):
             first = (t.micro == 1) & (t.segments != "opt")
             counted = sum(t.flops.values()) + sum(t.attn_flops.values())
-            assert t.ops[first, 1].sum() == counted, method  # micro-step 1's FLOPs, all of them
+            assert t.ops.flops[first].sum() == counted, method  # micro-step 1's, all of them
             opt = t.segments == "opt"
-            assert not t.ops[(t.micro == 2) & ~opt, 1:3].any()  # the second repeats the first
-            assert (t.ops[opt, 0] == OP_CLASS["optimizer"]).all()
-            assert (t.ops[~opt, 0] != OP_CLASS["optimizer"]).all()
-        dequant = (t2.ops[:, 0] == OP_CLASS["dequant"]).sum()
+            second = (t.micro == 2) & ~opt
+            assert not t.ops.cost(second).any()  # the second repeats the first
+            assert (t.ops.kind[opt] == OP_CLASS["optimizer"]).all()
+            assert (t.ops.kind[~opt] != OP_CLASS["optimizer"]).all()
+        dequant = (t2.ops.kind == OP_CLASS["dequant"]).sum()
         assert (dequant > 0) == (method == "qlora")
 
 
@@ -89,10 +96,10 @@ def test_a_table_merges_identical_ops_and_counts_the_hosts_dispatches_per_part(
     table = OpTable.from_trace(t2.ops, t2.segments, t2.micro)
     kept = (t2.segments != "setup") & ((t2.micro == 1) | (t2.segments == "opt"))
     kept[0] = False
-    assert table.ops[:, 4].sum() == kept.sum() == table.host_ops.sum()
-    assert len(table.ops) < kept.sum()  # identical ops (the layers' own) merged
-    assert table.ops[:, 2] @ table.ops[:, 4] == t2.ops[kept, 1].sum()  # no FLOP lost
-    assert table.host_views.sum() == t2.ops[kept, 3].sum()
+    assert table.count.sum() == kept.sum() == table.host_ops.sum()
+    assert len(table.count) < kept.sum()  # identical ops (the layers' own) merged
+    assert table.flops @ table.count == t2.ops.flops[kept].sum()  # no FLOP lost
+    assert table.host_views.sum() == t2.ops.views[kept].sum()
     # a second layer adds ops to the forward and backward, none to the update's count
     one = OpTable.from_trace(t1.ops, t1.segments, t1.micro)
     assert (table.host_ops[:2] > one.host_ops[:2]).all()
@@ -117,7 +124,8 @@ def test_a_step_is_the_longer_of_gpu_and_host_per_part_and_any_depth_is_the_line
     traces: dict[str, list],
 ) -> None:
     t1, t2 = traces["lora"]
-    ops = StepOps(*(OpTable.from_trace(t.ops, t.segments, t.micro) for t in (t1, t2)), 1, 2)
+    tables = (OpTable.from_trace(t.ops, t.segments, t.micro) for t in (t1, t2))
+    ops = StepOps(*tables, Depths(1, 2))
     h200 = find_gpu("H200")
     peak = h200.peak_tflops("bf16") * 1e12
     c = OpSpeedConstants()
@@ -171,12 +179,12 @@ def test_a_profiles_op_table_at_any_shape_is_the_one_traced_at_that_shape(method
         np.testing.assert_array_equal(fitted.host_views, direct.host_views)
         # FLOPs exactly; bytes exactly at batch 1, above it the few sizes that grow with the
         # length alone (the positions) are counted per row, as memory counts them
-        for col, rtol in ((2, 1e-9), (3, 1e-9 if b == 1 else 3e-3)):  # per part and class
+        for col, rtol in (("flops", 1e-9), ("nbytes", 1e-9 if b == 1 else 3e-3)):  # per part, class
             want = np.zeros((3, len(OP_CLASSES)))
             got = np.zeros_like(want)
-            for table, out in ((direct.ops, want), (fitted.ops, got)):
-                np.add.at(out, (table[:, 0].astype(int), table[:, 1].astype(int)),
-                          table[:, col] * table[:, 4])  # fmt: skip
+            for table, out in ((direct, want), (fitted, got)):
+                where = (table.part.astype(int), table.kind.astype(int))
+                np.add.at(out, where, getattr(table, col) * table.count)
             np.testing.assert_allclose(got, want, rtol=rtol, err_msg=f"{method} {b}x{s} {col}")
         h200 = find_gpu("H200")
         c, peak = OpSpeedConstants(), h200.peak_tflops("bf16") * 1e12

@@ -40,7 +40,7 @@ except ImportError:  # Windows
 
 from frugal import paths
 from frugal.errors import notice
-from frugal.estimate.profile import LayerFit, Profile
+from frugal.estimate.profile import LayerFit, OpFit, Profile
 from frugal.step import STEP_FORMAT
 from frugal.step.job import installed_version
 
@@ -134,7 +134,7 @@ def read(path: Path) -> Profile:
                 total_params=f["total_params"],
                 trainable_params=f["trainable_params"],
                 active_params=f["active_params"],
-                op_coef=z[f"op_coef{i}"],
+                ops=OpFit.from_array(z[f"op_coef{i}"]),
                 host_ops=z[f"host_ops{i}"],
             )
             for i, f in enumerate(meta["fits"])
@@ -172,7 +172,7 @@ def dump(profile: Profile) -> bytes:
         arrays[f"segments{i}"] = f.segments
         arrays[f"flop_coef{i}"] = f.flop_coef
         arrays[f"attn_coef{i}"] = f.attn_coef
-        arrays[f"op_coef{i}"] = f.op_coef
+        arrays[f"op_coef{i}"] = f.ops.to_array()
         arrays[f"host_ops{i}"] = f.host_ops
         fits_meta.append(
             {

@@ -21,8 +21,8 @@ host overlap and the part takes the longer of the two; the loop's syncs between 
     step      = accum x micro + max(gpu_opt, host_opt) + exposed comm + step_fixed
 
 Decoder layers are identical, so the time of a model of L layers is the line through two
-simulated depths (the profile's depth rule, `profile.py`): T(L) = T(lo) + (L - lo) x
-(T(hi) - T(lo)), per part and for GPU and host apart.
+simulated depths (the profile's depth rule, `profile.py`; `Depths`): T(L) = T(lo) +
+(L - lo) / (hi - lo) x (T(hi) - T(lo)), per part and for GPU and host apart.
 
 The host's cost per op is the host CPU's and differs between machines of one GPU type:
 the constants hold a typical host and the fastest and slowest hosts seen (`host_fast`,
@@ -34,6 +34,7 @@ docs/accuracy.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -80,27 +81,50 @@ class OpSpeedConstants:
 
 
 @dataclass(frozen=True)
+class TracedOps:
+    """The op table of one simulated run (`tracker.StepTracker`), one entry per op (the
+    first: before tracking): its class (an OP_CLASSES index), FLOPs, bytes read and
+    written, and the metadata-only ops (views) dispatched before it."""
+
+    kind: np.ndarray
+    flops: np.ndarray
+    nbytes: np.ndarray
+    views: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def cost(self, idx: np.ndarray) -> np.ndarray:
+        """The FLOPs and bytes of the ops `idx`: (ops, 2)."""
+        return np.column_stack([self.flops[idx], self.nbytes[idx]])
+
+
+@dataclass(frozen=True)
 class OpTable:
-    """The ops of one simulated step, merged where identical, by part of the step.
+    """The ops of one simulated step, merged where identical: each unique op's part of the
+    step (a PARTS index), class (an OP_CLASSES index), FLOPs, bytes, and how many times it
+    runs; and the host's dispatches per part (`host_ops`, `host_views`)."""
 
-    `ops` columns: part index (PARTS), class index (OP_CLASSES), FLOPs, bytes, count; the
-    host's dispatches per part are `host_ops` and `host_views`."""
-
-    ops: np.ndarray  # (unique ops, 5)
+    part: np.ndarray
+    kind: np.ndarray
+    flops: np.ndarray
+    nbytes: np.ndarray
+    count: np.ndarray
     host_ops: np.ndarray  # (parts,)
     host_views: np.ndarray  # (parts,)
 
     @classmethod
-    def from_trace(cls, table: np.ndarray, segments: np.ndarray, micro: np.ndarray) -> OpTable:
+    def from_trace(cls, ops: TracedOps, segments: np.ndarray, micro: np.ndarray) -> OpTable:
         """The first micro-step's forward and backward and the optimizer's segment of a
         trace's op table (`Trace.ops`, `Trace.segments`, `Trace.micro`): what every
         micro-step and every update repeat."""
         part, keep = step_parts(segments, micro)
-        rows = np.column_stack([part[keep], table[keep, 0], table[keep, 1], table[keep, 2]])
+        rows = np.column_stack([part[keep], ops.kind[keep], ops.flops[keep], ops.nbytes[keep]])
         uniq, counts = np.unique(rows, axis=0, return_counts=True)
         host_ops = np.bincount(part[keep], minlength=len(PARTS)).astype(np.float64)
-        views = np.bincount(part[keep], weights=table[keep, 3], minlength=len(PARTS))
-        return cls(np.column_stack([uniq, counts]), host_ops, views)
+        views = np.bincount(part[keep], weights=ops.views[keep], minlength=len(PARTS))
+        u = uniq.T  # each unique op's part, class, FLOPs and bytes
+        return cls(u[0], u[1], u[2], u[3], counts.astype(np.float64), host_ops, views)
 
     def gpu_seconds(self, gpu: GPU, peak_flops: float, c: OpSpeedConstants) -> np.ndarray:
         """Seconds the GPU spends on each part (PARTS) of the step."""
@@ -109,13 +133,12 @@ class OpTable:
     def gpu_by_class(self, gpu: GPU, peak_flops: float, c: OpSpeedConstants) -> np.ndarray:
         """Seconds the GPU spends on each class of op (OP_CLASSES) in each part: (parts,
         classes)."""
-        part, kind, flops, nbytes, count = self.ops.T
-        k = kind.astype(np.int64)
-        t = op_seconds(k, flops, nbytes, peak_flops, gpu.bandwidth_gbps * 1e9,
-                       gpu.host_link_gbps * 1e9, c)  # fmt: skip
-        slot = part.astype(np.int64) * len(OP_CLASSES) + k
+        k = self.kind.astype(np.int64)
+        link = gpu.host_link_gbps * 1e9
+        t = op_seconds(k, self.flops, self.nbytes, peak_flops, gpu.bandwidth_gbps * 1e9, link, c)
+        slot = self.part.astype(np.int64) * len(OP_CLASSES) + k
         n = len(PARTS) * len(OP_CLASSES)
-        return np.bincount(slot, weights=t * count, minlength=n).reshape(len(PARTS), -1)
+        return np.bincount(slot, weights=t * self.count, minlength=n).reshape(len(PARTS), -1)
 
     def host_seconds(self, c: OpSpeedConstants, host: float = 1.0) -> np.ndarray:
         """Seconds the host spends dispatching each part, on a host `host` times as slow as
@@ -141,14 +164,42 @@ def op_seconds(
     return np.where(kind == OP_CLASS["alloc"], 0.0, t)  # no kernel: the host's time only
 
 
+T = TypeVar("T", float, np.ndarray)
+
+
+def along(lo: T, hi: T, w: Any) -> T:
+    """A figure of a step on the depth line: `w` of the way from its value at the lower
+    simulated depth (`lo`) to its value at the upper (`hi`), `Depths.weight`. The one place
+    the line is drawn: memory, FLOPs, parameters and time all follow it (arrays: a `w` for
+    each row, as the speed fit times many steps at once)."""
+    return lo + w * (hi - lo)
+
+
+@dataclass(frozen=True)
+class Depths:
+    """The two depths a step is simulated at (decoder layers); any figure of the step at
+    another depth is on the line through its values at these two (the profile's depth
+    rule, `profile.py`): T(L) = T(lo) + (L - lo) / (hi - lo) x (T(hi) - T(lo))."""
+
+    lo: int
+    hi: int
+
+    def weight(self, layers: int) -> float:
+        """How far along the line `layers` decoder layers are: 0 at `lo`, 1 at `hi`."""
+        return (layers - self.lo) / (self.hi - self.lo)
+
+    def at(self, layers: int, lo: T, hi: T) -> T:
+        """The figure at `layers` layers from its values at the two depths."""
+        return along(lo, hi, self.weight(layers))
+
+
 @dataclass(frozen=True)
 class StepOps:
     """The op tables of two depths of one step, whose line gives any depth."""
 
     lo: OpTable
     hi: OpTable
-    lo_layers: int
-    hi_layers: int
+    depths: Depths
 
     def parts(
         self, layers: int, gpu: GPU, peak_flops: float, c: OpSpeedConstants, host: float = 1.0
@@ -162,10 +213,10 @@ class StepOps:
     ) -> tuple[np.ndarray, np.ndarray]:
         """GPU seconds of each class of op in each part (parts, classes), and the host's
         seconds of each part, at `layers` decoder layers."""
-        w = (layers - self.lo_layers) / (self.hi_layers - self.lo_layers)
         g_lo, g_hi = (t.gpu_by_class(gpu, peak_flops, c) for t in (self.lo, self.hi))
         h_lo, h_hi = self.lo.host_seconds(c, host), self.hi.host_seconds(c, host)
-        return np.maximum(g_lo + w * (g_hi - g_lo), 0.0), h_lo + w * (h_hi - h_lo)
+        at = self.depths.at
+        return np.maximum(at(layers, g_lo, g_hi), 0.0), at(layers, h_lo, h_hi)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ through the two depths gives the model's (`optime.StepOps`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ from frugal.estimate.categories import (
     peak_row,
     step_parts,
 )
-from frugal.estimate.optime import OpTable, StepOps
+from frugal.estimate.optime import Depths, OpTable, StepOps
 
 
 def features(b: int, s: int) -> np.ndarray:
@@ -92,6 +92,44 @@ def align(ref: np.ndarray, other: np.ndarray, window: int = 64, run: int = 6) ->
     return out
 
 
+@dataclass(frozen=True)
+class OpFit:
+    """The unique ops of a step at one depth, each op's FLOPs and bytes a polynomial of the
+    shape's features (1, b·s, b·s²): its part of the step (a PARTS index), class (an
+    OP_CLASSES index), how many times it runs, and its coefficients (ops, 3) each. A
+    profile's file holds it as one array (`to_array`, columns in that order)."""
+
+    part: np.ndarray
+    kind: np.ndarray
+    count: np.ndarray
+    flops: np.ndarray  # (ops, 3)
+    nbytes: np.ndarray  # (ops, 3)
+
+    @classmethod
+    def from_array(cls, a: np.ndarray) -> OpFit:
+        return cls(a[:, 0], a[:, 1], a[:, 2], a[:, 3:6], a[:, 6:9])
+
+    def to_array(self) -> np.ndarray:
+        return np.column_stack([self.part, self.kind, self.count, self.flops, self.nbytes])
+
+    def same_ops(self, other: OpFit) -> bool:
+        """The same ops, merged alike (only their sizes may differ)."""
+        return len(self.part) == len(other.part) and all(
+            np.array_equal(a, b)
+            for a, b in (
+                (self.part, other.part),
+                (self.kind, other.kind),
+                (self.count, other.count),
+            )
+        )
+
+    def at(self, phi: np.ndarray, host_ops: np.ndarray) -> OpTable:
+        """The op table at the shape of features `phi`."""
+        flops = np.maximum(self.flops @ phi, 0.0)
+        nbytes = np.maximum(self.nbytes @ phi, 0.0)
+        return OpTable(self.part, self.kind, flops, nbytes, self.count, host_ops[0], host_ops[1])
+
+
 @dataclass
 class LayerFit:
     """Per-op live bytes and per-phase FLOPs as polynomials of (b, s), for one depth."""
@@ -104,9 +142,7 @@ class LayerFit:
     total_params: int
     trainable_params: int
     active_params: int
-    # the ops every micro-step and update repeat, identical ones merged: part (PARTS),
-    # class (OP_CLASSES), count, then FLOPs' and bytes' polynomial coefficients (3 + 3)
-    op_coef: np.ndarray  # (unique ops, 9)
+    ops: OpFit  # the ops every micro-step and update repeat, identical ones merged
     host_ops: np.ndarray  # (2, parts): ops and views the host dispatches in each part
 
     @classmethod
@@ -136,9 +172,9 @@ class LayerFit:
         seg_index = {s: i for i, s in enumerate(SEGMENTS)}
         segs = np.array([seg_index.get(s, -1) for s in ref.segments])
         segs[(ref.micro > micro_steps) & (ref.segments != "opt")] = -1
-        op_coef, host_ops = _fit_ops(phi, traces)
+        ops, host_ops = _fit_ops(phi, traces)
         return cls(n_layers, coef, segs, flop_coef, attn, ref.total_params, ref.trainable_params,
-                   ref.active_params, op_coef, host_ops)  # fmt: skip
+                   ref.active_params, ops, host_ops)  # fmt: skip
 
     def peaks(self, phi: np.ndarray) -> np.ndarray:
         """Category bytes at the (device) peak of each segment: (segments, categories); host
@@ -156,34 +192,30 @@ class LayerFit:
 
     def op_table(self, phi: np.ndarray) -> OpTable:
         """The op table of one micro-step and update at the shape of features `phi`."""
-        c = self.op_coef
-        flops = np.maximum(c[:, 3:6] @ phi, 0.0)
-        nbytes = np.maximum(c[:, 6:9] @ phi, 0.0)
-        return OpTable(np.column_stack([c[:, 0], c[:, 1], flops, nbytes, c[:, 2]]),
-                       self.host_ops[0], self.host_ops[1])  # fmt: skip
+        return self.ops.at(phi, self.host_ops)
 
 
-def _fit_ops(phi: np.ndarray, traces: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """The op table's polynomial per op (`LayerFit.op_coef`) from runs of the shapes of
-    `phi`, aligned op by op on the first; and the host's ops and views per part."""
+def _fit_ops(phi: np.ndarray, traces: list[Any]) -> tuple[OpFit, np.ndarray]:
+    """The op table's polynomial per op (`LayerFit.ops`) from runs of the shapes of `phi`,
+    aligned op by op on the first; and the host's ops and views per part."""
     ref = traces[0]
     part, keep = step_parts(ref.segments, ref.micro)
     idx = np.flatnonzero(keep)
-    y = [ref.ops[idx, 1:3]] + [t.ops[align(ref.op_ids, t.op_ids)[idx], 1:3] for t in traces[1:]]
+    y = [ref.ops.cost(idx)] + [t.ops.cost(align(ref.op_ids, t.op_ids)[idx]) for t in traces[1:]]
     coef = np.linalg.solve(phi, np.stack(y).reshape(len(traces), -1))  # (terms, ops * 2)
     coef = coef.reshape(phi.shape[1], len(idx), 2).transpose(1, 2, 0).reshape(len(idx), -1)
     # FLOPs and bytes per term are whole (or half: a triangle) numbers: rounding merges
     # identical ops whatever the solve's last bits
-    rows = np.column_stack([part[idx], ref.ops[idx, 0], np.round(coef, 2)])
+    rows = np.column_stack([part[idx], ref.ops.kind[idx], np.round(coef, 2)])
     uniq, counts = np.unique(rows, axis=0, return_counts=True)
-    op_coef = np.column_stack([uniq[:, :2], counts, uniq[:, 2:]])
+    ops = OpFit.from_array(np.column_stack([uniq[:, :2], counts, uniq[:, 2:]]))
     host = np.stack(
         [
             np.bincount(part[idx], minlength=len(PARTS)).astype(np.float64),
-            np.bincount(part[idx], weights=ref.ops[idx, 3], minlength=len(PARTS)),
+            np.bincount(part[idx], weights=ref.ops.views[idx], minlength=len(PARTS)),
         ]
     )
-    return op_coef, host  # fmt: skip
+    return ops, host
 
 
 def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
@@ -207,8 +239,7 @@ def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
             fa.n_layers == fb.n_layers
             and fa.coef.shape == fb.coef.shape
             and np.array_equal(fa.segments, fb.segments)
-            and fa.op_coef.shape == fb.op_coef.shape  # the same ops, merged alike
-            and np.array_equal(fa.op_coef[:, :3], fb.op_coef[:, :3])
+            and fa.ops.same_ops(fb.ops)
             and np.array_equal(fa.host_ops, fb.host_ops)
         )
         if not same:
@@ -220,7 +251,8 @@ def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
                 round(mix(fa.total_params, fb.total_params)),
                 round(mix(fa.trainable_params, fb.trainable_params)),
                 round(mix(fa.active_params, fb.active_params)),
-                mix(fa.op_coef, fb.op_coef), fa.host_ops.copy(),
+                replace(fa.ops, flops=mix(fa.ops.flops, fb.ops.flops),
+                        nbytes=mix(fa.ops.nbytes, fb.ops.nbytes)), fa.host_ops.copy(),
             )
         )  # fmt: skip
     return Profile(a.n_layers, (fits[0], fits[1]), list(a.lora_targets), a.attention)
@@ -242,9 +274,12 @@ class Profile:
         default_factory=dict, init=False, repr=False, compare=False
     )
 
+    @property
+    def depths(self) -> Depths:
+        return Depths(self.fits[0].n_layers, self.fits[1].n_layers)
+
     def _extrapolate(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        k = self.fits[0].n_layers
-        return a + (self.n_layers - k) * (b - a)
+        return self.depths.at(self.n_layers, a, b)
 
     def segment_peaks(self, batch: int, seq: int) -> np.ndarray:
         """(segments, categories) bytes at each segment's peak for the full depth."""
@@ -269,32 +304,25 @@ class Profile:
         if (batch, seq) not in self._ops:
             phi = features(batch, seq)
             lo, hi = self.fits
-            self._ops[batch, seq] = StepOps(lo.op_table(phi), hi.op_table(phi), lo.n_layers,
-                                            hi.n_layers)  # fmt: skip
+            self._ops[batch, seq] = StepOps(lo.op_table(phi), hi.op_table(phi), self.depths)
         return self._ops[batch, seq]
+
+    def _params(self, which: str) -> int:
+        lo, hi = (getattr(f, which) for f in self.fits)
+        return round(self.depths.at(self.n_layers, lo, hi))
 
     @property
     def total_params(self) -> int:
-        lo, hi = self.fits
-        return int(
-            lo.total_params + (self.n_layers - lo.n_layers) * (hi.total_params - lo.total_params)
-        )
+        return self._params("total_params")
 
     @property
     def trainable_params(self) -> int:
-        lo, hi = self.fits
-        return int(
-            lo.trainable_params
-            + (self.n_layers - lo.n_layers) * (hi.trainable_params - lo.trainable_params)
-        )
+        return self._params("trainable_params")
 
     @property
     def active_params(self) -> int:
         """Parameters a token meets (all of them but for a MoE model's idle experts)."""
-        lo, hi = self.fits
-        return int(
-            lo.active_params + (self.n_layers - lo.n_layers) * (hi.active_params - lo.active_params)
-        )
+        return self._params("active_params")
 
     def start_bytes(self, category: str) -> float:
         """Bytes of `category` resident when a step starts (weights, optimizer state)."""

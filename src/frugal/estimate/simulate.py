@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from frugal.estimate.optime import TracedOps
 from frugal.estimate.phantom import PhantomMode, phantom_like
 from frugal.estimate.tracker import StepTracker, tracking
 from frugal.models.specs import is_moe_config
@@ -49,7 +50,7 @@ class Trace:
     lora_targets: list[str]
     active_params: int  # those a token meets (a MoE model's routed experts count k/E)
     attention: str  # the attention kernel the step ran (`step.model.attention_kernel`)
-    ops: np.ndarray  # (ops + 1, 4) the op table: class, FLOPs, bytes, views before it
+    ops: TracedOps  # the op table: each op's class, FLOPs, bytes, views before it
 
 
 def dense_prefix(config: dict[str, Any]) -> int:

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from frugal.estimate.categories import CAT_INDEX, CATEGORIES, OP_CLASS, PHASES, SEGMENTS
+from frugal.estimate.optime import TracedOps
 from frugal.estimate.phantom import storage
 from frugal.step import marks
 
@@ -423,11 +424,11 @@ class StepTracker(TorchDispatchMode):
             delta[died, c] -= r.nbytes
         return np.cumsum(delta, axis=0)[: self.op + 1]
 
-    def op_table(self) -> np.ndarray:
-        """Per op (index 0: before tracking): class index, FLOPs, bytes read and written,
-        metadata-only ops dispatched before it; shape (ops + 1, 4)."""
+    def op_table(self) -> TracedOps:
+        """Per op (index 0: before tracking): its class index, FLOPs, bytes read and
+        written, and the metadata-only ops dispatched before it."""
         cols = (self.op_class, self.op_flops, self.op_bytes, self.op_views)
-        return np.array(cols, dtype=np.float64).T
+        return TracedOps(*(np.array(c, dtype=np.float64) for c in cols))
 
     def segments(self) -> np.ndarray:
         return np.array(self.segment_of_op)
