@@ -16,7 +16,7 @@ from conftest import run_error, run_json
 
 from frugal.cli.main import main
 from frugal.errors import FrugalError
-from frugal.ledger import periods, showback
+from frugal.ledger import forecast, periods, showback
 from frugal.ledger import report as rep
 from frugal.ledger.store import Ledger
 
@@ -193,16 +193,16 @@ def spiky(days: int, spike: int | None, base: float = 100.0) -> dict[date, float
 def test_anomalies_find_a_planted_spike_and_nothing_on_flat_spend() -> None:
     d0 = date(2026, 3, 1)
     last = d0 + timedelta(days=39)
-    found = rep.detect_anomalies(spiky(40, 30), d0, last, d0)
+    found = forecast.detect_anomalies(spiky(40, 30), d0, last, d0)
     assert [a.day for a in found] == [d0 + timedelta(days=30)]
     a = found[0]
     assert a.spend_usd == 400 and 85 <= a.baseline_usd <= 115 and a.threshold_usd < 400
-    assert rep.detect_anomalies(spiky(40, None), d0, last, d0) == []
-    assert rep.detect_anomalies({d: 50.0 for d in spiky(40, None)}, d0, last, d0) == []
+    assert forecast.detect_anomalies(spiky(40, None), d0, last, d0) == []
+    assert forecast.detect_anomalies({d: 50.0 for d in spiky(40, None)}, d0, last, d0) == []
     # a spike before 7 days of books is not judged; sparse small spend does not flag
-    assert rep.detect_anomalies(spiky(40, 4), d0, last, d0) == []
+    assert forecast.detect_anomalies(spiky(40, 4), d0, last, d0) == []
     sparse = {d0 + timedelta(days=i): 5.0 for i in range(0, 40, 9)}
-    assert rep.detect_anomalies(sparse, d0, last, d0) == []
+    assert forecast.detect_anomalies(sparse, d0, last, d0) == []
 
 
 def test_anomalies_from_the_books(ledger_url: str) -> None:

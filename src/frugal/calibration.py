@@ -105,8 +105,34 @@ def group_key(gpu: str | None, method: str | None) -> str:
     return f"{gpu or ANY}/{method or ANY}"
 
 
-def overrides(data: dict[str, Any], section: str, gpu: str | None = None,
-              method: str | None = None) -> dict[str, Any]:  # fmt: skip
+def with_values(
+    data: dict[str, Any], where: str | None, section: str, values: dict[str, float]
+) -> dict[str, Any]:
+    """`data` with `values` set in `section` at the top level (`where` None) or in the group
+    `where` (`group_key`)."""
+    out = copy.deepcopy(data)
+    if where is None:
+        out.setdefault(section, {}).update(values)
+    else:
+        groups = out.setdefault(GROUPS, {})
+        groups.setdefault(where, {}).setdefault(section, {}).update(values)
+    return out
+
+
+def value_at(
+    data: dict[str, Any], where: str | None, section: str, defaults: type, name: str
+) -> float:
+    """The value of `name` that applies at `where` (the top level, or a `group_key`)."""
+    gpu, method = (None, None)
+    if where is not None:
+        g, _, m = where.rpartition("/")
+        gpu, method = (None if g == ANY else g), (None if m == ANY else m)
+    return float(getattr(resolve(data, section, defaults, gpu, method), name))
+
+
+def overrides(
+    data: dict[str, Any], section: str, gpu: str | None = None, method: str | None = None
+) -> dict[str, Any]:
     """The fields `data` sets for `section` of a job of `method` on `gpu`, most specific
     last: top level, `*/method`, `GPU/*`, `GPU/method`."""
     out = dict(data.get(section) or {})
@@ -123,8 +149,14 @@ def overrides(data: dict[str, Any], section: str, gpu: str | None = None,
     return out
 
 
-def resolve(data: dict[str, Any], section: str, defaults: type[T], gpu: str | None = None,
-            method: str | None = None, where: str = "calibration") -> T:  # fmt: skip
+def resolve(
+    data: dict[str, Any],
+    section: str,
+    defaults: type[T],
+    gpu: str | None = None,
+    method: str | None = None,
+    where: str = "calibration",
+) -> T:
     """`defaults()` with the fields `data` (a parsed calibration) sets for this job."""
     values = overrides(data, section, gpu, method)
     retired: frozenset[str] = getattr(defaults, "RETIRED", frozenset())
@@ -164,8 +196,7 @@ def _sections(data: dict[str, Any], section: str) -> list[dict[str, Any]]:
 _made: dict[tuple[str, str, type, str | None, str | None], Any] = {}  # parsed once per text
 
 
-def load(section: str, defaults: type[T], gpu: str | None = None,
-         method: str | None = None) -> T:  # fmt: skip
+def load(section: str, defaults: type[T], gpu: str | None = None, method: str | None = None) -> T:
     """`defaults()` with the fields the calibration file's `section` overrides, for a job of
     `method` on `gpu` (its groups) when they are given. The file is read each time (a plan
     asks per GPU and method) and parsed once per content."""

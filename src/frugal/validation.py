@@ -21,10 +21,18 @@ from pydantic.fields import FieldInfo
 # pydantic's error types that mean "this number is out of its range or not a number"
 RANGE_ERRORS = frozenset(
     (
-        "greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number",
-        "int_parsing", "int_from_float", "int_type", "float_parsing", "float_type",
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "finite_number",
+        "int_parsing",
+        "int_from_float",
+        "int_type",
+        "float_parsing",
+        "float_type",
     )
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -74,13 +82,19 @@ class Number:
         above 0, up to 1', 'a number from 0, below 1', 'a number of 0 or more'."""
         kind = "a whole number" if self.whole else "a number"
         low = (
-            f"from {_n(self.ge)}" if self.ge is not None
-            else f"above {_n(self.gt)}" if self.gt is not None else ""
-        )  # fmt: skip
+            f"from {_n(self.ge)}"
+            if self.ge is not None
+            else f"above {_n(self.gt)}"
+            if self.gt is not None
+            else ""
+        )
         high = (
-            f"to {_n(self.le)}" if self.le is not None
-            else f"below {_n(self.lt)}" if self.lt is not None else ""
-        )  # fmt: skip
+            f"to {_n(self.le)}"
+            if self.le is not None
+            else f"below {_n(self.lt)}"
+            if self.lt is not None
+            else ""
+        )
         if low.startswith("from") and high.startswith("to"):
             return f"{kind} {low} {high}"
         if low and high:
@@ -113,10 +127,14 @@ def model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
     its nested models (a run config's `training`, say); None past a plain value."""
     for part in loc[:-1]:
         field = model.model_fields.get(str(part))
-        inner = next(
-            (t for t in _types(field) if isinstance(t, type) and issubclass(t, BaseModel)),
-            None,
-        ) if field else None  # fmt: skip
+        inner = (
+            next(
+                (t for t in _types(field) if isinstance(t, type) and issubclass(t, BaseModel)),
+                None,
+            )
+            if field
+            else None
+        )
         if inner is None:
             return None
         model = inner
@@ -151,8 +169,9 @@ def problem(e: ValidationError, model: type[BaseModel]) -> tuple[tuple[Any, ...]
     return loc, kind, msg
 
 
-def refusal(e: ValidationError, model: type[BaseModel], flag: Callable[[str], str] | None = None
-            ) -> str:  # fmt: skip
+def refusal(
+    e: ValidationError, model: type[BaseModel], flag: Callable[[str], str] | None = None
+) -> str:
     """A refused request as one line naming its option: `flag(field)` (default: the field
     as an option, `--field-name`) and the value first where it was the value that was
     wrong ("--budget 0: give a number above 0"), else the problem ("--optimize: input

@@ -33,8 +33,15 @@ def set_(
     from frugal.ledger.store import Ledger
 
     led = Ledger()
-    b = set_budget(led, name, amount, period, parse_tags(scope or [], "--scope"),
-                   parse_thresholds(thresholds), action)  # fmt: skip
+    b = set_budget(
+        led,
+        name,
+        amount,
+        period,
+        parse_tags(scope or [], "--scope"),
+        parse_thresholds(thresholds),
+        action,
+    )
     st = next(s for s in statuses(led) if s.budget.name == b.name)
     console().print(
         f"budget {b.name}: ${b.amount_usd:,.2f} per {b.period} · {_scope(b.scope)} · "
@@ -60,8 +67,16 @@ def list_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> Non
         t.add_column(col, justify="right" if col in ("amount", "spent", "left", "used") else "left")
     for s in rows:
         b = s.budget
-        t.add_row(b.name, _scope(b.scope), b.period, b.action, f"${b.amount_usd:,.2f}",
-                  f"${s.spent_usd:,.2f}", f"${s.left_usd:,.2f}", f"{s.used_pct:.0f}%")  # fmt: skip
+        t.add_row(
+            b.name,
+            _scope(b.scope),
+            b.period,
+            b.action,
+            f"${b.amount_usd:,.2f}",
+            f"${s.spent_usd:,.2f}",
+            f"${s.left_usd:,.2f}",
+            f"{s.used_pct:.0f}%",
+        )
     console().print(t)
 
 

@@ -78,27 +78,33 @@ def offers(ctx: typer.Context, o: OffersOptions) -> None:
     if ctx.invoked_subcommand is not None:
         return
     chosen = select_offers(
-        o.prices or [], o.discount or [], o.local or [], o.kwh_usd, o.providers, o.gpu,
+        o.prices or [],
+        o.discount or [],
+        o.local or [],
+        o.kwh_usd,
+        o.providers,
+        o.gpu,
         include_suspicious=o.suspicious_only,
-    )  # fmt: skip
+    )
     b = base()
     why = b.findings | b.errors
     if o.suspicious_only:
         chosen = [offer for offer in chosen if offer.key in why]
     basis = price_basis(chosen, o.prices or [])
     rows = [
-        x.to_json() | ({"suspicious": why[x.key], "left_out": x.key in b.errors}
-                       if x.key in why else {})
+        x.to_json()
+        | ({"suspicious": why[x.key], "left_out": x.key in b.errors} if x.key in why else {})
         for x in chosen
-    ]  # fmt: skip
+    ]
     if o.json_out:
         print_json({"offers": rows, "prices": basis.to_json()})
         show_prices(basis, o.json_out)
         return
 
     con = console()
-    what = "offers with a price error (left out) or finding (kept)" if o.suspicious_only \
-        else "offers"  # fmt: skip
+    what = (
+        "offers with a price error (left out) or finding (kept)" if o.suspicious_only else "offers"
+    )
     t = Table(title=f"{len(rows)} {what} ($/hour for the whole instance)")
     cols = ("provider", "instance", "GPUs", "on-demand", "spot", "interrupt", "region", "why")
     for col in cols if o.suspicious_only else cols[:-1]:
@@ -143,9 +149,13 @@ def update(
 
     err = Console(stderr=True)
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-        console=err, transient=True, disable=json_out or not err.is_terminal,
-    ) as bar:  # fmt: skip
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        console=err,
+        transient=True,
+        disable=json_out or not err.is_terminal,
+    ) as bar:
         tasks: dict[str, TaskID] = {}
 
         def shown(where: str, got: int, total: int | None) -> None:
@@ -168,9 +178,12 @@ def update(
     for f in done.fetched:
         j = f.to_json()
         t.add_row(
-            f.provider, str(len(f.offers)), ", ".join(j["gpus"]),  # type: ignore[arg-type]
-            str(j["regions"]), f.left_out or "-",
-        )  # fmt: skip
+            f.provider,
+            str(len(f.offers)),
+            ", ".join(j["gpus"]),  # type: ignore[arg-type]
+            str(j["regions"]),
+            f.left_out or "-",
+        )
     con = console()
     con.print(t)
     kept = f"; {done.kept} offers of other providers kept" if done.kept else ""

@@ -79,8 +79,16 @@ def add(ctx: typer.Context, o: AddOptions) -> None:
 
         served = find(led, o.model)
         tags |= served.tags
-    cid = led.add_cost(o.amount, o.kind.strip(), o.description[:500], o.resource_id[:300], at=when,
-                       tags=tags, provider=o.provider[:50], gpu_hours=o.gpu_hours)  # fmt: skip
+    cid = led.add_cost(
+        o.amount,
+        o.kind.strip(),
+        o.description[:500],
+        o.resource_id[:300],
+        at=when,
+        tags=tags,
+        provider=o.provider[:50],
+        gpu_hours=o.gpu_hours,
+    )
     _alerts(led, tags)
     if o.json_out:
         print_json({"cost_id": cid, "amount_usd": o.amount, "kind": o.kind, "tags": tags})
@@ -111,9 +119,15 @@ def lifetime_(
     for c in ("part", "entries", "from", "to", "GPU-h", "spend"):
         t.add_column(c, justify="left" if c in ("part", "from", "to") else "right")
     for i, p in enumerate(life.parts):
-        t.add_row(escape(p.what), str(p.entries), _day(p.first), _day(p.last),
-                  f"{p.gpu_hours:,.1f}", usd(p.usd),
-                  end_section=i == len(life.parts) - 1)  # fmt: skip
+        t.add_row(
+            escape(p.what),
+            str(p.entries),
+            _day(p.first),
+            _day(p.last),
+            f"{p.gpu_hours:,.1f}",
+            usd(p.usd),
+            end_section=i == len(life.parts) - 1,
+        )
     t.add_row("total", "", "", "", f"{life.gpu_hours:,.1f}", usd(life.usd))
     console().print(t)
 
@@ -149,8 +163,10 @@ def import_(
     con = console()
     con.print(escape(line))
     if r.matched:
-        con.print(f"matched rows billed ${r.matched_billed_usd:,.2f}; those runs metered "
-                  f"${r.matched_runs_usd:,.2f} (reports count the runs')")  # fmt: skip
+        con.print(
+            f"matched rows billed ${r.matched_billed_usd:,.2f}; those runs metered "
+            f"${r.matched_runs_usd:,.2f} (reports count the runs')"
+        )
 
 
 @app.command("report")
@@ -187,20 +203,38 @@ def _render(r: Any) -> None:
     p = r.period
     span = "all time" if p.start is None and p.end is None else f"{_day(p.start)} to {_day(p.end)}"
     t = Table(title=f"spend by {r.by}, {p.name} ({span}; runs by their start)")
-    cols = ("group", "spend", "GPU-h", "tokens", "$/M tok", "runs", "done", "failed",
-            "preempted", "lost", "est. err")  # fmt: skip
+    cols = (
+        "group",
+        "spend",
+        "GPU-h",
+        "tokens",
+        "$/M tok",
+        "runs",
+        "done",
+        "failed",
+        "preempted",
+        "lost",
+        "est. err",
+    )
     for c in cols:
         t.add_column(c, justify="left" if c == "group" else "right")
     for i, g in enumerate([*r.groups, r.totals]):
         o = g.outcomes
         err = g.est_error_median_abs_pct
         t.add_row(
-            escape(g.name), usd(g.spend_usd), f"{g.gpu_hours:,.1f}", f"{g.tokens:,.0f}",
+            escape(g.name),
+            usd(g.spend_usd),
+            f"{g.gpu_hours:,.1f}",
+            f"{g.tokens:,.0f}",
             "-" if g.usd_per_million_tokens is None else usd(g.usd_per_million_tokens),
-            str(g.runs), str(o["completed"]), str(o["failed"]), str(o["preempted"]),
-            usd(g.lost_usd), "-" if err is None else f"{err:.0f}%",
+            str(g.runs),
+            str(o["completed"]),
+            str(o["failed"]),
+            str(o["preempted"]),
+            usd(g.lost_usd),
+            "-" if err is None else f"{err:.0f}%",
             end_section=i == len(r.groups) - 1,
-        )  # fmt: skip
+        )
     con.print(t)
     con.print("[dim]est. err: median |actual/estimate - 1| of completed runs[/]")
     if r.projection:
@@ -209,8 +243,10 @@ def _render(r: Any) -> None:
     if r.anomalies:
         con.print("[bold]spend anomalies[/] (days above their trailing 14-day baseline):")
         for a in r.anomalies:
-            con.print(f"  {a.day}: ${a.spend_usd:,.2f} vs a median of ${a.baseline_usd:,.2f} "
-                      f"(threshold ${a.threshold_usd:,.2f})")  # fmt: skip
+            con.print(
+                f"  {a.day}: ${a.spend_usd:,.2f} vs a median of ${a.baseline_usd:,.2f} "
+                f"(threshold ${a.threshold_usd:,.2f})"
+            )
     else:
         con.print("no spend anomalies in the period")
 
@@ -350,22 +386,32 @@ def quality_cmd(
     grouped = len({r.group for r in rep.runs}) > 1  # ranks are each group's own
     cols = ("rank", "run", best, "USD", "hours", "model", "method", "settings")
     for col in (*cols, *(("task on data",) if grouped else ())):
-        t.add_column(col, justify="right" if col in ("rank", best, "USD", "hours")
-                     else "left")  # fmt: skip
+        t.add_column(col, justify="right" if col in ("rank", best, "USD", "hours") else "left")
     for r in rep.runs:
         loss = "-" if r.value is None else f"{r.value:.4f}"
         rank = "-" if r.rank is None else f"{r.rank}{' *' if r.frontier else ''}"
-        rest = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                         for k, v in r.settings.items()
-                         if k not in ("model", "method") and v is not None)  # fmt: skip
-        t.add_row(rank, r.run_id[:8], loss, f"${r.cost_usd:,.4f}", f"{r.hours:.3f}",
-                  str(r.settings["model"]), str(r.settings["method"]), escape(rest),
-                  *((escape(r.group),) if grouped else ()))  # fmt: skip
+        rest = ", ".join(
+            f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in r.settings.items()
+            if k not in ("model", "method") and v is not None
+        )
+        t.add_row(
+            rank,
+            r.run_id[:8],
+            loss,
+            f"${r.cost_usd:,.4f}",
+            f"{r.hours:.3f}",
+            str(r.settings["model"]),
+            str(r.settings["method"]),
+            escape(rest),
+            *((escape(r.group),) if grouped else ()),
+        )
     con.print(t)
     for e in rep.effects:
         values = "; ".join(f"{v} -> {x:.4f} ({n} runs)" for v, x, n in e.best_by_value)
         among = f" ({e.group})" if grouped else ""
-        con.print(escape(f"{e.setting} moved the best {rep.label} by {e.moved:.4f}{among}: "
-                         f"{values}"))  # fmt: skip
+        con.print(
+            escape(f"{e.setting} moved the best {rep.label} by {e.moved:.4f}{among}: {values}")
+        )
     for n in rep.notes:
         con.print(f"[dim]note: {escape(n)}[/]")

@@ -36,8 +36,7 @@ def dashboard(
     where = f"http://{'localhost' if host in ('127.0.0.1', '::1') else host}:{port}"
     if generated:
         print(f"token (shown once; or set FRUGAL_DASHBOARD_TOKEN): {token}")
-    print(f"frugal dashboard: {where}/api/docs{f'?token={token}' if generated else ''}",
-          flush=True)  # fmt: skip
+    print(f"frugal dashboard: {where}/api/docs{f'?token={token}' if generated else ''}", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

@@ -95,8 +95,12 @@ def histogram(lengths: list[int], bins: int = BINS) -> list[dict[str, int]]:
 def spread(ls: list[int]) -> dict[str, Any]:
     """Min, median, p95 (nearest rank) and max of sorted lengths."""
     median = statistics.median(ls)
-    return {"min": ls[0], "median": int(median) if float(median).is_integer() else median,
-            "p95": ls[max(0, math.ceil(0.95 * len(ls)) - 1)], "max": ls[-1]}  # fmt: skip
+    return {
+        "min": ls[0],
+        "median": int(median) if float(median).is_integer() else median,
+        "p95": ls[max(0, math.ceil(0.95 * len(ls)) - 1)],
+        "max": ls[-1],
+    }
 
 
 def _spread_text(ln: dict[str, Any]) -> str:
@@ -159,28 +163,45 @@ def classification_summary(file: str, tok: Any, seq: int, fmt: str) -> dict[str,
     over = sum(n > seq for n in lengths)
     warnings = []
     if st.imbalance >= IMBALANCED:
-        ratio = "a class has no example" if st.imbalance == float("inf") else (
-            f"the largest class has {st.imbalance:.1f}x the smallest's examples")  # fmt: skip
-        warnings.append(f"imbalanced: {ratio}; a classifier trained on it favours the large "
-                        "classes: weigh each class by the inverse of its share, or "
-                        "resample")  # fmt: skip
+        ratio = (
+            "a class has no example"
+            if st.imbalance == float("inf")
+            else (f"the largest class has {st.imbalance:.1f}x the smallest's examples")
+        )
+        warnings.append(
+            f"imbalanced: {ratio}; a classifier trained on it favours the large "
+            "classes: weigh each class by the inverse of its share, or "
+            "resample"
+        )
     if st.duplicates:
-        warnings.append(f"{st.duplicates} rows repeat an earlier row's text and label and "
-                        "weigh more in training: dedupe the file")  # fmt: skip
+        warnings.append(
+            f"{st.duplicates} rows repeat an earlier row's text and label and "
+            "weigh more in training: dedupe the file"
+        )
     if st.conflicts:
         t, labels = st.conflicts[0]
-        warnings.append(f"{len(st.conflicts)} texts carry two or more labels (e.g. "
-                        f"{t[:60]!r}: {', '.join(labels)}): fix or drop them")  # fmt: skip
+        warnings.append(
+            f"{len(st.conflicts)} texts carry two or more labels (e.g. "
+            f"{t[:60]!r}: {', '.join(labels)}): fix or drop them"
+        )
     if over:
-        warnings.append(f"{over} texts ({over / len(lengths):.0%}) are longer than --seq "
-                        f"{seq} tokens and are cut to it: raise --seq or shorten them")  # fmt: skip
+        warnings.append(
+            f"{over} texts ({over / len(lengths):.0%}) are longer than --seq "
+            f"{seq} tokens and are cut to it: raise --seq or shorten them"
+        )
     ls = sorted(lengths)
     return {
-        "rows": len(examples), "task": "classification", **st.to_json(),
-        "tokens": sum(lengths), "over_length": over, "over_length_share": over / len(ls),
+        "rows": len(examples),
+        "task": "classification",
+        **st.to_json(),
+        "tokens": sum(lengths),
+        "over_length": over,
+        "over_length_share": over / len(ls),
         "length": spread(ls),
-        "histogram": histogram(ls), "seq": seq, "warnings": warnings,
-    }  # fmt: skip
+        "histogram": histogram(ls),
+        "seq": seq,
+        "warnings": warnings,
+    }
 
 
 def write_plot(out: dict[str, Any], path: str) -> None:
@@ -252,10 +273,14 @@ def render_classes(file: str, out: dict[str, Any]) -> None:
     imbalance = "no example in a class" if out["imbalance"] is None else f"{out['imbalance']:g}x"
     ln = out["length"]
     conflicting = out["conflicting_texts"]
-    con.print(f"imbalance (largest / smallest class): {imbalance} · duplicate rows: "
-              f"{out['duplicates']:,} · conflicting texts: {conflicting:,}")  # fmt: skip
-    con.print(f"tokens per example min/median/p95/max: {_spread_text(ln)} · longer than "
-              f"{out['seq']}: {out['over_length']:,}")  # fmt: skip
+    con.print(
+        f"imbalance (largest / smallest class): {imbalance} · duplicate rows: "
+        f"{out['duplicates']:,} · conflicting texts: {conflicting:,}"
+    )
+    con.print(
+        f"tokens per example min/median/p95/max: {_spread_text(ln)} · longer than "
+        f"{out['seq']}: {out['over_length']:,}"
+    )
     _said(out)
 
 
@@ -264,8 +289,13 @@ def preference_summary(file: str, tok: Any, seq: int, fmt: str) -> dict[str, Any
     identical pairs, prompts repeated in completions (`data.pairs.pair_stats`)."""
     st = pair_stats(read_preferences(file), tok, seq)
     ls = sorted(st.pop("lengths"))
-    return {"task": "preference", **st, "length": spread(ls), "histogram": histogram(ls),
-            "seq": seq}  # fmt: skip
+    return {
+        "task": "preference",
+        **st,
+        "length": spread(ls),
+        "histogram": histogram(ls),
+        "seq": seq,
+    }
 
 
 def render_pairs(file: str, out: dict[str, Any]) -> None:
@@ -274,13 +304,20 @@ def render_pairs(file: str, out: dict[str, Any]) -> None:
     con.print(f"[bold]{escape(file)}[/] · {out['rows']:,} {kind} · seq {out['seq']}")
     both = "prompt and completion" if out["kind"] == "kto" else "both sequences of each pair"
     con.print(f"tokens ({both}): {out['tokens']:,}")
-    con.print(f"tokens per row's longer sequence min/median/p95/max: "
-              f"{_spread_text(out['length'])} · longer than {out['seq']}: "
-              f"{out['over_length']:,}")  # fmt: skip
-    also = (f" · desirable: {out['desirable_share']:.0%}" if "desirable_share" in out
-            else f" · identical pairs: {out['identical_pairs']:,}")  # fmt: skip
-    con.print(f"duplicate rows: {out['duplicates']:,} · prompt repeated in a completion: "
-              f"{out['prompt_in_completion']:,}{also}")  # fmt: skip
+    con.print(
+        f"tokens per row's longer sequence min/median/p95/max: "
+        f"{_spread_text(out['length'])} · longer than {out['seq']}: "
+        f"{out['over_length']:,}"
+    )
+    also = (
+        f" · desirable: {out['desirable_share']:.0%}"
+        if "desirable_share" in out
+        else f" · identical pairs: {out['identical_pairs']:,}"
+    )
+    con.print(
+        f"duplicate rows: {out['duplicates']:,} · prompt repeated in a completion: "
+        f"{out['prompt_in_completion']:,}{also}"
+    )
     _said(out)
 
 
@@ -294,10 +331,12 @@ def _said(out: dict[str, Any]) -> None:
 
 
 # each task's check of a file: its summary (what --json prints) and how it reads as text
-CHECKS: dict[str, tuple[Callable[[str, Any, int, str], dict[str, Any]],
-                        Callable[[str, dict[str, Any]], None]]] = {
+CHECKS: dict[
+    str,
+    tuple[Callable[[str, Any, int, str], dict[str, Any]], Callable[[str, dict[str, Any]], None]],
+] = {
     "causal": (token_summary, render_tokens),
     "classification": (classification_summary, render_classes),
     "preference": (preference_summary, render_pairs),
     "distill": (token_summary, render_tokens),
-}  # fmt: skip
+}

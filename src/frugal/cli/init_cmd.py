@@ -118,8 +118,10 @@ def _preference_seq(path: str) -> dict[str, Any]:
     """A preference row's longer sequence (characters / 4, prompt and completion) as a
     classifier's text; KTO's method where the rows are unpaired."""
     rows = read_preferences(path)
-    longest = max(len(str(r.prompt)) + max(len(str(r.chosen)), len(str(r.rejected or "")))
-                  for r in rows) / CHARS_PER_TOKEN  # fmt: skip
+    longest = (
+        max(len(str(r.prompt)) + max(len(str(r.chosen)), len(str(r.rejected or ""))) for r in rows)
+        / CHARS_PER_TOKEN
+    )
     return {"seq": _power_of_two(longest), "preference": "kto" if is_kto(rows) else "dpo"}
 
 
@@ -192,21 +194,38 @@ def _priority(text: str, got: dict[str, Any]) -> str:
 
 
 QUESTIONS = [
-    Question("task", "Task: causal (next-token), classification, preference or distill",
-             lambda g: "causal", _task),
+    Question(
+        "task",
+        "Task: causal (next-token), classification, preference or distill",
+        lambda g: "causal",
+        _task,
+    ),
     Question("dataset", "Training data file", lambda g: None, _data),
-    Question("model", "Model: hub id, local dir, or a size such as 8B",
-             lambda g: task_of(g["task"]).default_model, _model),
-    Question("teacher", "Teacher: a bundled id or a directory with its weights (the student's "
-             "tokenizer)", lambda g: None, _teacher,
-             lambda g: "teacher" in task_of(g["task"]).fields),
+    Question(
+        "model",
+        "Model: hub id, local dir, or a size such as 8B",
+        lambda g: task_of(g["task"]).default_model,
+        _model,
+    ),
+    Question(
+        "teacher",
+        "Teacher: a bundled id or a directory with its weights (the student's tokenizer)",
+        lambda g: None,
+        _teacher,
+        lambda g: "teacher" in task_of(g["task"]).fields,
+    ),
     Question("budget", "Budget in USD (none: no cap)", lambda g: "none", _money),
-    Question("deadline", "Deadline: hours, or e.g. 2d (none: no deadline)", lambda g: "none",
-             _hours),
-    Question("hardware", "Hardware: cloud, or your GPUs (e.g. '1x RTX 4090')",
-             lambda g: "cloud", _hardware),
+    Question(
+        "deadline", "Deadline: hours, or e.g. 2d (none: no deadline)", lambda g: "none", _hours
+    ),
+    Question(
+        "hardware",
+        "Hardware: cloud, or your GPUs (e.g. '1x RTX 4090')",
+        lambda g: "cloud",
+        _hardware,
+    ),
     Question("priority", "Quality or cost first", lambda g: "cost", _priority),
-]  # fmt: skip
+]
 
 
 def ask(o: InitOptions) -> dict[str, Any]:
@@ -242,13 +261,21 @@ def ask(o: InitOptions) -> dict[str, Any]:
 def request(got: dict[str, Any]) -> PlanRequest:
     """The plan these answers ask for."""
     local = (got["hardware"],) if got["hardware"] else ()
-    return PlanRequest.model_validate({
-        "model": got["model"], "dataset": got["dataset"], "task": got["task"],
-        "preference": got.get("preference", "dpo"), "teacher": got.get("teacher"),
-        "seq": got["seq"],
-        "methods": METHODS[got["priority"]], "budget": got["budget"],
-        "deadline": got["deadline"], "local": local, "providers": ("local",) if local else None,
-    })  # fmt: skip
+    return PlanRequest.model_validate(
+        {
+            "model": got["model"],
+            "dataset": got["dataset"],
+            "task": got["task"],
+            "preference": got.get("preference", "dpo"),
+            "teacher": got.get("teacher"),
+            "seq": got["seq"],
+            "methods": METHODS[got["priority"]],
+            "budget": got["budget"],
+            "deadline": got["deadline"],
+            "local": local,
+            "providers": ("local",) if local else None,
+        }
+    )
 
 
 @takes(InitOptions)

@@ -39,8 +39,14 @@ def run_jobs(o: PlanOptions, path: str) -> None:
         raise FrugalError("--jobs plans the jobs of its file: drop MODEL, --tokens, --dataset")
     if o.emit or o.emit_file or o.plot:
         raise FrugalError("--jobs writes a task per VM with --write DIR: drop --emit, --plot")
-    offers = select_offers(o.offers or [], o.discount or [], o.local or [], o.kwh_usd,
-                           o.providers, include_suspicious=o.include_suspicious)  # fmt: skip
+    offers = select_offers(
+        o.offers or [],
+        o.discount or [],
+        o.local or [],
+        o.kwh_usd,
+        o.providers,
+        include_suspicious=o.include_suspicious,
+    )
     write, force = o.write, o.force
     jobs = read_jobs(path)
     if write:  # the directory and each job's run config, before any planning
@@ -140,9 +146,13 @@ def render(packing: Packing, out: dict[str, Any]) -> None:
         )
         offer = f"{vm['provider']} {vm['instance']}{' spot' if vm['spot'] else ''}"
         t.add_row(
-            f"vm{i}", offer, jobs, f"{vm['start_h']:.1f}", f"{vm['hours']:.2f}",
+            f"vm{i}",
+            offer,
+            jobs,
+            f"{vm['start_h']:.1f}",
+            f"{vm['hours']:.2f}",
             f"${vm['cost_usd']:,.2f}",
-        )  # fmt: skip
+        )
     con.print(t)
     for note in out["notes"]:
         con.print(f"  • {note}")

@@ -92,8 +92,9 @@ def lifecycle(ctx: typer.Context, o: LifecycleOptions) -> None:
     given = _given_quality(o.quality or [])
     large = o.large or o.teacher
     if large is None:
-        raise FrugalError("--large MODEL: the model to serve as it is (a distillation's "
-                          "default is its --teacher)")  # fmt: skip
+        raise FrugalError(
+            "--large MODEL: the model to serve as it is (a distillation's default is its --teacher)"
+        )
     try:
         load_spec(large)  # before the training plan
     except FrugalError as e:
@@ -102,24 +103,37 @@ def lifecycle(ctx: typer.Context, o: LifecycleOptions) -> None:
         check_plot_path(o.plot)
         check_target(o.plot, "--plot", force=o.force)
     # a commitment longer than the horizon would still be owed after it: not priced
-    terms = tuple(t for t in ServeRequest.model_fields["commitment_months"].default
-                  if t <= o.months)  # fmt: skip
-    asks = {m: request_of(ctx, ServeRequest, model=m, commitment_months=terms)
-            for m in (large, o.model)}  # fmt: skip
+    terms = tuple(
+        t for t in ServeRequest.model_fields["commitment_months"].default if t <= o.months
+    )
+    asks = {
+        m: request_of(ctx, ServeRequest, model=m, commitment_months=terms) for m in (large, o.model)
+    }
     asks[large].ask()  # the load checked before the training plan is made and recorded
     trained = make_plan(request_of(ctx, PlanRequest))  # recorded, as every plan
     served = {m: make_serve_plan(q) for m, q in asks.items()}
     quality = qualities(o.metric, large, o.model, o.task, o.dataset, given)
-    life = lifecycle_of(served[large].plan, served[o.model].plan, _training(trained), quality,
-                     o.metric, o.months, o.train_every_months)  # fmt: skip
+    life = lifecycle_of(
+        served[large].plan,
+        served[o.model].plan,
+        _training(trained),
+        quality,
+        o.metric,
+        o.months,
+        o.train_every_months,
+    )
     if o.plot:
         _plot(life, o.plot)
     if o.json_out:
-        print_json(life.to_json() | {
-            "training_plan": trained.to_json()["recommendation"],
-            "plan_id": trained.plan_id, "notes": life.notes(),
-            "prices": served[large].basis.to_json(),
-        })  # fmt: skip
+        print_json(
+            life.to_json()
+            | {
+                "training_plan": trained.to_json()["recommendation"],
+                "plan_id": trained.plan_id,
+                "notes": life.notes(),
+                "prices": served[large].basis.to_json(),
+            }
+        )
     else:
         _render(life, o.plot)
     show_prices(served[large].basis, o.json_out)
@@ -127,8 +141,15 @@ def lifecycle(ctx: typer.Context, o: LifecycleOptions) -> None:
 
 def _training(trained: PlanOutcome) -> Training:
     rec = trained.result.recommendation
-    return Training(rec.cost_usd, rec.hours * rec.gpus, rec.hours, rec.label(), rec.job.method,
-                    distilled=rec.job.teacher is not None, plan_id=trained.plan_id)  # fmt: skip
+    return Training(
+        rec.cost_usd,
+        rec.hours * rec.gpus,
+        rec.hours,
+        rec.label(),
+        rec.job.method,
+        distilled=rec.job.teacher is not None,
+        plan_id=trained.plan_id,
+    )
 
 
 def _given_quality(flags: list[str]) -> dict[str, float]:
@@ -151,15 +172,30 @@ def _render(life: Lifecycle, plot: str | None) -> None:
     training = life.training
     assert training is not None
     t = Table(title=f"{life.months} months of {life.requests_per_month:,.0f} requests a month")
-    for c in ("way", "training", "serving/mo", "total", "$/M pred.", "GPU-h", "quality",
-              "frontier"):  # fmt: skip
+    for c in (
+        "way",
+        "training",
+        "serving/mo",
+        "total",
+        "$/M pred.",
+        "GPU-h",
+        "quality",
+        "frontier",
+    ):
         t.add_column(c, justify="left" if c == "way" else "right")
     front = life.frontier
     for w in life.ways:
         q = "-" if w.quality is None else f"{w.quality:.4g}"
-        t.add_row(escape(w.name), usd(w.training_usd * life.trainings), usd(w.serving_usd_month),
-                  usd(life.total_usd(w)), usd(life.usd_per_million(w)),
-                  f"{life.gpu_hours(w):,.0f}", q, "yes" if w in front else "")  # fmt: skip
+        t.add_row(
+            escape(w.name),
+            usd(w.training_usd * life.trainings),
+            usd(w.serving_usd_month),
+            usd(life.total_usd(w)),
+            usd(life.usd_per_million(w)),
+            f"{life.gpu_hours(w):,.0f}",
+            q,
+            "yes" if w in front else "",
+        )
     con.print(t)
     for w in life.ways:
         con.print(
@@ -195,8 +231,16 @@ def _plot(life: Lifecycle, path: str) -> None:
             "large=VALUE and trained=VALUE (nothing was written)"
         )
     front = life.frontier
-    points = [Point(w.quality, life.usd_per_million(w), w.name, w in front)
-              for w in known if w.quality is not None]  # fmt: skip
+    points = [
+        Point(w.quality, life.usd_per_million(w), w.name, w in front)
+        for w in known
+        if w.quality is not None
+    ]
     better = "higher" if life.higher_is_better else "lower"
-    write_points(path, points, f"frugal lifecycle: {life.months} months",
-                 f"{life.metric} ({better} is better)", "USD per million predictions")  # fmt: skip
+    write_points(
+        path,
+        points,
+        f"frugal lifecycle: {life.months} months",
+        f"{life.metric} ({better} is better)",
+        "USD per million predictions",
+    )

@@ -62,9 +62,20 @@ _DEBUG = False
 _VERBOSE = False
 INTERRUPTED = "interrupted: run the command again (what was saved before is intact)"
 # a file system's answer about a path the user gave: theirs to fix (one line, exit 2)
-PATH_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
-               errno.ENAMETOOLONG, errno.EROFS, errno.ELOOP, errno.ENOSPC, errno.EDQUOT,
-               errno.ETXTBSY, errno.EEXIST}  # fmt: skip
+PATH_ERRORS = {
+    errno.ENOENT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.ENAMETOOLONG,
+    errno.EROFS,
+    errno.ELOOP,
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.ETXTBSY,
+    errno.EEXIST,
+}
 
 
 def _click_exceptions() -> Any:
@@ -124,8 +135,11 @@ def _say_profiles(before: tuple[list[Any], Counter[str]]) -> None:
     found -= before[1]
     for s in simulated:
         print(s.line(), file=sys.stderr)
-    print(f"profiles: {len(simulated)} simulated, {found['cached']} from the cache, "
-          f"{found['shipped']} shipped with frugal", file=sys.stderr)  # fmt: skip
+    print(
+        f"profiles: {len(simulated)} simulated, {found['cached']} from the cache, "
+        f"{found['shipped']} shipped with frugal",
+        file=sys.stderr,
+    )
 
 
 def _main(argv: list[str] | None) -> int:
@@ -181,8 +195,7 @@ def _failed(e: BaseException) -> int:
     database is the user's to fix (2); anything else is a bug in frugal (1)."""
     if isinstance(e, OSError) and e.filename is not None and e.errno in PATH_ERRORS:
         # the file system's answer about a path the user gave: theirs to fix
-        print(f"error: {e.filename}: {e.strerror}: check the path and the disk",
-              file=sys.stderr)  # fmt: skip
+        print(f"error: {e.filename}: {e.strerror}: check the path and the disk", file=sys.stderr)
         return 2
     if type(e).__module__.startswith("sqlalchemy"):  # the ledger's database, once open
         why = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:200]

@@ -51,9 +51,13 @@ def default(model: type[BaseModel], name: str) -> Any:
 
 
 def option(
-    model: type[BaseModel], name: str, *, unset: bool | str = False, listed: bool = False,
+    model: type[BaseModel],
+    name: str,
+    *,
+    unset: bool | str = False,
+    listed: bool = False,
     help: str | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """A typer option for `model.name`, with the field's default, description and range
     (a required field: a required option).
     unset: the option defaults to None (not given: the library picks the default, and may
@@ -145,8 +149,10 @@ def takes(options: type[Opts]) -> Callable[[Body[Opts]], Callable[..., None]]:
     infos = getattr(options, INFOS)
     keyword = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("ctx", keyword, annotation=typer.Context)]
-    params += [inspect.Parameter(f.name, keyword, default=infos[f.name], annotation=hints[f.name])
-               for f in fields]  # fmt: skip
+    params += [
+        inspect.Parameter(f.name, keyword, default=infos[f.name], annotation=hints[f.name])
+        for f in fields
+    ]
 
     def wrap(body: Body[Opts]) -> Callable[..., None]:
         @functools.wraps(body)

@@ -45,15 +45,24 @@ def plan(ctx: typer.Context, o: PlanOptions) -> None:
     show_prices(out.basis, o.json_out)
 
 
-EMITTED = {"hf": "train_hf.py", "skypilot": "sky.yaml", "modal": "modal_app.py",
-           "slurm": "train.sbatch", "torchrun": "nodes.sh"}  # fmt: skip
+EMITTED = {
+    "hf": "train_hf.py",
+    "skypilot": "sky.yaml",
+    "modal": "modal_app.py",
+    "slurm": "train.sbatch",
+    "torchrun": "nodes.sh",
+}
 FLAGS = {"run config": "--write", **dict.fromkeys(EMITTED, "--emit-file"), "plot": "--plot"}
 LAUNCHERS = ("skypilot", "modal", "slurm", "torchrun")  # they launch `frugal train` on the config
 KINDS = "hf, skypilot, modal, slurm or torchrun"
-USE = {"hf": "run it with: python {}", "skypilot": "launch with: sky jobs launch {}",
-       "modal": "launch with: modal run {}", "slurm": "submit with: sbatch {}",
-       "torchrun": "on each node: bash {} NODE_RANK HEAD_ADDRESS",
-       "plot": "cost against time of every feasible plan"}  # fmt: skip
+USE = {
+    "hf": "run it with: python {}",
+    "skypilot": "launch with: sky jobs launch {}",
+    "modal": "launch with: modal run {}",
+    "slurm": "submit with: sbatch {}",
+    "torchrun": "on each node: bash {} NODE_RANK HEAD_ADDRESS",
+    "plot": "cost against time of every feasible plan",
+}
 
 
 def _use(what: str, path: str, plan: Plan) -> str:

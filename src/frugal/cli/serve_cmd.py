@@ -101,9 +101,15 @@ def estimate_cmd(ctx: typer.Context, o: ServeEstimateOptions) -> None:
     load = load_from(o.concurrency, o.rate, o.offline, o.requests)
     g = find_gpu(o.gpu)
     d = Deployment(
-        load_spec(o.model), g, o.gpus, find_engine(o.engine), find_format(o.quant),
-        o.kv_dtype.lower(), o.memory_fraction, o.max_num_seqs,
-    )  # fmt: skip
+        load_spec(o.model),
+        g,
+        o.gpus,
+        find_engine(o.engine),
+        find_format(o.quant),
+        o.kv_dtype.lower(),
+        o.memory_fraction,
+        o.max_num_seqs,
+    )
     offers = select_offers()
     priced = (o.price, "--price") if o.price is not None else catalog_price(g, o.gpus, offers)
     e = estimate(d, o.input_len, o.output_len, load, o.prefix_hit, priced)
@@ -127,9 +133,13 @@ def render(e: ServeEstimate) -> None:
     for col in ("total", "x fraction", "weights", "activations", "non-torch", "KV cache"):
         t.add_column(col, justify="right")
     t.add_row(
-        f"{m.total_gib:.2f}", f"{m.budget_gib:.2f}", f"{m.weights_gib:.2f}",
-        f"{m.activation_gib:.2f}", f"{m.non_torch_gib:.2f}", f"{m.kv_cache_gib:.2f}",
-    )  # fmt: skip
+        f"{m.total_gib:.2f}",
+        f"{m.budget_gib:.2f}",
+        f"{m.weights_gib:.2f}",
+        f"{m.activation_gib:.2f}",
+        f"{m.non_torch_gib:.2f}",
+        f"{m.kv_cache_gib:.2f}",
+    )
     con.print(t)
     con.print(
         f"KV: {j['kv_bytes_per_token']:,} B/token · {m.kv_cache_tokens:,} tokens · "
@@ -278,10 +288,13 @@ def render_plan(p: ServePlan, out: dict[str, Any]) -> None:
         t.add_column(col, justify="left" if col in ("quant", "option", "quality") else "right")
     for f in out["formats"]:
         t.add_row(
-            f["quant"], f["option"], f"${f['usd_per_month']:,.0f}",
+            f["quant"],
+            f["option"],
+            f"${f['usd_per_month']:,.0f}",
             f"${f['usd_per_million_output_tokens']:,.3f}",
-            f"{f['replica_capacity_requests_per_s']:,.2f}", f["quality"],
-        )  # fmt: skip
+            f"{f['replica_capacity_requests_per_s']:,.2f}",
+            f["quality"],
+        )
     con.print(t)
     if out["apis"]:
         t = Table(title="hosted APIs serving the same model")

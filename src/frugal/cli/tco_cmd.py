@@ -180,8 +180,14 @@ def _options(
     apis = api_prices(model)
     if apis:
         a = min(apis, key=lambda a: a.cost_usd(w.input_mtok_per_month, w.output_mtok_per_month))
-        out.append(Api(f"API {a.provider}", a.input_usd_per_mtok, a.output_usd_per_mtok,
-                       engineering_h_month=api_h))  # fmt: skip
+        out.append(
+            Api(
+                f"API {a.provider}",
+                a.input_usd_per_mtok,
+                a.output_usd_per_mtok,
+                engineering_h_month=api_h,
+            )
+        )
     return out
 
 

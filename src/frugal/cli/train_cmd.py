@@ -101,8 +101,12 @@ class TrainOptions:
 def train(ctx: typer.Context, o: TrainOptions) -> None:
     """Fine-tune with LoRA, QLoRA or full training, as planned, keeping the money in view."""
 
-    flags = {"budget_usd": o.budget, "price_per_hour_usd": o.price_per_hour,
-             "output_dir": o.output_dir, "job.gpus": o.gpus}  # fmt: skip
+    flags = {
+        "budget_usd": o.budget,
+        "price_per_hour_usd": o.price_per_hour,
+        "output_dir": o.output_dir,
+        "job.gpus": o.gpus,
+    }
     cfg = load_run_config(
         o.config, list(o.overrides or []), {k: v for k, v in flags.items() if v is not None}
     )
@@ -135,8 +139,14 @@ def train(ctx: typer.Context, o: TrainOptions) -> None:
 
     from frugal.run.recipe import train as run_train
 
-    summary = run_train(cfg, resume=o.resume, dry_run=o.dry_run, quiet=o.quiet or o.json_out,
-                        tags=list(o.tag or []), force=o.force)  # fmt: skip
+    summary = run_train(
+        cfg,
+        resume=o.resume,
+        dry_run=o.dry_run,
+        quiet=o.quiet or o.json_out,
+        tags=list(o.tag or []),
+        force=o.force,
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         if o.json_out:
             print_json(summary.model_dump(mode="json"))
@@ -174,8 +184,11 @@ def render(s: RunSummary, dry: bool) -> None:
     c.print(t)
     if s.best_eval_loss is not None:
         m = s.best_metrics
-        also = (f", accuracy {m['accuracy']:.3f}, macro-F1 {m['macro_f1']:.3f}"
-                if "accuracy" in m else "")  # fmt: skip
+        also = (
+            f", accuracy {m['accuracy']:.3f}, macro-F1 {m['macro_f1']:.3f}"
+            if "accuracy" in m
+            else ""
+        )
         if "reward_margin" in m:  # preference tuning's
             also += f", reward margin {m['reward_margin']:.3f}"
         if "preference_accuracy" in m:

@@ -156,8 +156,10 @@ class PackedRows:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PackedRows):
-            return all(np.array_equal(getattr(self, k), getattr(other, k))
-                       for k in ("input_ids", "labels", "segments", "positions"))  # fmt: skip
+            return all(
+                np.array_equal(getattr(self, k), getattr(other, k))
+                for k in ("input_ids", "labels", "segments", "positions")
+            )
         if isinstance(other, list):
             return list(self) == other
         return NotImplemented
@@ -171,10 +173,15 @@ class PackedRows:
 
     def __getitem__(self, i: int | slice) -> Row | PackedRows:
         if isinstance(i, slice):
-            return PackedRows(self.input_ids[i], self.labels[i], self.segments[i],
-                              self.positions[i])  # fmt: skip
-        return Row(self.input_ids[i].tolist(), self.labels[i].tolist(),
-                   self.segments[i].tolist(), self.positions[i].tolist())  # fmt: skip
+            return PackedRows(
+                self.input_ids[i], self.labels[i], self.segments[i], self.positions[i]
+            )
+        return Row(
+            self.input_ids[i].tolist(),
+            self.labels[i].tolist(),
+            self.segments[i].tolist(),
+            self.positions[i].tolist(),
+        )
 
     def __iter__(self) -> Iterator[Row]:
         return (self[i] for i in range(len(self)))
@@ -294,8 +301,13 @@ class Batcher:
         self.carried: dict[str, tuple[np.ndarray, Output]] = {}
         if isinstance(rows, PackedRows) and len(rows):
             tensor = lambda a: torch.from_numpy(a).long()  # noqa: E731
-            self.tensors = layout(tensor(rows.input_ids), tensor(rows.labels),
-                                  tensor(rows.segments), tensor(rows.positions), True)  # fmt: skip
+            self.tensors = layout(
+                tensor(rows.input_ids),
+                tensor(rows.labels),
+                tensor(rows.segments),
+                tensor(rows.positions),
+                True,
+            )
         elif packed and len(rows) and not isinstance(rows, LabelledRows | PairRows):
             self.tensors = collate(list(rows), pad_id, packed=True)
 

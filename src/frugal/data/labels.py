@@ -139,11 +139,14 @@ class LabelStats:
         return max(self.counts.values()) / least if least else float("inf")
 
     def to_json(self) -> dict[str, Any]:
-        return {"classes": len(self.counts), "counts": self.counts,
-                "imbalance": None if self.imbalance == float("inf") else round(self.imbalance, 3),
-                "duplicates": self.duplicates, "conflicting_texts": len(self.conflicts),
-                "conflicts": [{"text": t[:200], "labels": labels}
-                              for t, labels in self.conflicts[:20]]}  # fmt: skip
+        return {
+            "classes": len(self.counts),
+            "counts": self.counts,
+            "imbalance": None if self.imbalance == float("inf") else round(self.imbalance, 3),
+            "duplicates": self.duplicates,
+            "conflicting_texts": len(self.conflicts),
+            "conflicts": [{"text": t[:200], "labels": labels} for t, labels in self.conflicts[:20]],
+        }
 
 
 def label_stats(examples: list[Labelled], classes: Classes) -> LabelStats:
@@ -156,10 +159,14 @@ def label_stats(examples: list[Labelled], classes: Classes) -> LabelStats:
         duplicates += (key, e.label) in seen
         seen.add((key, e.label))
         by_text.setdefault(key, set()).add(e.label)
-    conflicts = [(" | ".join(k), sorted(classes.names[i] for i in ls))
-                 for k, ls in by_text.items() if len(ls) > 1]  # fmt: skip
-    return LabelStats({n: counts.get(i, 0) for i, n in enumerate(classes.names)},
-                      duplicates, conflicts)  # fmt: skip
+    conflicts = [
+        (" | ".join(k), sorted(classes.names[i] for i in ls))
+        for k, ls in by_text.items()
+        if len(ls) > 1
+    ]
+    return LabelStats(
+        {n: counts.get(i, 0) for i, n in enumerate(classes.names)}, duplicates, conflicts
+    )
 
 
 @dataclass
@@ -189,8 +196,13 @@ def tokenize_labelled(
     """The examples' tokens as the model reads them (a pair joined by the tokenizer's own
     pair template; no EOS, so each row's last token is its text's), each cut to `seq`."""
     whole = [tok(*e.texts)["input_ids"] for e in examples]
-    return LabelledRows([t[:seq] for t in whole], [len(t) for t in whole],
-                        [e.label for e in examples], examples, classes)  # fmt: skip
+    return LabelledRows(
+        [t[:seq] for t in whole],
+        [len(t) for t in whole],
+        [e.label for e in examples],
+        examples,
+        classes,
+    )
 
 
 def balanced_weights(labels: Iterable[int], n_classes: int) -> tuple[float, ...]:

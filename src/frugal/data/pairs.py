@@ -61,16 +61,19 @@ class PairRows:
         """Row i's two sequences as (tokens, labels): the prompt masked."""
         p = self.prompts[i]
         mask = [IGNORE] * len(p)
-        return ((p + self.chosen[i], mask + self.chosen[i]),
-                (p + self.rejected[i], mask + self.rejected[i]))  # fmt: skip
+        return (
+            (p + self.chosen[i], mask + self.chosen[i]),
+            (p + self.rejected[i], mask + self.rejected[i]),
+        )
 
     def take(self, index: Sequence[int]) -> PairRows:
         idx = list(index)
         return PairRows(
-            [self.prompts[i] for i in idx], [self.chosen[i] for i in idx],
+            [self.prompts[i] for i in idx],
+            [self.chosen[i] for i in idx],
             [self.rejected[i] for i in idx],
             None if self.desirable is None else [self.desirable[i] for i in idx],
-        )  # fmt: skip
+        )
 
 
 def read_preferences(path: str) -> list[PreferenceRow]:
@@ -180,8 +183,10 @@ def _encode(row: PreferenceRow, tok: Any, eos: list[int]) -> tuple[list[int], ..
     if isinstance(row.prompt, list):
         return _encode_chat(row, tok)
     prompt = tok(row.prompt)["input_ids"]
-    done = [tok(c, add_special_tokens=False)["input_ids"] + eos if c is not None else []
-            for c in (row.chosen, row.rejected)]  # fmt: skip
+    done = [
+        tok(c, add_special_tokens=False)["input_ids"] + eos if c is not None else []
+        for c in (row.chosen, row.rejected)
+    ]
     return prompt, done[0], done[1]
 
 
@@ -243,39 +248,19 @@ def pair_stats(rows: list[PreferenceRow], tok: Any, seq: int) -> dict[str, Any]:
     kto = is_kto(rows)
     encoded = [_encode(r, tok, eos) for r in rows]
     lengths = [len(p) + max(len(c), len(x)) for p, c, x in encoded]
-    tokens = sum(len(p) * (1 if kto else 2) + len(c) + len(x) for p, c, x in encoded)
     over = sum(n > seq for n in lengths)
-    dropped = sum(len(p) >= seq for p, _, _ in encoded)
-    same = 0 if kto else sum(repr(r.chosen) == repr(r.rejected) for r in rows)
-    leaks = sum(_leaks(r) for r in rows)
-    seen: set[str] = set()
-    repeats = 0
-    for r in rows:
-        key = repr((r.prompt, r.chosen, r.rejected, r.desirable))
-        repeats += key in seen
-        seen.add(key)
-    warnings = []
-    if same:
-        warnings.append(f"{same} pairs have the same chosen and rejected completion: they "
-                        "teach nothing and dilute each step: drop them")  # fmt: skip
-    if leaks:
-        warnings.append(f"{leaks} completions begin with their prompt's text, which is then "
-                        "trained as if the model had to write it: keep the prompt out of "
-                        "chosen, rejected and completion")  # fmt: skip
-    if over:
-        warnings.append(f"{over} rows ({over / len(rows):.0%}) have a sequence longer than "
-                        f"--seq {seq} tokens, cut to it: raise --seq or shorten them")  # fmt: skip
-    if dropped:
-        warnings.append(f"{dropped} prompts fill --seq {seq} alone: those rows keep no "
-                        "completion token and are left out of training")  # fmt: skip
-    if repeats:
-        warnings.append(f"{repeats} rows repeat an earlier row and weigh more in training: "
-                        "dedupe the file")  # fmt: skip
     out: dict[str, Any] = {
-        "rows": len(rows), "kind": "kto" if kto else "pairs", "tokens": tokens,
-        "identical_pairs": same, "prompt_in_completion": leaks, "duplicates": repeats,
-        "over_length": over, "over_length_share": over / len(rows), "dropped": dropped,
-    }  # fmt: skip
+        "rows": len(rows),
+        "kind": "kto" if kto else "pairs",
+        "tokens": sum(len(p) * (1 if kto else 2) + len(c) + len(x) for p, c, x in encoded),
+        "identical_pairs": 0 if kto else sum(repr(r.chosen) == repr(r.rejected) for r in rows),
+        "prompt_in_completion": sum(_leaks(r) for r in rows),
+        "duplicates": _repeats(rows),
+        "over_length": over,
+        "over_length_share": over / len(rows),
+        "dropped": sum(len(p) >= seq for p, _, _ in encoded),
+    }
+    warnings = _warnings(out, seq)
     if kto:
         good = sum(r.desirable for r in rows)
         out["desirable_share"] = good / len(rows)
@@ -288,10 +273,40 @@ def pair_stats(rows: list[PreferenceRow], tok: Any, seq: int) -> dict[str, Any]:
     return {**out, "lengths": lengths, "warnings": warnings}
 
 
+def _repeats(rows: list[PreferenceRow]) -> int:
+    """Rows that repeat an earlier one."""
+    seen: set[str] = set()
+    repeats = 0
+    for r in rows:
+        key = repr((r.prompt, r.chosen, r.rejected, r.desirable))
+        repeats += key in seen
+        seen.add(key)
+    return repeats
+
+
+def _warnings(out: dict[str, Any], seq: int) -> list[str]:
+    """A preference file's problems (`pair_stats`'s counts), each with its fix."""
+    said = {
+        "identical_pairs": "{n} pairs have the same chosen and rejected completion: they "
+        "teach nothing and dilute each step: drop them",
+        "prompt_in_completion": "{n} completions begin with their prompt's text, which is "
+        "then trained as if the model had to write it: keep the prompt out of chosen, "
+        "rejected and completion",
+        "over_length": "{n} rows ({share:.0%}) have a sequence longer than --seq {seq} "
+        "tokens, cut to it: raise --seq or shorten them",
+        "dropped": "{n} prompts fill --seq {seq} alone: those rows keep no completion token "
+        "and are left out of training",
+        "duplicates": "{n} rows repeat an earlier row and weigh more in training: dedupe the file",
+    }
+    share = out["over_length_share"]
+    return [text.format(n=out[k], share=share, seq=seq) for k, text in said.items() if out[k]]
+
+
 def _leaks(row: PreferenceRow) -> bool:
     """Whether a completion repeats its (string) prompt at its start."""
     if not isinstance(row.prompt, str) or not row.prompt.strip():
         return False
     head = row.prompt.strip()
-    return any(isinstance(c, str) and c.strip().startswith(head)
-               for c in (row.chosen, row.rejected))  # fmt: skip
+    return any(
+        isinstance(c, str) and c.strip().startswith(head) for c in (row.chosen, row.rejected)
+    )

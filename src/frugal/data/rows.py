@@ -181,10 +181,12 @@ def messages(row: dict[str, Any], where: str) -> list[dict[str, str]]:
     if not ok:
         raise FrugalError(f"{where}: 'messages' must be a list of {{role, content}} objects")
     return [
-        {"role": text(m, "role", f"{where}: message {i}"),
-         "content": text(m, "content", f"{where}: message {i}")}
+        {
+            "role": text(m, "role", f"{where}: message {i}"),
+            "content": text(m, "content", f"{where}: message {i}"),
+        }
         for i, m in enumerate(msgs, 1)  # type: ignore[arg-type]
-    ]  # fmt: skip
+    ]
 
 
 def row_text(row: dict[str, Any], fmt: str, where: str) -> str:

@@ -72,8 +72,10 @@ class Examples:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Examples):
-            return all(np.array_equal(getattr(self, k), getattr(other, k))
-                       for k in ("ids", "labels", "offsets"))  # fmt: skip
+            return all(
+                np.array_equal(getattr(self, k), getattr(other, k))
+                for k in ("ids", "labels", "offsets")
+            )
         if isinstance(other, list):
             return list(self) == other
         return NotImplemented
@@ -229,10 +231,12 @@ def tokenize_batch(batch: dict[str, list[Any]], fmt: str, tok: Any) -> Any:
         blank = np.fromiter((not (t or "").strip() for t in batch[content]), bool, count=n)
         labels[np.repeat(blank, np.diff(offsets))] = IGNORE
     arrow_offsets = pa.array(offsets.astype(np.int32))
-    return pa.table({
-        "input_ids": pa.ListArray.from_arrays(arrow_offsets, pa.array(ids)),
-        "labels": pa.ListArray.from_arrays(arrow_offsets, pa.array(labels)),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(arrow_offsets, pa.array(ids)),
+            "labels": pa.ListArray.from_arrays(arrow_offsets, pa.array(labels)),
+        }
+    )
 
 
 def row_fields(row: dict[str, Any], fmt: str, where: str) -> dict[str, str]:
@@ -243,8 +247,7 @@ def row_fields(row: dict[str, Any], fmt: str, where: str) -> dict[str, str]:
     if fmt == "chat":
         return {"messages": json.dumps(messages(row, where))}
     if fmt == "prompt_completion":
-        return {"prompt": text(row, "prompt", where),
-                "completion": text(row, "completion", where)}  # fmt: skip
+        return {"prompt": text(row, "prompt", where), "completion": text(row, "completion", where)}
     return {"text": text(row, "text", where)}
 
 
@@ -288,8 +291,13 @@ def tokenizer_digest(tok: Any) -> str:
     backend = _backend(tok)  # in the state it tokenizes in, whatever called it before
     body = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
     h = hashlib.sha256(body.encode())
-    extra = [type(tok).__name__, getattr(tok, "chat_template", None), tok.eos_token_id,
-             tok.bos_token_id, str(tok.special_tokens_map)]  # fmt: skip
+    extra = [
+        type(tok).__name__,
+        getattr(tok, "chat_template", None),
+        tok.eos_token_id,
+        tok.bos_token_id,
+        str(tok.special_tokens_map),
+    ]
     h.update(json.dumps(extra, default=str).encode())
     return h.hexdigest()
 

@@ -195,8 +195,12 @@ def dump(profile: Profile) -> bytes:
         for name, a in arrays.items():
             one = io.BytesIO()
             np.lib.format.write_array(one, np.asanyarray(a), allow_pickle=False)
-            z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=EPOCH), one.getvalue(),
-                       compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)  # fmt: skip
+            z.writestr(
+                zipfile.ZipInfo(f"{name}.npy", date_time=EPOCH),
+                one.getvalue(),
+                compress_type=zipfile.ZIP_DEFLATED,
+                compresslevel=9,
+            )
     return buf.getvalue()
 
 

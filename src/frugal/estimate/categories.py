@@ -26,9 +26,16 @@ PHASES = ("forward", "backward", "recompute")
 # the loss, sums) and copies or casts; 4-bit dequantization; activations offloaded over the
 # host link; the optimizer's update; and allocations, which launch no kernel at all
 OP_CLASSES = (
-    "matmul", "attention", "elementwise", "reduction", "copy", "dequant", "offload", "optimizer",
+    "matmul",
+    "attention",
+    "elementwise",
+    "reduction",
+    "copy",
+    "dequant",
+    "offload",
+    "optimizer",
     "alloc",
-)  # fmt: skip
+)
 OP_CLASS = {c: i for i, c in enumerate(OP_CLASSES)}
 # the parts of a step between the training loop's syncs (the loss read, the optimizer):
 # a micro-step's forward and backward, and the update; each is timed on its own

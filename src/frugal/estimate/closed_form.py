@@ -84,10 +84,17 @@ def attention_shapes(c: dict[str, Any]) -> dict[str, tuple[int, int]]:
             )
         nope, rope, v = (int(c[n]) for n in need)
         r_kv, r_q = int(c["kv_lora_rank"]), int(c.get("q_lora_rank") or 0)
-        q = {"q_a_proj": (h, r_q), "q_b_proj": (r_q, a * (nope + rope))} if r_q else {
-            "q_proj": (h, a * (nope + rope))}  # fmt: skip
-        return {**q, "kv_a_proj_with_mqa": (h, r_kv + rope), "kv_b_proj": (r_kv, a * (nope + v)),
-                "o_proj": (a * v, h)}  # fmt: skip
+        q = (
+            {"q_a_proj": (h, r_q), "q_b_proj": (r_q, a * (nope + rope))}
+            if r_q
+            else {"q_proj": (h, a * (nope + rope))}
+        )
+        return {
+            **q,
+            "kv_a_proj_with_mqa": (h, r_kv + rope),
+            "kv_b_proj": (r_kv, a * (nope + v)),
+            "o_proj": (a * v, h),
+        }
     return {"q_proj": (h, a * d), "k_proj": (h, k * d), "v_proj": (h, k * d), "o_proj": (a * d, h)}
 
 
@@ -194,8 +201,11 @@ def lora_params(c: dict[str, Any], job: TrainJob) -> int:
     n = 0
     for i in range(int(c["num_hidden_layers"])):
         moe = is_moe_layer(c, i)
-        n += sum(job.lora_r * (a + b) for name, (a, b) in linear_shapes(c, moe).items()
-                 if targets == "all-linear" or name in targets)  # fmt: skip
+        n += sum(
+            job.lora_r * (a + b)
+            for name, (a, b) in linear_shapes(c, moe).items()
+            if targets == "all-linear" or name in targets
+        )
         experts = targets == "all-linear" or "experts" in targets
         if moe and job.method == "lora" and not job.lora_dropout and experts:
             x = _dims(c)

@@ -82,10 +82,11 @@ def moe_note(spec: ModelSpec, job: TrainJob, prof: Profile) -> str:
         return head
     if fused:
         kept = (
-            "" if job.grad_checkpointing else
-            " (without checkpointing every layer keeps its summed stack for backward: the "
+            ""
+            if job.grad_checkpointing
+            else " (without checkpointing every layer keeps its summed stack for backward: the "
             "experts' weights again, in 16 bits)"
-        )  # fmt: skip
+        )
         return head + (
             f"; LoRA adapts the routed experts ({', '.join(fused)}: PEFT's target_parameters, "
             f"rank {job.expert_rank(spec.config)} each, the rank over the {k} active experts as in "

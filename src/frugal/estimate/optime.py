@@ -147,19 +147,26 @@ class OpTable:
 
 
 def op_seconds(
-    kind: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, peak_flops: np.ndarray | float,
-    bw: np.ndarray | float, host_link: np.ndarray | float, c: OpSpeedConstants,
-) -> np.ndarray:  # fmt: skip
+    kind: np.ndarray,
+    flops: np.ndarray,
+    nbytes: np.ndarray,
+    peak_flops: np.ndarray | float,
+    bw: np.ndarray | float,
+    host_link: np.ndarray | float,
+    c: OpSpeedConstants,
+) -> np.ndarray:
     """GPU seconds of each op (of class `kind`): the longer of its FLOPs at its class's share
     of the tensor peak and its bytes at its class's share of the bandwidth (offloads: of the
     host link), and at least a kernel's floor. Arrays throughout, so that many steps on
     many GPUs are timed at once (the fit does)."""
     eff = np.where(kind == OP_CLASS["attention"], c.attention_eff, c.matmul_eff)
-    eff = eff * np.divide(flops, flops + c.matmul_half_flop, out=np.ones_like(flops),
-                          where=flops > 0)  # fmt: skip
+    eff = eff * np.divide(
+        flops, flops + c.matmul_half_flop, out=np.ones_like(flops), where=flops > 0
+    )
     compute = np.divide(flops, peak_flops * eff, out=np.zeros_like(flops), where=flops > 0)
-    rate = np.where(kind == OP_CLASS["offload"], host_link * c.offload_link_eff,
-                    bw * c.bw_eff()[kind])  # fmt: skip
+    rate = np.where(
+        kind == OP_CLASS["offload"], host_link * c.offload_link_eff, bw * c.bw_eff()[kind]
+    )
     t = np.maximum(np.maximum(compute, nbytes / rate), c.kernel_floor_s)
     return np.where(kind == OP_CLASS["alloc"], 0.0, t)  # no kernel: the host's time only
 
@@ -230,9 +237,15 @@ class OpStepTime:
 
 
 def step_seconds(
-    ops: StepOps, layers: int, gpu: GPU, peak_flops: float, accum: int,
-    c: OpSpeedConstants, host: float = 1.0, comm_exposed_s: float = 0.0,
-) -> OpStepTime:  # fmt: skip
+    ops: StepOps,
+    layers: int,
+    gpu: GPU,
+    peak_flops: float,
+    accum: int,
+    c: OpSpeedConstants,
+    host: float = 1.0,
+    comm_exposed_s: float = 0.0,
+) -> OpStepTime:
     """Seconds of one optimizer step of `accum` micro-steps (see the module's formula)."""
     g, h = ops.parts(layers, gpu, peak_flops, c, host)
     micro = max(g[0], h[0]) + max(g[1], h[1])

@@ -173,8 +173,18 @@ class LayerFit:
         segs = np.array([seg_index.get(s, -1) for s in ref.segments])
         segs[(ref.micro > micro_steps) & (ref.segments != "opt")] = -1
         ops, host_ops = _fit_ops(phi, traces)
-        return cls(n_layers, coef, segs, flop_coef, attn, ref.total_params, ref.trainable_params,
-                   ref.active_params, ops, host_ops)  # fmt: skip
+        return cls(
+            n_layers,
+            coef,
+            segs,
+            flop_coef,
+            attn,
+            ref.total_params,
+            ref.trainable_params,
+            ref.active_params,
+            ops,
+            host_ops,
+        )
 
     def peaks(self, phi: np.ndarray) -> np.ndarray:
         """Category bytes at the (device) peak of each segment: (segments, categories); host
@@ -246,15 +256,22 @@ def at_rank(a: Profile, ra: int, b: Profile, rb: int, r: int) -> Profile | None:
             return None
         fits.append(
             LayerFit(
-                fa.n_layers, mix(fa.coef, fb.coef), fa.segments.copy(),
-                mix(fa.flop_coef, fb.flop_coef), mix(fa.attn_coef, fb.attn_coef),
+                fa.n_layers,
+                mix(fa.coef, fb.coef),
+                fa.segments.copy(),
+                mix(fa.flop_coef, fb.flop_coef),
+                mix(fa.attn_coef, fb.attn_coef),
                 round(mix(fa.total_params, fb.total_params)),
                 round(mix(fa.trainable_params, fb.trainable_params)),
                 round(mix(fa.active_params, fb.active_params)),
-                replace(fa.ops, flops=mix(fa.ops.flops, fb.ops.flops),
-                        nbytes=mix(fa.ops.nbytes, fb.ops.nbytes)), fa.host_ops.copy(),
+                replace(
+                    fa.ops,
+                    flops=mix(fa.ops.flops, fb.ops.flops),
+                    nbytes=mix(fa.ops.nbytes, fb.ops.nbytes),
+                ),
+                fa.host_ops.copy(),
             )
-        )  # fmt: skip
+        )
     return Profile(a.n_layers, (fits[0], fits[1]), list(a.lora_targets), a.attention)
 
 

@@ -113,23 +113,40 @@ def simulate(
         if extra is not None:
             _materialize(extra, use_phantom)
         model.train()
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = make_optimizer(
-            job.optimizer, params, stand_in=True, in_backward=job.optimizer_in_backward
-        )
-        for p in params:  # the first step creates the optimizer state
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        params, opt = _after_first_step(model, job)
         for batch, seq in shapes:
             t = _tracked_step(model, opt, params, job, (batch, seq), vocab, extra)
-            traces.append(Trace(
-                live=t.timeline(), segments=t.segments(), micro=t.micro_steps(),
-                flops=dict(t.flops), attn_flops=dict(t.attn_flops), op_ids=np.array(t.op_ids),
-                total_params=total, trainable_params=trainable, lora_targets=targets,
-                active_params=active, attention=attention, ops=t.op_table(),
-            ))  # fmt: skip
+            traces.append(
+                Trace(
+                    live=t.timeline(),
+                    segments=t.segments(),
+                    micro=t.micro_steps(),
+                    flops=dict(t.flops),
+                    attn_flops=dict(t.attn_flops),
+                    op_ids=np.array(t.op_ids),
+                    total_params=total,
+                    trainable_params=trainable,
+                    lora_targets=targets,
+                    active_params=active,
+                    attention=attention,
+                    ops=t.op_table(),
+                )
+            )
     return traces
+
+
+def _after_first_step(model: nn.Module, job: TrainJob) -> tuple[list[nn.Parameter], Any]:
+    """The trainable parameters and their optimizer, its state created as a first step
+    creates it."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(
+        job.optimizer, params, stand_in=True, in_backward=job.optimizer_in_backward
+    )
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return params, opt
 
 
 @contextlib.contextmanager
@@ -145,9 +162,14 @@ def _unvalidated_distributions() -> Iterator[None]:
 
 
 def _tracked_step(
-    model: nn.Module, opt: Any, params: list[nn.Parameter], job: TrainJob,
-    shape: tuple[int, int], vocab: int, extra: nn.Module | None = None,
-) -> StepTracker:  # fmt: skip
+    model: nn.Module,
+    opt: Any,
+    params: list[nn.Parameter],
+    job: TrainJob,
+    shape: tuple[int, int],
+    vocab: int,
+    extra: nn.Module | None = None,
+) -> StepTracker:
     """The trainer's optimizer step on `shape` (batch, seq), every allocation tracked; two
     micro-batches where the job accumulates (the second is every later one). `extra`: the
     task's second model (its weights are frozen weights)."""

@@ -70,8 +70,10 @@ class SpeedConstants(OpSpeedConstants):
                 out.append(f"{f.name} {v} must be a number of at least 0")
             elif f.name.endswith("_eff") and not 0 < v <= top:
                 out.append(f"{f.name} {v} is a share of a peak rate: above 0, at most {top:g}")
-        for lo, hi, what in (("host_fast", "host_slow", "hosts' dispatch cost"),
-                             ("spread_lo", "spread_hi", "model's spread")):  # fmt: skip
+        for lo, hi, what in (
+            ("host_fast", "host_slow", "hosts' dispatch cost"),
+            ("spread_lo", "spread_hi", "model's spread"),
+        ):
             a, b = getattr(self, lo), getattr(self, hi)
             if not 0 < a <= 1 <= b:
                 out.append(
@@ -82,10 +84,18 @@ class SpeedConstants(OpSpeedConstants):
 
     # the roofline model's keys (frugal before the op model): a calibration file that
     # still sets them is read without them, and says so
-    RETIRED: ClassVar[frozenset[str]] = frozenset({
-        "eff_max_datacenter", "eff_max_workstation", "eff_max_consumer", "t_half",
-        "launch_s_per_layer", "dequant_eff", "elem_bytes", "host_link_eff",
-    })  # fmt: skip
+    RETIRED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "eff_max_datacenter",
+            "eff_max_workstation",
+            "eff_max_consumer",
+            "t_half",
+            "launch_s_per_layer",
+            "dequant_eff",
+            "elem_bytes",
+            "host_link_eff",
+        }
+    )
 
 
 def load_speed_constants(gpu: str | None = None, method: str | None = None) -> SpeedConstants:
@@ -175,9 +185,14 @@ def _comm_s(
 
 
 def comm_seconds(
-    grad_bytes: float, weights: float, job: TrainJob, gpu: GPU, per_node: int,
-    node_gbps: float, c: SpeedConstants,
-) -> float:  # fmt: skip
+    grad_bytes: float,
+    weights: float,
+    job: TrainJob,
+    gpu: GPU,
+    per_node: int,
+    node_gbps: float,
+    c: SpeedConstants,
+) -> float:
     """Seconds of one step's collective communication (before overlap with compute): the
     gradients' all-reduce (DDP), their reduce-scatter and the weights' all-gather (ZeRO-2),
     or every micro-step's weights gathered twice (FSDP, ZeRO-3); ring algorithms, over the

@@ -19,9 +19,7 @@ bounds it on a GPU, `categories.OP_CLASSES`), its FLOPs and the bytes it reads a
 metadata-only ops (views, detaches) were dispatched before it: the host dispatches those too.
 
 FLOPs use PyTorch's own formulas (`torch.utils.flop_counter`, the table FlopCounterMode
-uses), with additions registered below: the CPU flash-attention kernel that fake
-tensors on CPU dispatch to, grouped GEMMs (MoE experts: torch's, counted per routed token,
-and transformers' fallback for fp32 experts, which torch's table does not know).
+uses), with the additions of `flops.py` (the CPU flash-attention kernel, grouped GEMMs).
 """
 
 from __future__ import annotations
@@ -37,9 +35,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, register_flop_formula
+from torch.utils.flop_counter import flop_registry
 
 from frugal.estimate.categories import CAT_INDEX, CATEGORIES, OP_CLASS, PHASES, SEGMENTS
+from frugal.estimate.flops import FORWARD_ONLY, register_experts_fallback
 from frugal.estimate.optime import TracedOps
 from frugal.estimate.phantom import storage
 from frugal.step import marks
@@ -86,16 +85,42 @@ _NO_ALLOC = {
 
 
 _MATMUL = {
-    aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv, aten.dot,
-    aten._grouped_mm, aten.convolution, aten.convolution_backward,
-}  # fmt: skip
+    aten.mm,
+    aten.addmm,
+    aten.bmm,
+    aten.baddbmm,
+    aten.addbmm,
+    aten.addmv,
+    aten.mv,
+    aten.dot,
+    aten._grouped_mm,
+    aten.convolution,
+    aten.convolution_backward,
+}
 _REDUCTION = {
-    aten.sum, aten.mean, aten.amax, aten.amin, aten.max, aten.min, aten.norm,
-    aten.linalg_vector_norm, aten.var_mean, aten.logsumexp, aten._log_softmax, aten._softmax,
-    aten._log_softmax_backward_data, aten._softmax_backward_data, aten.nll_loss_forward,
-    aten.nll_loss_backward, aten.topk, aten.sort, aten.argmax, aten.cumsum, aten.histc,
+    aten.sum,
+    aten.mean,
+    aten.amax,
+    aten.amin,
+    aten.max,
+    aten.min,
+    aten.norm,
+    aten.linalg_vector_norm,
+    aten.var_mean,
+    aten.logsumexp,
+    aten._log_softmax,
+    aten._softmax,
+    aten._log_softmax_backward_data,
+    aten._softmax_backward_data,
+    aten.nll_loss_forward,
+    aten.nll_loss_backward,
+    aten.topk,
+    aten.sort,
+    aten.argmax,
+    aten.cumsum,
+    aten.histc,
     aten.bincount,
-}  # fmt: skip
+}
 _ALLOC = {
     aten.empty,
     aten.empty_like,
@@ -104,11 +129,27 @@ _ALLOC = {
     aten.new_empty_strided,
 }  # the caching allocator's: no kernel
 _COPY = {
-    aten._to_copy, aten.copy_, aten.clone, aten.cat, aten.stack, aten.index_select,
-    aten.embedding, aten.embedding_dense_backward, aten.index, aten.index_put_,
-    aten.gather, aten.scatter, aten.scatter_add, aten.index_add, aten._unsafe_index,
-    aten.repeat, aten.new_zeros, aten.zeros_like, aten.fill_, aten.zero_,
-}  # fmt: skip
+    aten._to_copy,
+    aten.copy_,
+    aten.clone,
+    aten.cat,
+    aten.stack,
+    aten.index_select,
+    aten.embedding,
+    aten.embedding_dense_backward,
+    aten.index,
+    aten.index_put_,
+    aten.gather,
+    aten.scatter,
+    aten.scatter_add,
+    aten.index_add,
+    aten._unsafe_index,
+    aten.repeat,
+    aten.new_zeros,
+    aten.zeros_like,
+    aten.fill_,
+    aten.zero_,
+}
 
 
 def _moved_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any]) -> int:
@@ -121,89 +162,6 @@ def _moved_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], outs: list[Any])
         elif isinstance(a, list | tuple):
             n += sum(t.numel() * t.element_size() for t in a if isinstance(t, torch.Tensor))
     return n
-
-
-def _sdpa_cpu_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query, key, value)
-
-
-def _sdpa_cpu_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-def grouped_mm_flops(a_shape: Any, b_shape: Any, out_shape: Any) -> int:
-    """FLOPs of a grouped GEMM (MoE experts): one dimension is cut into groups by `offs`,
-    and every row of it meets exactly one group's matrix, so the work is that of one plain
-    matmul over the uncut dimensions, not one per group.
-
-    - (S, k) x (E, k, n) -> (S, n): the routed tokens, each through its expert (forward,
-      and the input's gradient): 2·S·k·n.
-    - (k, S) x (S, n) -> (E, k, n): the experts' weight gradient, each token adding to its
-      own expert's only: 2·k·S·n (not E times that: the output has E groups, the work not).
-    - (E, m, k) x (k, N) -> (m, N): the other dimension cut: 2·m·k·N.
-    - (E, m, k) x (E, k, n): a plain batched matmul: 2·E·m·k·n."""
-    a, b = tuple(a_shape), tuple(b_shape)
-    if len(a) == 3 and len(b) == 3:
-        return 2 * a[0] * a[1] * a[2] * b[2]
-    if len(a) == 3:
-        return 2 * a[1] * a[2] * b[-1]
-    return 2 * a[0] * a[1] * b[-1]
-
-
-def _grouped_mm_formula(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    return grouped_mm_flops(a_shape, b_shape, out_shape)
-
-
-def _register_formulas() -> None:
-    extra = {
-        aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flops,
-        aten._grouped_mm: _grouped_mm_formula,
-    }
-    for op, fn in extra.items():
-        if op not in flop_registry:
-            register_flop_formula(op)(fn)  # type: ignore[arg-type]
-
-
-def _fallback_flops(input_shape, weight_shape, offs_shape, *args, out_shape=None, **kw) -> int:
-    return grouped_mm_flops(input_shape, weight_shape, None)
-
-
-def _fallback_backward_flops(input_shape, weight_shape, offs_shape, grad_shape, *args,
-                             out_shape=None, **kw) -> int:  # fmt: skip
-    # the input's gradient and the weight's, each as much work as the forward
-    return 2 * grouped_mm_flops(input_shape, weight_shape, None)
-
-
-# ops that only ever compute a forward: seen in backward, they are checkpointing's recompute
-# even where grad mode is off (a custom op's autograd runs its forward without it)
-FORWARD_ONLY: set[Any] = set()
-
-
-def register_experts_fallback() -> None:
-    """FLOPs of transformers' grouped-GEMM fallback (`transformers::grouped_mm_fallback`,
-    the experts of a dtype torch's grouped GEMM does not take: full fine-tuning's fp32),
-    once transformers has defined the ops."""
-    ops = getattr(torch.ops, "transformers", None)
-    for name, fn in (
-        ("grouped_mm_fallback", _fallback_flops),
-        ("grouped_mm_fallback_backward", _fallback_backward_flops),
-    ):
-        try:
-            op = getattr(ops, name)
-        except (AttributeError, RuntimeError):
-            continue
-        if op not in flop_registry:
-            register_flop_formula(op)(fn)
-        if name == "grouped_mm_fallback":
-            FORWARD_ONLY.add(op)
-
-
-_register_formulas()
 
 
 @dataclass(slots=True)

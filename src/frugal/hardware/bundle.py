@@ -47,8 +47,9 @@ def build(
             continue
         commit = commits.get(cloud, "")
         source = f"SkyPilot catalog {rel}" + (f" @{commit[:7]}" if commit else "")
-        got = parse_skypilot(path.read_text(encoding="utf-8-sig"), str(path), cloud, retrieved,
-                             source)  # fmt: skip
+        got = parse_skypilot(
+            path.read_text(encoding="utf-8-sig"), str(path), cloud, retrieved, source
+        )
         rows += got.offers
         if got.summary():
             notes.append(f"{cloud}: {got.summary()}")

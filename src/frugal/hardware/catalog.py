@@ -194,8 +194,9 @@ def select_offers(
     """The catalog as the CLI options select it (shared by `offers` and `plan`)."""
     if kwh_usd < 0:
         raise FrugalError("--kwh-usd must be >= 0 (your electricity price, $/kWh)")
-    out = catalog(prices, parse_discounts(discount), local, kwh_usd,
-                  include_suspicious=include_suspicious)  # fmt: skip
+    out = catalog(
+        prices, parse_discounts(discount), local, kwh_usd, include_suspicious=include_suspicious
+    )
     if providers_csv:
         keep = {find_provider(p) for p in providers_csv.split(",") if p.strip()}
         if "local" in keep and not any(o.provider == "local" for o in out):
@@ -217,5 +218,7 @@ def finding(offer: Offer) -> str | None:
         return None
     row = next((o for o in b.offers if o.key == offer.key), None)
     same = row is not None and (row.ondemand_usd_h, row.spot_usd_h) == (
-        offer.ondemand_usd_h, offer.spot_usd_h)  # fmt: skip
+        offer.ondemand_usd_h,
+        offer.spot_usd_h,
+    )
     return why if same else None

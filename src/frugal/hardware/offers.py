@@ -193,8 +193,15 @@ def parse_offers(text: str, file: str, retrieved_default: str = "") -> list[Offe
     return out
 
 
-SNAPSHOT_COLUMNS = (*OFFER_COLUMNS, "zone", "interruption", "vcpus", "memory_gib", "source",
-                    "retrieved")  # fmt: skip
+SNAPSHOT_COLUMNS = (
+    *OFFER_COLUMNS,
+    "zone",
+    "interruption",
+    "vcpus",
+    "memory_gib",
+    "source",
+    "retrieved",
+)
 
 
 def _decimal(x: float | None) -> str:
@@ -209,11 +216,22 @@ def offers_csv(offers: Iterable[Offer]) -> str:
     w.writerow(SNAPSHOT_COLUMNS)
     for o in offers:
         w.writerow(
-            [o.provider, o.instance, o.gpu.name, o.gpus, _decimal(o.ondemand_usd_h),
-             _decimal(o.spot_usd_h), o.region, o.zone,
-             o.interruption if o.spot_usd_h is not None else "",
-             _decimal(o.vcpus), _decimal(o.memory_gib), o.source, o.retrieved]
-        )  # fmt: skip
+            [
+                o.provider,
+                o.instance,
+                o.gpu.name,
+                o.gpus,
+                _decimal(o.ondemand_usd_h),
+                _decimal(o.spot_usd_h),
+                o.region,
+                o.zone,
+                o.interruption if o.spot_usd_h is not None else "",
+                _decimal(o.vcpus),
+                _decimal(o.memory_gib),
+                o.source,
+                o.retrieved,
+            ]
+        )
     return buf.getvalue()
 
 
@@ -328,8 +346,10 @@ def _load(path: Path) -> Base | None:
             raise FrugalError("not a frugal offers snapshot")
         return Base.of(snap, parse_offers(text, str(path), snap.retrieved.isoformat()))
     except FrugalError as e:
-        notice(f"price snapshot {path} cannot be read ({e}): passed over; "
-               "`frugal offers update` writes a new one")  # fmt: skip
+        notice(
+            f"price snapshot {path} cannot be read ({e}): passed over; "
+            "`frugal offers update` writes a new one"
+        )
         return None
 
 

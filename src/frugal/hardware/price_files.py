@@ -135,11 +135,19 @@ def _vm_offer(at: Cells, hosts: dict[tuple[str, str], _Host], done: Normalized) 
         # spot above on-demand, or an on-demand price of 0, is kept and flagged (sanity)
         spot = None
     return Offer(
-        provider="", instance=instance, gpu=gpu, gpus=int(count), ondemand_usd_h=round(od, 6),
-        spot_usd_h=round(spot, 6) if spot is not None else None, region=region,
-        interruption="", source="", zone=(r.get("AvailabilityZone") or "").strip(),
-        vcpus=vcpus, memory_gib=memory,
-    )  # fmt: skip
+        provider="",
+        instance=instance,
+        gpu=gpu,
+        gpus=int(count),
+        ondemand_usd_h=round(od, 6),
+        spot_usd_h=round(spot, 6) if spot is not None else None,
+        region=region,
+        interruption="",
+        source="",
+        zone=(r.get("AvailabilityZone") or "").strip(),
+        vcpus=vcpus,
+        memory_gib=memory,
+    )
 
 
 def _cheaper(spot: float | None, than: float | None) -> bool:

@@ -216,8 +216,15 @@ def plan_sources(source: str, only: Iterable[str] | None) -> list[tuple[str, str
 
 
 # dstack's gpuhunt names for the providers frugal knows (its other catalogs are left out)
-GPUHUNT = {"aws": "aws", "azure": "azure", "gcp": "gcp", "lambdalabs": "lambda",
-           "nebius": "nebius", "oci": "oci", "runpod": "runpod"}  # fmt: skip
+GPUHUNT = {
+    "aws": "aws",
+    "azure": "azure",
+    "gcp": "gcp",
+    "lambdalabs": "lambda",
+    "nebius": "nebius",
+    "oci": "oci",
+    "runpod": "runpod",
+}
 
 
 def _gpuhunt_gpu(name: str, memory_gb: float | None, instance: str) -> GPU | None:
@@ -278,16 +285,25 @@ def _gpuhunt_provider(catalog: Any, name: str, where: str, retrieved: str) -> Fe
         od, spot = prices.get("od"), prices.get("spot")
         if od is None:
             continue
-        offers.append(Offer(
-            provider=provider, instance=instance, gpu=gpu, gpus=int(item.gpu_count),
-            ondemand_usd_h=od,
-            # as SkyPilot's rows: no discount is no spot; above on-demand: flagged
-            spot_usd_h=spot if spot is not None and spot > 0 and abs(spot - od) > 1e-4 * od
-            else None,
-            region=location, interruption=bucket if spot is not None else "",
-            source=f"gpuhunt catalog {name} (dstack)", retrieved=retrieved,
-            vcpus=float(item.cpu), memory_gib=float(item.memory),
-        ))  # fmt: skip
+        offers.append(
+            Offer(
+                provider=provider,
+                instance=instance,
+                gpu=gpu,
+                gpus=int(item.gpu_count),
+                ondemand_usd_h=od,
+                # as SkyPilot's rows: no discount is no spot; above on-demand: flagged
+                spot_usd_h=spot
+                if spot is not None and spot > 0 and abs(spot - od) > 1e-4 * od
+                else None,
+                region=location,
+                interruption=bucket if spot is not None else "",
+                source=f"gpuhunt catalog {name} (dstack)",
+                retrieved=retrieved,
+                vcpus=float(item.cpu),
+                memory_gib=float(item.memory),
+            )
+        )
     left = ", ".join(f"{n} ({c})" for n, c in unknown.most_common())
     note = f"GPUs without specs in gpus.csv, left out: {left}" if unknown else ""
     return Fetched(provider, f"{where} ({name})", offers, note, unknown)
@@ -327,8 +343,9 @@ def update(
     if source == "gpuhunt":
         fetched = from_gpuhunt(chosen, stamp)
     else:
-        fetched = [f for p, where in plan_sources(source, chosen)
-                   for f in fetch(p, where, stamp, progress)]  # fmt: skip
+        fetched = [
+            f for p, where in plan_sources(source, chosen) for f in fetch(p, where, stamp, progress)
+        ]
     if chosen is not None:
         fetched = [f for f in fetched if f.provider in chosen]
     for f in fetched:

@@ -60,9 +60,13 @@ MIN_PEERS = 3
 # (Modal) and ::2 (Fluidstack), H100x8 (Paperspace); AWS, GCP, Azure and OCI do not
 COUNT_IN_NAME = tuple(
     re.compile(p)
-    for p in (r"(?<![0-9A-Za-z])(\d+)x(?=[_\-A-Z])", r"_(\d+)gpu-", r":(\d+)$",
-              r"(?<=[A-Za-z0-9])x(\d+)$")
-)  # fmt: skip
+    for p in (
+        r"(?<![0-9A-Za-z])(\d+)x(?=[_\-A-Z])",
+        r"_(\d+)gpu-",
+        r":(\d+)$",
+        r"(?<=[A-Za-z0-9])x(\d+)$",
+    )
+)
 
 
 def _named_count(instance: str) -> int | None:

@@ -40,8 +40,13 @@ CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod")
 # GCP sells the GPU apart from its host VM: the host VM each of its accelerators (SkyPilot's
 # names) needs for a count of them; T4, V100 and P100 attach to an N1 VM (8 vCPUs here)
 GCP_HOST = {
-    "A100": {1: "a2-highgpu-1g", 2: "a2-highgpu-2g", 4: "a2-highgpu-4g", 8: "a2-highgpu-8g",
-             16: "a2-megagpu-16g"},
+    "A100": {
+        1: "a2-highgpu-1g",
+        2: "a2-highgpu-2g",
+        4: "a2-highgpu-4g",
+        8: "a2-highgpu-8g",
+        16: "a2-megagpu-16g",
+    },
     "A100-80GB": {n: f"a2-ultragpu-{n}g" for n in (1, 2, 4, 8)},
     "H100": {n: f"a3-highgpu-{n}g" for n in (1, 2, 4, 8)},
     "H100-MEGA": {8: "a3-megagpu-8g"},
@@ -51,7 +56,7 @@ GCP_HOST = {
     "T4": {n: "n1-standard-8" for n in (1, 2, 4)},
     "V100": {n: "n1-standard-8" for n in (1, 2, 4, 8)},
     "P100": {n: "n1-standard-8" for n in (1, 2, 4)},
-}  # fmt: skip
+}
 
 
 def gcp_host(accelerator: str, count: int) -> str | None:

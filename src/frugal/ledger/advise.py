@@ -131,14 +131,17 @@ def gpu_oversized(runs: list[RunRecord], offers: list[Offer], speeds: _Speeds) -
         saving = r.hours * base - best[0]
         if saving >= max(MIN_USD, 0.1 * r.hours * base):
             o = best[1]
-            out.append(Advice(
-                "gpu-oversized", saving,
-                f"run it on {o.gpus}x {o.gpu.name}: {_where(o, r.spot)}",
-                f"peaked at {float(peak):.1f} GiB of {gpu.usable_gib:.0f} on {r.gpus}x "
-                f"{gpu.name}; {o.gpu.name} holds it ({o.gpu.usable_gib:.0f} GiB) and would "
-                f"cost ${best[0]:,.2f} against ${r.hours * base:,.2f} at today's prices",
-                [r.id],
-            ))  # fmt: skip
+            out.append(
+                Advice(
+                    "gpu-oversized",
+                    saving,
+                    f"run it on {o.gpus}x {o.gpu.name}: {_where(o, r.spot)}",
+                    f"peaked at {float(peak):.1f} GiB of {gpu.usable_gib:.0f} on {r.gpus}x "
+                    f"{gpu.name}; {o.gpu.name} holds it ({o.gpu.usable_gib:.0f} GiB) and would "
+                    f"cost ${best[0]:,.2f} against ${r.hours * base:,.2f} at today's prices",
+                    [r.id],
+                )
+            )
     return out
 
 
@@ -155,15 +158,18 @@ def low_utilisation(runs: list[RunRecord], speeds: _Speeds) -> list[Advice]:
         ratio = float(measured) / float(predicted)
         usd = r.cost_usd * (1 - ratio)
         if ratio < LOW_UTILISATION and usd >= MIN_USD:
-            out.append(Advice(
-                "low-utilisation", usd,
-                "find the stall: data loading or tokenizing on the fly, too small a "
-                "micro-batch, CPU offload or a throttled GPU (frugal train --dry-run 20 "
-                "measures a few steps)",
-                f"{float(measured):,.0f} tokens/s, {ratio:.0%} of the {float(predicted):,.0f} "
-                f"the throughput model gives for {r.gpus}x {gpu.name}",
-                [r.id],
-            ))  # fmt: skip
+            out.append(
+                Advice(
+                    "low-utilisation",
+                    usd,
+                    "find the stall: data loading or tokenizing on the fly, too small a "
+                    "micro-batch, CPU offload or a throttled GPU (frugal train --dry-run 20 "
+                    "measures a few steps)",
+                    f"{float(measured):,.0f} tokens/s, {ratio:.0%} of the {float(predicted):,.0f} "
+                    f"the throughput model gives for {r.gpus}x {gpu.name}",
+                    [r.id],
+                )
+            )
     return out
 
 
@@ -182,9 +188,10 @@ def spot(runs: list[RunRecord], offers: list[Offer]) -> list[Advice]:
         if every is not None and every > SPOT_MAX_CHECKPOINT_MIN:
             continue
         same = [
-            o for o in offers
+            o
+            for o in offers
             if (o.provider, o.instance) == (r.provider, r.instance) and o.spot_usd_h is not None
-        ]  # fmt: skip
+        ]
         if not same:
             continue
         o = min(same, key=lambda o: (o.region != r.region, o.spot_usd_h))
@@ -192,14 +199,18 @@ def spot(runs: list[RunRecord], offers: list[Offer]) -> list[Advice]:
         paid = r.price_per_hour_usd or o.ondemand_usd_h
         usd = r.hours * (paid - (1 + SPOT_REWORK) * o.spot_usd_h)
         if usd >= MIN_USD:
-            out.append(Advice(
-                "spot", usd,
-                f"run it on spot: {o.provider} {o.instance} {o.region} at ${o.spot_usd_h:.2f}/h "
-                "(frugal plan --spot; a preempted run resumes with --resume auto)",
-                f"{r.hours:.1f} h on demand at ${paid:.2f}/h, checkpointed every "
-                f"{f'{every:g} min' if every else 'default interval'}",
-                [r.id],
-            ))  # fmt: skip
+            out.append(
+                Advice(
+                    "spot",
+                    usd,
+                    f"run it on spot: {o.provider} {o.instance} {o.region} at "
+                    f"${o.spot_usd_h:.2f}/h (frugal plan --spot; a preempted run resumes with "
+                    "--resume auto)",
+                    f"{r.hours:.1f} h on demand at ${paid:.2f}/h, checkpointed every "
+                    f"{f'{every:g} min' if every else 'default interval'}",
+                    [r.id],
+                )
+            )
     return out
 
 
@@ -216,18 +227,22 @@ def early_stopping(runs: list[RunRecord]) -> list[Advice]:
         usd = r.cost_usd * (steps - best) / steps
         stop = min(steps, best + EARLY_PATIENCE * every)
         if usd >= MIN_USD:
-            out.append(Advice(
-                "early-stopping", usd,
-                f"set training.early_stopping_patience: {EARLY_PATIENCE} (it would have "
-                f"stopped at step {stop} and kept the best weights)",
-                f"best evaluation at step {best} of {steps}: ${usd:,.2f} spent after it",
-                [r.id],
-            ))  # fmt: skip
+            out.append(
+                Advice(
+                    "early-stopping",
+                    usd,
+                    f"set training.early_stopping_patience: {EARLY_PATIENCE} (it would have "
+                    f"stopped at step {stop} and kept the best weights)",
+                    f"best evaluation at step {best} of {steps}: ${usd:,.2f} spent after it",
+                    [r.id],
+                )
+            )
     return out
 
 
-def cheaper_offers(plans: list[PlanRecord], runs: list[RunRecord],
-                   offers: list[Offer]) -> list[Advice]:  # fmt: skip
+def cheaper_offers(
+    plans: list[PlanRecord], runs: list[RunRecord], offers: list[Offer]
+) -> list[Advice]:
     newest: dict[tuple[Any, ...], PlanRecord] = {}
     for p in sorted(plans, key=lambda p: aware(p.created_at)):
         newest[(p.model, p.method, p.provider, p.instance, p.gpu, p.gpus, p.spot)] = p
@@ -241,13 +256,17 @@ def cheaper_offers(plans: list[PlanRecord], runs: list[RunRecord],
             continue
         usd = p.est_hours * (p.price_per_hour_usd - o.hourly_usd(p.spot))
         if usd >= MIN_USD:
-            out.append(Advice(
-                "cheaper-offer", usd,
-                f"launch it on {_where(o, p.spot)} (frugal plan again picks it up)",
-                f"plan {p.id}: {p.gpus}x {gpu.name} on {p.provider} {p.instance} at "
-                f"${p.price_per_hour_usd:.2f}/h for {p.est_hours:.1f} h",
-                [r.id for r in runs if r.plan_id == p.id], [p.id],
-            ))  # fmt: skip
+            out.append(
+                Advice(
+                    "cheaper-offer",
+                    usd,
+                    f"launch it on {_where(o, p.spot)} (frugal plan again picks it up)",
+                    f"plan {p.id}: {p.gpus}x {gpu.name} on {p.provider} {p.instance} at "
+                    f"${p.price_per_hour_usd:.2f}/h for {p.est_hours:.1f} h",
+                    [r.id for r in runs if r.plan_id == p.id],
+                    [p.id],
+                )
+            )
     return out
 
 
@@ -258,18 +277,22 @@ def failures(runs: list[RunRecord]) -> list[Advice]:
     if total <= 0 or usd < MIN_USD or usd < FAILED_SHARE * total:
         return []
     n = {k: sum(1 for r in lost if r.outcome == k) for k in LOST}
-    return [Advice(
-        "failures", usd,
-        "resume preempted runs (frugal train CONFIG --resume auto keeps their checkpoints); "
-        "read why failed ones stopped (their reason in the ledger) and try "
-        "frugal train --dry-run 20 before the next launch",
-        f"{usd / total:.0%} of ${total:,.2f}: {n['failed']} failed, {n['preempted']} preempted",
-        [r.id for r in lost],
-    )]  # fmt: skip
+    return [
+        Advice(
+            "failures",
+            usd,
+            "resume preempted runs (frugal train CONFIG --resume auto keeps their checkpoints); "
+            "read why failed ones stopped (their reason in the ledger) and try "
+            "frugal train --dry-run 20 before the next launch",
+            f"{usd / total:.0%} of ${total:,.2f}: {n['failed']} failed, {n['preempted']} preempted",
+            [r.id for r in lost],
+        )
+    ]
 
 
-def advise(runs: list[RunRecord], plans: list[PlanRecord],
-           offers: list[Offer] | None = None) -> list[Advice]:  # fmt: skip
+def advise(
+    runs: list[RunRecord], plans: list[PlanRecord], offers: list[Offer] | None = None
+) -> list[Advice]:
     """Every rule over the ended, real runs and the plans given, largest stake first."""
     offers = list(bundled_offers()) if offers is None else offers
     ended = [r for r in runs if r.outcome is not None and not r.dry_run]

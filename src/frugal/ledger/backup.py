@@ -78,8 +78,10 @@ def _decode(table: Table, row: Any, where: str) -> dict[str, Any]:
         raise FrugalError(f"{where}: a {table.name} row is not a JSON object: export it again")
     unknown = sorted(set(row) - set(table.columns.keys()))
     if unknown:
-        raise FrugalError(f"{where}: {table.name} has no column {unknown[0]} in this frugal "
-                          f"(schema {HEAD}): upgrade frugal, or export with this one")  # fmt: skip
+        raise FrugalError(
+            f"{where}: {table.name} has no column {unknown[0]} in this frugal "
+            f"(schema {HEAD}): upgrade frugal, or export with this one"
+        )
     out = {}
     for c in table.columns:
         if c.name not in row:
@@ -110,12 +112,20 @@ def jsonl_records(p: Path, content: str) -> list[Record]:
             raise err(p, n, "not a JSON object: give a file `frugal costs export` wrote") from None
         if n == 1 and isinstance(obj, dict) and "format" in obj:
             if obj.get("format") != FORMAT or obj.get("version", 0) > FORMAT_VERSION:
-                raise err(p, n, f"not a {FORMAT} v{FORMAT_VERSION} export: export it again "
-                           "with this frugal, or upgrade frugal")  # fmt: skip
+                raise err(
+                    p,
+                    n,
+                    f"not a {FORMAT} v{FORMAT_VERSION} export: export it again "
+                    "with this frugal, or upgrade frugal",
+                )
             continue
         if not isinstance(obj, dict) or "table" not in obj or "row" not in obj:
-            raise err(p, n, 'expected {"table": ..., "row": {...}}: give a file `frugal costs '
-                       "export --format jsonl` wrote")  # fmt: skip
+            raise err(
+                p,
+                n,
+                'expected {"table": ..., "row": {...}}: give a file `frugal costs '
+                "export --format jsonl` wrote",
+            )
         records.append((f"{p} line {n}", str(obj["table"]), obj["row"]))
     return records
 
@@ -133,13 +143,18 @@ def legacy_records(p: Path, rows: list[tuple[int, dict[str, str]]]) -> list[Reco
             raise err(p, line, f"{RECORDS} is not a JSON list: export the ledger again")
         for rec in recs:
             if not isinstance(rec, dict) or "table" not in rec or "row" not in rec:
-                raise err(p, line, f"{RECORDS} holds a record without table and row: export "
-                           "the ledger again")  # fmt: skip
+                raise err(
+                    p,
+                    line,
+                    f"{RECORDS} holds a record without table and row: export the ledger again",
+                )
             records.append((where, str(rec["table"]), rec["row"]))
         kind, ref = row.get("x_FrugalKind", ""), row.get("x_FrugalId", "")
         tags = parse_tags(row.get("Tags", ""), p, line)
-        records += [(where, "tags", {"kind": kind, "ref": ref, "key": k, "value": v})
-                    for k, v in sorted(tags.items())]  # fmt: skip
+        records += [
+            (where, "tags", {"kind": kind, "ref": ref, "key": k, "value": v})
+            for k, v in sorted(tags.items())
+        ]
     return records
 
 
@@ -150,8 +165,10 @@ def restore(led: Ledger, records: list[Record], fmt: str, name: str) -> ImportRe
     by_table: dict[str, list[tuple[str, Any]]] = defaultdict(list)
     for where, name_, row in records:
         if name_ not in tables:
-            raise FrugalError(f"{where}: no table {name_!r} in this frugal (schema {HEAD}): "
-                              "upgrade frugal, or export with this version")  # fmt: skip
+            raise FrugalError(
+                f"{where}: no table {name_!r} in this frugal (schema {HEAD}): "
+                "upgrade frugal, or export with this version"
+            )
         by_table[name_].append((where, row))
     result = ImportResult(name, fmt, rows=len(records))
     maps: dict[str, dict[Any, Any]] = {}  # table -> old id -> id on the books
@@ -166,10 +183,12 @@ def restore(led: Ledger, records: list[Record], fmt: str, name: str) -> ImportRe
             for table in tables.values():
                 if _int_pk(table):
                     pk = _pk(table)
-                    s.execute(text(
-                        f"SELECT setval(pg_get_serial_sequence('{table.name}', '{pk}'), "
-                        f"(SELECT COALESCE(MAX({pk}), 0) + 1 FROM {table.name}), false)"
-                    ))  # fmt: skip
+                    s.execute(
+                        text(
+                            f"SELECT setval(pg_get_serial_sequence('{table.name}', '{pk}'), "
+                            f"(SELECT COALESCE(MAX({pk}), 0) + 1 FROM {table.name}), false)"
+                        )
+                    )
     return result
 
 
@@ -181,9 +200,13 @@ def _ids(s: Session, table: Table, known: dict[str, set[Any]]) -> set[Any]:
     return known[table.name]
 
 
-def _restore_table(s: Session, table: Table, rows: list[dict[str, Any]],
-                   maps: dict[str, dict[Any, Any]],
-                   known: dict[str, set[Any]]) -> tuple[int, int]:  # fmt: skip
+def _restore_table(
+    s: Session,
+    table: Table,
+    rows: list[dict[str, Any]],
+    maps: dict[str, dict[Any, Any]],
+    known: dict[str, set[Any]],
+) -> tuple[int, int]:
     """Insert the `rows` of `table` not on the books yet; (added, skipped)."""
     if not rows:
         return 0, 0
@@ -217,8 +240,13 @@ def _restore_table(s: Session, table: Table, rows: list[dict[str, Any]],
     return len(new), len(rows) - len(new)
 
 
-def _relink(s: Session, table: Table, row: dict[str, Any], maps: dict[str, dict[Any, Any]],
-            known: dict[str, set[Any]]) -> bool:  # fmt: skip
+def _relink(
+    s: Session,
+    table: Table,
+    row: dict[str, Any],
+    maps: dict[str, dict[Any, Any]],
+    known: dict[str, set[Any]],
+) -> bool:
     """Point the row's references at the records' ids on the books; False when a record it
     needs is neither there nor in the file (a nullable reference is cleared instead)."""
     for c in table.columns:
@@ -246,8 +274,9 @@ def _relink(s: Session, table: Table, row: dict[str, Any], maps: dict[str, dict[
     return ref in _ids(s, owner, known)
 
 
-def _identities(s: Session, table: Table, cols: tuple[str, ...],
-                rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], Any]:  # fmt: skip
+def _identities(
+    s: Session, table: Table, cols: tuple[str, ...], rows: list[dict[str, Any]]
+) -> dict[tuple[Any, ...], Any]:
     """Identity -> primary key of the rows on the books that `rows` could be (heartbeats:
     of their runs only)."""
     pk = _pk(table)

@@ -131,9 +131,11 @@ def check_usd(row: Mapping[str, str], p: Path, line: int) -> None:
     currency = row.get("BillingCurrency", "")
     if currency.upper() != CURRENCY:
         raise err(
-            p, line, f"BillingCurrency is {currency or 'empty'}, and the books are in USD: "
-            "export the bill in USD, or convert its costs, and import it again"
-        )  # fmt: skip
+            p,
+            line,
+            f"BillingCurrency is {currency or 'empty'}, and the books are in USD: "
+            "export the bill in USD, or convert its costs, and import it again",
+        )
 
 
 # -- a provider's billing export -------------------------------------------------------------
@@ -155,8 +157,15 @@ class _Charge:
     run_id: str | None = None
 
     def identity(self) -> tuple[Any, ...]:
-        return (self.at, self.end, self.amount_usd, self.description, self.resource_id,
-                self.provider, self.kind)  # fmt: skip
+        return (
+            self.at,
+            self.end,
+            self.amount_usd,
+            self.description,
+            self.resource_id,
+            self.provider,
+            self.kind,
+        )
 
 
 def _parse_charge(row: Mapping[str, str], cost_column: str, p: Path, line: int) -> _Charge:
@@ -174,12 +183,18 @@ def _parse_charge(row: Mapping[str, str], cost_column: str, p: Path, line: int) 
         per_gpu = (m[1] or "") in GPU_HOUR_UNITS
     kind = row.get("ServiceCategory") or row.get("ChargeCategory") or "cloud"
     return _Charge(
-        line=line, at=at, end=end, amount_usd=amount, kind=kind.lower()[:50],
+        line=line,
+        at=at,
+        end=end,
+        amount_usd=amount,
+        kind=kind.lower()[:50],
         description=(row.get("ChargeDescription") or row.get("ServiceName") or "")[:500],
         resource_id=row.get("ResourceId", "")[:300],
         provider=(row.get("ProviderName") or row.get("ServiceProviderName") or "")[:50],
-        hours=hours, per_gpu=per_gpu, tags=parse_tags(row.get("Tags", ""), p, line),
-    )  # fmt: skip
+        hours=hours,
+        per_gpu=per_gpu,
+        tags=parse_tags(row.get("Tags", ""), p, line),
+    )
 
 
 def parse_tags(value: str, p: Path, line: int) -> dict[str, str]:
@@ -199,40 +214,41 @@ def parse_tags(value: str, p: Path, line: int) -> dict[str, str]:
     return out
 
 
-def import_billing(led: Ledger, p: Path, header: list[str],
-                   rows: list[tuple[int, dict[str, str]]]) -> ImportResult:  # fmt: skip
+def import_billing(
+    led: Ledger, p: Path, header: list[str], rows: list[tuple[int, dict[str, str]]]
+) -> ImportResult:
     """Add a provider's FOCUS rows as cost entries, matched to runs (module docstring)."""
     cost_column = next((c for c in ("BilledCost", "EffectiveCost") if c in header), None)
     for need in ("ChargePeriodStart", "BillingCurrency", cost_column):
         if need is None or need not in header:
-            raise err(p, 1, f"no {need or 'BilledCost'} column: export the bill as FOCUS 1.0 or "
-                       "later (BilledCost, BillingCurrency, ChargePeriodStart, ...)")  # fmt: skip
+            raise err(
+                p,
+                1,
+                f"no {need or 'BilledCost'} column: export the bill as FOCUS 1.0 or "
+                "later (BilledCost, BillingCurrency, ChargePeriodStart, ...)",
+            )
     assert cost_column is not None
     charges = [_parse_charge(row, cost_column, p, line) for line, row in rows]
     result = ImportResult(p.name, "billing", rows=len(charges))
     with led.exclusive() as s:  # twice at once: the second sees the first's rows
-        have = Counter(
-            (utc(c.at), c.period_end and utc(c.period_end), c.amount_usd, c.description,
-             c.resource_id, c.provider, c.kind)
-            for c in s.scalars(select(CostEntry).where(CostEntry.source == p.name))
-        )  # fmt: skip
-        new = []
-        for ch in charges:
-            if have[ch.identity()] > 0:
-                have[ch.identity()] -= 1
-            else:
-                new.append(ch)
+        new = _not_imported(s, p.name, charges)
         result.skipped["costs"] = len(charges) - len(new)
         gpus, runs_usd = _match(s, new, result)
         entries = [
             CostEntry(
-                at=ch.at, kind=ch.kind, amount_usd=ch.amount_usd, description=ch.description,
-                resource_id=ch.resource_id, source=p.name, run_id=ch.run_id,
-                provider=ch.provider, period_end=ch.end,
+                at=ch.at,
+                kind=ch.kind,
+                amount_usd=ch.amount_usd,
+                description=ch.description,
+                resource_id=ch.resource_id,
+                source=p.name,
+                run_id=ch.run_id,
+                provider=ch.provider,
+                period_end=ch.end,
                 gpu_hours=ch.hours * (1 if ch.per_gpu else gpus.get(ch.run_id or "", 1)),
             )
             for ch in new
-        ]  # fmt: skip
+        ]
         s.add_all(entries)
         s.flush()
         s.add_all(
@@ -246,6 +262,30 @@ def import_billing(led: Ledger, p: Path, header: list[str],
     result.matched_runs_usd = runs_usd
     result.unmatched = len(new) - sum(result.matched.values())
     return result
+
+
+def _not_imported(s: Any, source: str, charges: list[_Charge]) -> list[_Charge]:
+    """The charges not on the books yet from the file `source` (each as many times as the
+    file holds it, less the times an earlier import of it added it)."""
+    have = Counter(
+        (
+            utc(c.at),
+            c.period_end and utc(c.period_end),
+            c.amount_usd,
+            c.description,
+            c.resource_id,
+            c.provider,
+            c.kind,
+        )
+        for c in s.scalars(select(CostEntry).where(CostEntry.source == source))
+    )
+    new = []
+    for ch in charges:
+        if have[ch.identity()] > 0:
+            have[ch.identity()] -= 1
+        else:
+            new.append(ch)
+    return new
 
 
 @dataclass
@@ -267,8 +307,15 @@ class _Span:
 
 
 def _spans(s: Session, *where: Any) -> list[_Span]:
-    q = select(RunRecord.id, RunRecord.started_at, RunRecord.ended_at, RunRecord.heartbeat_at,
-               RunRecord.gpus, RunRecord.cost_usd, RunRecord.resource_id).where(*where)  # fmt: skip
+    q = select(
+        RunRecord.id,
+        RunRecord.started_at,
+        RunRecord.ended_at,
+        RunRecord.heartbeat_at,
+        RunRecord.gpus,
+        RunRecord.cost_usd,
+        RunRecord.resource_id,
+    ).where(*where)
     return [
         _Span(rid, aware(a).astimezone(UTC), aware(b or hb).astimezone(UTC), g, usd, res)
         for rid, a, b, hb, g, usd, res in s.execute(q)
@@ -281,8 +328,9 @@ def chunks(values: Iterable[Any]) -> Iterable[list[Any]]:
         yield items[i : i + _CHUNK]
 
 
-def _match(s: Session, charges: list[_Charge],
-           result: ImportResult) -> tuple[dict[str, int], float]:  # fmt: skip
+def _match(
+    s: Session, charges: list[_Charge], result: ImportResult
+) -> tuple[dict[str, int], float]:
     """Set each charge's run (module docstring); the matched runs' GPUs and their dollars."""
     named = {ch.tags[RUN_ID_TAG] for ch in charges if ch.tags.get(RUN_ID_TAG)}
     by_id = {sp.id: sp for ids in chunks(named) for sp in _spans(s, RunRecord.id.in_(ids))}
@@ -295,8 +343,11 @@ def _match(s: Session, charges: list[_Charge],
     if rest:
         lo = min(ch.at for ch in rest)
         hi = max(ch.end or ch.at for ch in rest)
-        tagged = _spans(s, RunRecord.started_at <= hi,
-                        or_(RunRecord.ended_at >= lo, RunRecord.ended_at.is_(None)))  # fmt: skip
+        tagged = _spans(
+            s,
+            RunRecord.started_at <= hi,
+            or_(RunRecord.ended_at >= lo, RunRecord.ended_at.is_(None)),
+        )
         found = {sp.id: sp for sp in tagged}
         for ids in chunks(found):
             for ref, k, v in s.execute(
@@ -314,13 +365,16 @@ def _match(s: Session, charges: list[_Charge],
     return {r.id: r.gpus for r in matched.values()}, sum(r.cost_usd for r in matched.values())
 
 
-def _match_one(ch: _Charge, by_id: dict[str, _Span], same_resource: list[_Span],
-               tagged: list[_Span]) -> tuple[str, _Span | None]:  # fmt: skip
+def _match_one(
+    ch: _Charge, by_id: dict[str, _Span], same_resource: list[_Span], tagged: list[_Span]
+) -> tuple[str, _Span | None]:
     named = by_id.get(ch.tags.get(RUN_ID_TAG, ""))
     if named is not None:
         return "run_id_tag", named
-    best = max(((ov, sp.id, sp) for sp in same_resource if (ov := sp.overlap_s(ch)) is not None),
-               default=None)  # fmt: skip
+    best = max(
+        ((ov, sp.id, sp) for sp in same_resource if (ov := sp.overlap_s(ch)) is not None),
+        default=None,
+    )
     if best is not None:
         return "resource_id", best[2]
     scored = []

@@ -53,8 +53,9 @@ def tagged(kind: str, ref: Any, scope: dict[str, str]) -> list[ColumnElement[boo
     ]
 
 
-def spend(s: Session, scope: dict[str, str], since: datetime,
-          until: datetime | None = None) -> float:  # fmt: skip
+def spend(
+    s: Session, scope: dict[str, str], since: datetime, until: datetime | None = None
+) -> float:
     """Dollars spent in `scope` from `since` (to `until`): runs by their start, costs by date."""
     runs = select(func.coalesce(func.sum(RunRecord.cost_usd), 0.0)).where(
         RunRecord.started_at >= since, *tagged("run", RunRecord.id, scope)
@@ -78,8 +79,9 @@ def utc_day(col: Any, dialect: str) -> Any:
     return func.date(col)  # SQLite keeps UTC times as ISO text
 
 
-def daily_spend(s: Session, scope: dict[str, str], start: datetime | None,
-                end: datetime | None) -> dict[date, float]:  # fmt: skip
+def daily_spend(
+    s: Session, scope: dict[str, str], start: datetime | None, end: datetime | None
+) -> dict[date, float]:
     """`spend` per UTC day in [start, end): runs on the day they started, unmatched costs
     on their date."""
     dialect = s.get_bind().dialect.name
@@ -120,9 +122,15 @@ def parse_thresholds(text: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-def set_budget(led: Ledger, name: str, amount_usd: float, period: str,
-               scope: dict[str, str], thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-               action: str = "warn") -> Budget:  # fmt: skip
+def set_budget(
+    led: Ledger,
+    name: str,
+    amount_usd: float,
+    period: str,
+    scope: dict[str, str],
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    action: str = "warn",
+) -> Budget:
     """Create or change the budget `name`."""
     if not name.strip():
         raise FrugalError("a budget needs a name, e.g. frugal budget set nlp-monthly ...")
@@ -173,16 +181,22 @@ class Status:
     def to_json(self) -> dict[str, Any]:
         b = self.budget
         return {
-            "name": b.name, "scope": b.scope, "period": b.period, "action": b.action,
-            "amount_usd": b.amount_usd, "thresholds_pct": b.thresholds,
+            "name": b.name,
+            "scope": b.scope,
+            "period": b.period,
+            "action": b.action,
+            "amount_usd": b.amount_usd,
+            "thresholds_pct": b.thresholds,
             "period_start": self.period_start.isoformat(),
-            "spent_usd": round(self.spent_usd, 4), "left_usd": round(self.left_usd, 4),
+            "spent_usd": round(self.spent_usd, 4),
+            "left_usd": round(self.left_usd, 4),
             "used_pct": round(self.used_pct, 2),
-        }  # fmt: skip
+        }
 
 
-def statuses(led: Ledger, tags: dict[str, str] | None = None,
-             at: datetime | None = None) -> list[Status]:  # fmt: skip
+def statuses(
+    led: Ledger, tags: dict[str, str] | None = None, at: datetime | None = None
+) -> list[Status]:
     """Each budget (those whose scope `tags` fall in, when given) with its spend so far."""
     at = at or now()
     out = []
@@ -219,15 +233,22 @@ class AlertEvent:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"budget": self.budget, "scope": self.scope, "period": self.period,
-                "threshold_pct": self.threshold_pct,
-                "spent_usd": round(self.spent_usd, 4), "amount_usd": self.amount_usd,
-                "action": self.action, "period_start": self.period_start.isoformat(),
-                "message": self.message}  # fmt: skip
+        return {
+            "budget": self.budget,
+            "scope": self.scope,
+            "period": self.period,
+            "threshold_pct": self.threshold_pct,
+            "spent_usd": round(self.spent_usd, 4),
+            "amount_usd": self.amount_usd,
+            "action": self.action,
+            "period_start": self.period_start.isoformat(),
+            "message": self.message,
+        }
 
 
-def check_alerts(led: Ledger, tags: dict[str, str] | None = None,
-                 at: datetime | None = None) -> list[AlertEvent]:  # fmt: skip
+def check_alerts(
+    led: Ledger, tags: dict[str, str] | None = None, at: datetime | None = None
+) -> list[AlertEvent]:
     """Fire the thresholds crossed and not yet fired (of the budgets whose scope `tags` fall
     in, or all): each once per period, lowest first. Returns the ones this call fired."""
     fired = []
@@ -237,8 +258,18 @@ def check_alerts(led: Ledger, tags: dict[str, str] | None = None,
             if st.used_pct < pct:
                 break
             if _claim(led, b.id, st.period_start, pct, st.spent_usd):
-                fired.append(AlertEvent(b.name, b.scope, b.period, st.period_start, pct,
-                                        st.spent_usd, b.amount_usd, b.action))  # fmt: skip
+                fired.append(
+                    AlertEvent(
+                        b.name,
+                        b.scope,
+                        b.period,
+                        st.period_start,
+                        pct,
+                        st.spent_usd,
+                        b.amount_usd,
+                        b.action,
+                    )
+                )
     return fired
 
 
@@ -246,8 +277,15 @@ def _claim(led: Ledger, budget_id: int, start: datetime, pct: float, spent: floa
     """Insert the alert's row; False when another process already did."""
     try:
         with led.session() as s:
-            s.add(Alert(budget_id=budget_id, period_start=start, threshold=pct,
-                        fired_at=now(), spend_usd=spent))  # fmt: skip
+            s.add(
+                Alert(
+                    budget_id=budget_id,
+                    period_start=start,
+                    threshold=pct,
+                    fired_at=now(),
+                    spend_usd=spent,
+                )
+            )
         return True
     except IntegrityError:
         return False
@@ -271,11 +309,15 @@ def guardrail(led: Ledger, tags: dict[str, str], estimate_usd: float | None) -> 
     for st in statuses(led, tags):
         b = st.budget
         if estimate_usd is not None and estimate_usd > st.left_usd:
-            why.append(f"budget {b.name} has ${max(st.left_usd, 0):,.2f} left this {b.period} "
-                       f"and the plan's estimate is ${estimate_usd:,.2f}")  # fmt: skip
+            why.append(
+                f"budget {b.name} has ${max(st.left_usd, 0):,.2f} left this {b.period} "
+                f"and the plan's estimate is ${estimate_usd:,.2f}"
+            )
         elif b.action == "stop" and st.left_usd <= 0:
-            why.append(f"stop budget {b.name} is spent this {b.period} "
-                       f"(${st.spent_usd:,.2f} of ${b.amount_usd:,.2f})")  # fmt: skip
+            why.append(
+                f"stop budget {b.name} is spent this {b.period} "
+                f"(${st.spent_usd:,.2f} of ${b.amount_usd:,.2f})"
+            )
     return why
 
 
@@ -288,8 +330,15 @@ class Allowance:
     budget: str
 
 
-def reserve(led: Ledger, run_id: str, tags: dict[str, str], spent_usd: float, want_usd: float,
-            interval_s: float, at: datetime | None = None) -> Allowance | None:  # fmt: skip
+def reserve(
+    led: Ledger,
+    run_id: str,
+    tags: dict[str, str],
+    spent_usd: float,
+    want_usd: float,
+    interval_s: float,
+    at: datetime | None = None,
+) -> Allowance | None:
     """Reserve for the run up to `want_usd` more of every stop budget in its scope (None:
     there is none), and record the dollars it may reach, `spent_usd` and that, on its
     record. A budget's remainder is its amount, less the scope's spend on the books, less
@@ -316,8 +365,9 @@ def reserve(led: Ledger, run_id: str, tags: dict[str, str], spent_usd: float, wa
     return least
 
 
-def _held(s: Session, b: Budget, start: datetime, asker: str, interval_s: float,
-          at: datetime) -> float:  # fmt: skip
+def _held(
+    s: Session, b: Budget, start: datetime, asker: str, interval_s: float, at: datetime
+) -> float:
     """What the other running runs of `b`'s scope hold beyond their recorded dollars."""
     running = s.scalars(
         select(RunRecord).where(

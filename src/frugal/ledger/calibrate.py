@@ -78,28 +78,6 @@ DIGITS = {"reserve_fixed_mib": 1}  # rounding of written values (others: 4 decim
 # -- candidate calibrations --------------------------------------------------------------
 
 
-def _with(data: dict[str, Any], where: str | None, section: str,
-          values: dict[str, float]) -> dict[str, Any]:  # fmt: skip
-    """`data` with `values` set in `section` at the top level (`where` None) or a group."""
-    out = copy.deepcopy(data)
-    if where is None:
-        out.setdefault(section, {}).update(values)
-    else:
-        groups = out.setdefault(calibration.GROUPS, {})
-        groups.setdefault(where, {}).setdefault(section, {}).update(values)
-    return out
-
-
-def _applies(data: dict[str, Any], where: str | None, section: str, defaults: type,
-             name: str) -> float:  # fmt: skip
-    """The value of `name` that applies at `where` now."""
-    gpu, method = (None, None)
-    if where is not None:
-        g, _, m = where.rpartition("/")
-        gpu, method = (None if g == calibration.ANY else g), (None if m == calibration.ANY else m)
-    return float(getattr(calibration.resolve(data, section, defaults, gpu, method), name))
-
-
 def _minimize(f: Callable[[float], float], lo: float, hi: float) -> float:
     """The x in [lo, hi] that minimizes f: a log-spaced grid, then golden sections."""
     xs = np.geomspace(lo, hi, 25)
@@ -126,8 +104,9 @@ def _sig(v: float) -> float:
     return float(f"{v:.4g}")
 
 
-def fit_speed(items: list[Sample], data: dict[str, Any],
-              where: str | None) -> dict[str, float] | None:  # fmt: skip
+def fit_speed(
+    items: list[Sample], data: dict[str, Any], where: str | None
+) -> dict[str, float] | None:
     """The speed constants at `where` that best predict `items`' tokens/s (least squares on
     log(predicted / measured)): a factor on the GPU's compute efficiencies (`GPU_SIDE`) and
     one on the host's overheads (`HOST`, divided by it). Both are fitted when the runs'
@@ -135,14 +114,16 @@ def fit_speed(items: list[Sample], data: dict[str, Any],
     apart and one factor scales both. Then the range: the fitted runs' spread of errors,
     on their own host. None when neither factor moves the runs (bound by memory traffic or
     communication)."""
-    base = {n: _applies(data, where, "speed", SpeedConstants, n) for n in (*GPU_SIDE, *HOST)}
+    base = {
+        n: calibration.value_at(data, where, "speed", SpeedConstants, n) for n in (*GPU_SIDE, *HOST)
+    }
 
     def values(k: dict[str, float]) -> dict[str, float]:
         out = {n: base[n] * k[GPU_KNOB] for n in GPU_SIDE}
         return out | {h: base[h] / k[HOST_KNOB] for h in HOST}
 
     def log_ratios(k: dict[str, float], extra: dict[str, float] | None = None) -> np.ndarray:
-        d = _with(data, where, "speed", values(k) | (extra or {}))
+        d = calibration.with_values(data, where, "speed", values(k) | (extra or {}))
         return np.array([math.log((s.speed(d) or math.nan) / (s.tps or math.nan)) for s in items])
 
     knobs = [GPU_KNOB, HOST_KNOB]
@@ -190,20 +171,21 @@ def _ls(cols: list[np.ndarray], r: np.ndarray) -> list[float]:
     return [float(v) for v in sol]
 
 
-def fit_memory(items: list[Sample], data: dict[str, Any], where: str | None,
-               min_runs: int) -> dict[str, float]:  # fmt: skip
+def fit_memory(
+    items: list[Sample], data: dict[str, Any], where: str | None, min_runs: int
+) -> dict[str, float]:
     """The memory constants at `where` that best predict `items`' peaks (relative least
     squares): `kernel_slack` from peak allocated, then the allocator reserve's two terms
     from peak reserved. Only constants with at least `min_runs` measurements are fitted."""
     out: dict[str, float] = {}
 
     def now(name: str, d: dict[str, Any]) -> float:
-        return _applies(d, where, "memory", Overheads, name)
+        return calibration.value_at(d, where, "memory", Overheads, name)
 
     def slope(s: Sample, d: dict[str, Any], name: str, which: int) -> float:
         """d(peak)/d(constant), from memory_at itself (it is linear in each)."""
         h = STEP[name]
-        hi = _with(d, where, "memory", {name: now(name, d) + h})
+        hi = calibration.with_values(d, where, "memory", {name: now(name, d) + h})
         return (s.memory(hi)[which] - s.memory(d)[which]) / h
 
     def clamp(name: str, v: float) -> float:
@@ -218,7 +200,7 @@ def fit_memory(items: list[Sample], data: dict[str, Any], where: str | None,
         if np.any(col):
             (dk,) = _ls([col], r)
             out["kernel_slack"] = clamp("kernel_slack", now("kernel_slack", data) + dk)
-    d1 = _with(data, where, "memory", out)
+    d1 = calibration.with_values(data, where, "memory", out)
     res = [s for s in items if s.reserved]
     if len(res) >= min_runs:
         a = np.array([s.reserved for s in res], dtype=float)
@@ -268,8 +250,13 @@ class Change:
     runs: int  # fitting runs behind it
 
     def to_json(self) -> dict[str, Any]:
-        return {"where": self.where, "key": self.key, "old": self.old, "new": self.new,
-                "runs": self.runs}  # fmt: skip
+        return {
+            "where": self.where,
+            "key": self.key,
+            "old": self.old,
+            "new": self.new,
+            "runs": self.runs,
+        }
 
 
 @dataclass
@@ -322,8 +309,9 @@ def _errors(items: list[Sample], old: dict[str, Any], new: dict[str, Any]) -> di
     return {m: Error(_count(items, m), _mape(items, old, m), _mape(items, new, m)) for m in METRICS}
 
 
-def _fit_speed_all(fit: list[Sample], data: dict[str, Any], notes: list[str],
-                   changes: list[Change]) -> dict[str, Any]:  # fmt: skip
+def _fit_speed_all(
+    fit: list[Sample], data: dict[str, Any], notes: list[str], changes: list[Change]
+) -> dict[str, Any]:
     timed = [s for s in fit if s.tps and s.gpu]
     if len(timed) < MIN_POOLED:
         notes.append(
@@ -341,10 +329,10 @@ def _fit_speed_all(fit: list[Sample], data: dict[str, Any], notes: list[str],
                 "calibration does not fit: left as is"
             )
             return
-        old = {n: _applies(data, where, "speed", SpeedConstants, n) for n in new}
+        old = {n: calibration.value_at(data, where, "speed", SpeedConstants, n) for n in new}
         new = {n: v for n, v in new.items() if abs(v - old[n]) > SAME * abs(old[n])}
         if new:
-            data = _with(data, where, "speed", new)
+            data = calibration.with_values(data, where, "speed", new)
             changes.extend(Change(label, n, old[n], v, len(group)) for n, v in new.items())
 
     apply(None, "speed", timed)
@@ -358,8 +346,9 @@ def _fit_speed_all(fit: list[Sample], data: dict[str, Any], notes: list[str],
     return data
 
 
-def _fit_memory_all(fit: list[Sample], data: dict[str, Any], notes: list[str],
-                    changes: list[Change]) -> dict[str, Any]:  # fmt: skip
+def _fit_memory_all(
+    fit: list[Sample], data: dict[str, Any], notes: list[str], changes: list[Change]
+) -> dict[str, Any]:
     measured = [s for s in fit if s.reserved or s.allocated]
     if len(measured) < MIN_POOLED:
         notes.append(
@@ -370,11 +359,11 @@ def _fit_memory_all(fit: list[Sample], data: dict[str, Any], notes: list[str],
 
     def apply(where: str | None, label: str, group: list[Sample], min_runs: int) -> None:
         nonlocal data
-        old = {n: _applies(data, where, "memory", Overheads, n) for n in BOUNDS}
+        old = {n: calibration.value_at(data, where, "memory", Overheads, n) for n in BOUNDS}
         new = fit_memory(group, data, where, min_runs)
         new = {n: v for n, v in new.items() if abs(v - old[n]) > SAME * max(abs(old[n]), 1.0)}
         if new:
-            data = _with(data, where, "memory", new)
+            data = calibration.with_values(data, where, "memory", new)
             changes.extend(Change(label, n, old[n], v, len(group)) for n, v in new.items())
 
     apply(None, "memory", measured, MIN_POOLED)
@@ -406,8 +395,12 @@ def _revert(data: dict[str, Any], old: dict[str, Any], section: str) -> dict[str
     return out
 
 
-def calibrate(runs: Iterable[RunRecord], current: dict[str, Any], holdout: float = 0.25,
-              profiles: Profiles | None = None) -> Calibration:  # fmt: skip
+def calibrate(
+    runs: Iterable[RunRecord],
+    current: dict[str, Any],
+    holdout: float = 0.25,
+    profiles: Profiles | None = None,
+) -> Calibration:
     """Fit the constants to `runs`, starting from the calibration `current` (the file's
     parsed content); nothing is written."""
     if not 0 <= holdout <= MAX_HOLDOUT:
@@ -431,16 +424,7 @@ def calibrate(runs: Iterable[RunRecord], current: dict[str, Any], holdout: float
     data = copy.deepcopy(current)
     data = _fit_speed_all(fit, data, notes, changes)
     data = _fit_memory_all(fit, data, notes, changes)
-    held_err = _errors(held, current, data)
-    for metric, section in zip(METRICS, ("speed", "memory"), strict=True):
-        e = held_err[metric]
-        if e.before_pct is not None and e.after_pct is not None and e.after_pct > e.before_pct:
-            notes.append(
-                f"{section}: the held-back error would rise ({e.before_pct:g}% to "
-                f"{e.after_pct:g}%): {section} constants left as they are"
-            )
-            data = _revert(data, current, section)
-            changes = [c for c in changes if not c.where.endswith(section)]
+    data, changes = _keep_what_holds(held, current, data, changes, notes)
     held_err = _errors(held, current, data)
     fit_err = _errors(fit, current, data)
     if holdout == 0:
@@ -454,10 +438,39 @@ def calibrate(runs: Iterable[RunRecord], current: dict[str, Any], holdout: float
         },
     }
     return Calibration(
-        data=data, changes=changes, held_back=held_err, fitted=fit_err, runs=len(items),
-        fit_runs=len(fit), held_back_runs=len(held), skipped=dict(skipped), notes=notes,
+        data=data,
+        changes=changes,
+        held_back=held_err,
+        fitted=fit_err,
+        runs=len(items),
+        fit_runs=len(fit),
+        held_back_runs=len(held),
+        skipped=dict(skipped),
+        notes=notes,
         path=str(calibration.path()),
-    )  # fmt: skip
+    )
+
+
+def _keep_what_holds(
+    held: list[Sample],
+    current: dict[str, Any],
+    data: dict[str, Any],
+    changes: list[Change],
+    notes: list[str],
+) -> tuple[dict[str, Any], list[Change]]:
+    """The fitted constants, less each section (speed, memory) whose held-back error the
+    fit would raise: that section is left as it was, and a note says so."""
+    held_err = _errors(held, current, data)
+    for metric, section in zip(METRICS, ("speed", "memory"), strict=True):
+        e = held_err[metric]
+        if e.before_pct is not None and e.after_pct is not None and e.after_pct > e.before_pct:
+            notes.append(
+                f"{section}: the held-back error would rise ({e.before_pct:g}% to "
+                f"{e.after_pct:g}%): {section} constants left as they are"
+            )
+            data = _revert(data, current, section)
+            changes = [c for c in changes if not c.where.endswith(section)]
+    return data, changes
 
 
 def calibrate_ledger(led: Ledger, holdout: float = 0.25, write: bool = True) -> Calibration:

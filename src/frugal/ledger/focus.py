@@ -54,38 +54,90 @@ from frugal.ledger.store import Ledger, aware
 
 FOCUS_VERSION = "1.2"
 SERVICE_CATEGORIES = (
-    "AI and Machine Learning", "Analytics", "Business Applications", "Compute", "Databases",
-    "Developer Tools", "Multicloud", "Identity", "Integration", "Internet of Things",
-    "Management and Governance", "Media", "Migration", "Mobile", "Networking", "Security",
-    "Storage", "Web", "Other",
-)  # fmt: skip
+    "AI and Machine Learning",
+    "Analytics",
+    "Business Applications",
+    "Compute",
+    "Databases",
+    "Developer Tools",
+    "Multicloud",
+    "Identity",
+    "Integration",
+    "Internet of Things",
+    "Management and Governance",
+    "Media",
+    "Migration",
+    "Mobile",
+    "Networking",
+    "Security",
+    "Storage",
+    "Web",
+    "Other",
+)
 # the FOCUS 1.2 columns written, with their data types (ColumnDefinition's DataType)
 COLUMNS: dict[str, str] = {
-    "AvailabilityZone": "STRING", "BilledCost": "DECIMAL", "BillingAccountId": "STRING",
-    "BillingAccountName": "STRING", "BillingCurrency": "STRING",
-    "BillingPeriodEnd": "DATETIME", "BillingPeriodStart": "DATETIME",
-    "ChargeCategory": "STRING", "ChargeClass": "STRING", "ChargeDescription": "STRING",
-    "ChargeFrequency": "STRING", "ChargePeriodEnd": "DATETIME",
-    "ChargePeriodStart": "DATETIME", "ConsumedQuantity": "DECIMAL", "ConsumedUnit": "STRING",
-    "ContractedCost": "DECIMAL", "ContractedUnitPrice": "DECIMAL", "EffectiveCost": "DECIMAL",
-    "InvoiceId": "STRING", "InvoiceIssuerName": "STRING", "ListCost": "DECIMAL",
+    "AvailabilityZone": "STRING",
+    "BilledCost": "DECIMAL",
+    "BillingAccountId": "STRING",
+    "BillingAccountName": "STRING",
+    "BillingCurrency": "STRING",
+    "BillingPeriodEnd": "DATETIME",
+    "BillingPeriodStart": "DATETIME",
+    "ChargeCategory": "STRING",
+    "ChargeClass": "STRING",
+    "ChargeDescription": "STRING",
+    "ChargeFrequency": "STRING",
+    "ChargePeriodEnd": "DATETIME",
+    "ChargePeriodStart": "DATETIME",
+    "ConsumedQuantity": "DECIMAL",
+    "ConsumedUnit": "STRING",
+    "ContractedCost": "DECIMAL",
+    "ContractedUnitPrice": "DECIMAL",
+    "EffectiveCost": "DECIMAL",
+    "InvoiceId": "STRING",
+    "InvoiceIssuerName": "STRING",
+    "ListCost": "DECIMAL",
     "ListUnitPrice": "DECIMAL",
-    "PricingCategory": "STRING", "PricingCurrency": "STRING",
-    "PricingCurrencyContractedUnitPrice": "DECIMAL", "PricingCurrencyEffectiveCost": "DECIMAL",
-    "PricingCurrencyListUnitPrice": "DECIMAL", "PricingQuantity": "DECIMAL",
-    "PricingUnit": "STRING", "ProviderName": "STRING", "PublisherName": "STRING",
-    "RegionId": "STRING", "RegionName": "STRING", "ResourceId": "STRING",
-    "ResourceName": "STRING", "ResourceType": "STRING", "ServiceCategory": "STRING",
-    "ServiceName": "STRING", "ServiceSubcategory": "STRING", "SkuId": "STRING",
-    "SkuMeter": "STRING", "SkuPriceDetails": "JSON", "SkuPriceId": "STRING",
-    "SubAccountId": "STRING", "SubAccountName": "STRING", "Tags": "JSON",
-}  # fmt: skip
+    "PricingCategory": "STRING",
+    "PricingCurrency": "STRING",
+    "PricingCurrencyContractedUnitPrice": "DECIMAL",
+    "PricingCurrencyEffectiveCost": "DECIMAL",
+    "PricingCurrencyListUnitPrice": "DECIMAL",
+    "PricingQuantity": "DECIMAL",
+    "PricingUnit": "STRING",
+    "ProviderName": "STRING",
+    "PublisherName": "STRING",
+    "RegionId": "STRING",
+    "RegionName": "STRING",
+    "ResourceId": "STRING",
+    "ResourceName": "STRING",
+    "ResourceType": "STRING",
+    "ServiceCategory": "STRING",
+    "ServiceName": "STRING",
+    "ServiceSubcategory": "STRING",
+    "SkuId": "STRING",
+    "SkuMeter": "STRING",
+    "SkuPriceDetails": "JSON",
+    "SkuPriceId": "STRING",
+    "SubAccountId": "STRING",
+    "SubAccountName": "STRING",
+    "Tags": "JSON",
+}
 X_COLUMNS: dict[str, str] = {
-    "x_FrugalKind": "STRING", "x_FrugalId": "STRING", "x_RunId": "STRING",
-    "x_Outcome": "STRING", "x_Model": "STRING", "x_Method": "STRING", "x_Gpu": "STRING",
-    "x_GpuCount": "DECIMAL", "x_Spot": "STRING", "x_DryRun": "STRING",
-    "x_PricePerHourUsd": "DECIMAL", "x_Tokens": "DECIMAL", "x_EstimatedCostUsd": "DECIMAL",
-}  # fmt: skip
+    "x_FrugalKind": "STRING",
+    "x_FrugalId": "STRING",
+    "x_RunId": "STRING",
+    "x_Outcome": "STRING",
+    "x_Model": "STRING",
+    "x_Method": "STRING",
+    "x_Gpu": "STRING",
+    "x_GpuCount": "DECIMAL",
+    "x_Spot": "STRING",
+    "x_DryRun": "STRING",
+    "x_PricePerHourUsd": "DECIMAL",
+    "x_Tokens": "DECIMAL",
+    "x_EstimatedCostUsd": "DECIMAL",
+}
 ACCOUNT = ("frugal-ledger", "frugal ledger")  # BillingAccountId, BillingAccountName
 SUB_ACCOUNT_TAG = "project"
 UNKNOWN_PROVIDER = "Other"  # a cost put on the books without one: the column is never null
@@ -114,8 +166,16 @@ def _json(obj: dict[str, Any]) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if obj else ""
 
 
-def _row(cost: float, start: datetime, end: datetime, tags: dict[str, str], provider: str,
-         unit_price: float, quantity: float, **cols: Any) -> dict[str, Any]:  # fmt: skip
+def _row(
+    cost: float,
+    start: datetime,
+    end: datetime,
+    tags: dict[str, str],
+    provider: str,
+    unit_price: float,
+    quantity: float,
+    **cols: Any,
+) -> dict[str, Any]:
     """The columns every row has: USD, billed as metered (no discounts known), price x
     quantity = cost, the calendar month of the start as the billing period."""
     month = period_start("month", start)
@@ -124,22 +184,34 @@ def _row(cost: float, start: datetime, end: datetime, tags: dict[str, str], prov
     provider = provider or UNKNOWN_PROVIDER
     project = tags.get(SUB_ACCOUNT_TAG)
     return {
-        "BilledCost": decimal(cost), "EffectiveCost": decimal(cost), "ListCost": decimal(cost),
-        "ContractedCost": decimal(cost), "ListUnitPrice": decimal(unit_price),
-        "ContractedUnitPrice": decimal(unit_price), "PricingQuantity": decimal(quantity),
+        "BilledCost": decimal(cost),
+        "EffectiveCost": decimal(cost),
+        "ListCost": decimal(cost),
+        "ContractedCost": decimal(cost),
+        "ListUnitPrice": decimal(unit_price),
+        "ContractedUnitPrice": decimal(unit_price),
+        "PricingQuantity": decimal(quantity),
         # priced in the currency it is billed in: the pricing-currency columns repeat them
-        "PricingCurrency": CURRENCY, "PricingCurrencyEffectiveCost": decimal(cost),
+        "PricingCurrency": CURRENCY,
+        "PricingCurrencyEffectiveCost": decimal(cost),
         "PricingCurrencyListUnitPrice": decimal(unit_price),
         "PricingCurrencyContractedUnitPrice": decimal(unit_price),
-        "BillingCurrency": CURRENCY, "BillingAccountId": ACCOUNT[0],
-        "BillingAccountName": ACCOUNT[1], "BillingPeriodStart": _time(month),
-        "BillingPeriodEnd": _time(next_month), "ChargeCategory": "Usage",
-        "ChargeFrequency": "Usage-Based", "ChargePeriodStart": _time(start),
-        "ChargePeriodEnd": _time(max(end, start), up=True), "InvoiceIssuerName": provider,
-        "ProviderName": provider, "PublisherName": provider,
+        "BillingCurrency": CURRENCY,
+        "BillingAccountId": ACCOUNT[0],
+        "BillingAccountName": ACCOUNT[1],
+        "BillingPeriodStart": _time(month),
+        "BillingPeriodEnd": _time(next_month),
+        "ChargeCategory": "Usage",
+        "ChargeFrequency": "Usage-Based",
+        "ChargePeriodStart": _time(start),
+        "ChargePeriodEnd": _time(max(end, start), up=True),
+        "InvoiceIssuerName": provider,
+        "ProviderName": provider,
+        "PublisherName": provider,
         "SubAccountId": f"{SUB_ACCOUNT_TAG}/{project}" if project else "",
-        "SubAccountName": project or "", "Tags": _json(tags),
-    } | cols  # fmt: skip
+        "SubAccountName": project or "",
+        "Tags": _json(tags),
+    } | cols
 
 
 def write_focus(led: Ledger, out: TextIO) -> int:
@@ -173,28 +245,50 @@ def _run_row(r: Mapping[str, Any], tags: dict[str, str]) -> dict[str, Any]:
     sku = f"{r['provider'] or UNKNOWN_PROVIDER}/{r['instance'] or r['gpu'] or 'GPU'}"
     region, resource = r["region"] or "", r["resource_id"] or ""
     return _row(
-        cost, r["started_at"], r["ended_at"] or r["heartbeat_at"] or r["started_at"],
-        tags, r["provider"], unit, hours,
+        cost,
+        r["started_at"],
+        r["ended_at"] or r["heartbeat_at"] or r["started_at"],
+        tags,
+        r["provider"],
+        unit,
+        hours,
         ChargeDescription=f"{r['method']} of {r['model']} on {r['gpus']}x "
         f"{r['gpu'] or 'unknown GPU'} ({r['outcome'] or 'running'})",
-        ConsumedQuantity=decimal(r["hours"] * r["gpus"]), ConsumedUnit="GPU-Hours",
-        PricingUnit="Hours", PricingCategory="Dynamic" if r["spot"] else "Standard",
-        RegionId=region, RegionName=region, ResourceId=resource,
-        ResourceType=r["instance"] if resource and r["instance"] else
-        ("GPU machine" if resource else ""),
-        ServiceCategory="AI and Machine Learning", ServiceSubcategory="Machine Learning",
-        ServiceName="GPU compute", SkuId=sku,
+        ConsumedQuantity=decimal(r["hours"] * r["gpus"]),
+        ConsumedUnit="GPU-Hours",
+        PricingUnit="Hours",
+        PricingCategory="Dynamic" if r["spot"] else "Standard",
+        RegionId=region,
+        RegionName=region,
+        ResourceId=resource,
+        ResourceType=r["instance"]
+        if resource and r["instance"]
+        else ("GPU machine" if resource else ""),
+        ServiceCategory="AI and Machine Learning",
+        ServiceSubcategory="Machine Learning",
+        ServiceName="GPU compute",
+        SkuId=sku,
         SkuPriceId=f"{sku}/{region or 'any region'}/{'spot' if r['spot'] else 'on-demand'}",
         SkuMeter="GPU machine hours",
-        SkuPriceDetails=_json({"GpuCount": r["gpus"], "InstanceType": r["instance"]}
-                              if r["instance"] else {"GpuCount": r["gpus"]}),
-        x_FrugalKind="run", x_FrugalId=r["id"], x_RunId=r["id"],
-        x_Outcome=r["outcome"] or "", x_Model=r["model"], x_Method=r["method"],
-        x_Gpu=r["gpu"], x_GpuCount=decimal(r["gpus"]), x_Spot=json.dumps(r["spot"]),
+        SkuPriceDetails=_json(
+            {"GpuCount": r["gpus"], "InstanceType": r["instance"]}
+            if r["instance"]
+            else {"GpuCount": r["gpus"]}
+        ),
+        x_FrugalKind="run",
+        x_FrugalId=r["id"],
+        x_RunId=r["id"],
+        x_Outcome=r["outcome"] or "",
+        x_Model=r["model"],
+        x_Method=r["method"],
+        x_Gpu=r["gpu"],
+        x_GpuCount=decimal(r["gpus"]),
+        x_Spot=json.dumps(r["spot"]),
         x_DryRun=json.dumps(r["dry_run"]),
         x_PricePerHourUsd=decimal(r["price_per_hour_usd"]),
-        x_Tokens=decimal(r["tokens"]), x_EstimatedCostUsd=decimal(r["est_cost_usd"]),
-    )  # fmt: skip
+        x_Tokens=decimal(r["tokens"]),
+        x_EstimatedCostUsd=decimal(r["est_cost_usd"]),
+    )
 
 
 CATEGORIES = {c.lower(): c for c in SERVICE_CATEGORIES}
@@ -211,26 +305,43 @@ def _cost_row(c: Mapping[str, Any], tags: dict[str, str]) -> dict[str, Any]:
     sku = f"{c['provider'] or UNKNOWN_PROVIDER}/{c['kind']}"
     gpu_hours = c["gpu_hours"] or 0.0
     return _row(
-        billed, c["at"], c["period_end"] or c["at"], tags,
-        c["provider"], billed, 1.0, ChargeDescription=what,
+        billed,
+        c["at"],
+        c["period_end"] or c["at"],
+        tags,
+        c["provider"],
+        billed,
+        1.0,
+        ChargeDescription=what,
         ConsumedQuantity=decimal(gpu_hours or 1.0),
-        ConsumedUnit="GPU-Hours" if gpu_hours else "Units", PricingUnit="Units",
-        PricingCategory="Standard", ResourceId=c["resource_id"] or "",
+        ConsumedUnit="GPU-Hours" if gpu_hours else "Units",
+        PricingUnit="Units",
+        PricingCategory="Standard",
+        ResourceId=c["resource_id"] or "",
         ResourceType=c["kind"] if c["resource_id"] else "",
-        ServiceCategory=category, ServiceSubcategory=f"Other ({category})",
-        ServiceName=c["kind"], SkuId=sku, SkuPriceId=sku, SkuMeter=c["kind"],
-        x_FrugalKind="cost", x_FrugalId=str(c["id"]), x_RunId=c["run_id"] or "",
-    )  # fmt: skip
+        ServiceCategory=category,
+        ServiceSubcategory=f"Other ({category})",
+        ServiceName=c["kind"],
+        SkuId=sku,
+        SkuPriceId=sku,
+        SkuMeter=c["kind"],
+        x_FrugalKind="cost",
+        x_FrugalId=str(c["id"]),
+        x_RunId=c["run_id"] or "",
+    )
 
 
 def metadata(created: datetime, version: str) -> dict[str, Any]:
     """FOCUS metadata of the export: the data generator and the schema (its id is the same
     for the same columns, as the spec asks of an unchanged schema)."""
     columns = [
-        {"ColumnName": name, "DataType": kind, **({"ProviderTagPrefixes": []} if name ==
-                                                   "Tags" else {})}
+        {
+            "ColumnName": name,
+            "DataType": kind,
+            **({"ProviderTagPrefixes": []} if name == "Tags" else {}),
+        }
         for name, kind in (COLUMNS | X_COLUMNS).items()
-    ]  # fmt: skip
+    ]
     schema_id = uuid.uuid5(uuid.NAMESPACE_URL, json.dumps([FOCUS_VERSION, columns]))
     return {
         "DataGenerator": "frugal",

@@ -52,9 +52,10 @@ def served(led: Ledger, name: str) -> Served:
             p = p.resolve()
             out = p.parent if p.name in MADE_IN else p
             run = s.scalars(
-                select(RunRecord).where(RunRecord.output_dir == str(out))
+                select(RunRecord)
+                .where(RunRecord.output_dir == str(out))
                 .order_by(RunRecord.started_at.desc())
-            ).first()  # fmt: skip
+            ).first()
             if run is None:
                 raise FrugalError(
                     f"--model {name}: no run on the books trained in {out}: give a run id, a "
@@ -66,8 +67,12 @@ def served(led: Ledger, name: str) -> Served:
             return Served(name, (), {"model": name})
         ids = s.scalars(select(RunRecord.id).where(RunRecord.output_dir == run.output_dir))
         runs = tuple(sorted(set(ids) | {run.id}))
-        base = s.scalar(select(Tag.value).where(
-            Tag.kind == "run", Tag.ref == run.id, Tag.key == "model")) or run.model  # fmt: skip
+        base = (
+            s.scalar(
+                select(Tag.value).where(Tag.kind == "run", Tag.ref == run.id, Tag.key == "model")
+            )
+            or run.model
+        )
         return Served(run.output_dir or run.id, runs, {"model": base, "run": run.id})
 
 
@@ -100,10 +105,13 @@ class Part:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "what": self.what, "entries": self.entries, "gpu_hours": round(self.gpu_hours, 3),
-            "usd": round(self.usd, 2), "first": self.first and self.first.isoformat(),
+            "what": self.what,
+            "entries": self.entries,
+            "gpu_hours": round(self.gpu_hours, 3),
+            "usd": round(self.usd, 2),
+            "first": self.first and self.first.isoformat(),
             "last": self.last and self.last.isoformat(),
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -121,10 +129,12 @@ class Lifetime:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "model": self.model.name, "runs": list(self.model.runs),
-            "parts": [p.to_json() for p in self.parts], "gpu_hours": round(self.gpu_hours, 3),
+            "model": self.model.name,
+            "runs": list(self.model.runs),
+            "parts": [p.to_json() for p in self.parts],
+            "gpu_hours": round(self.gpu_hours, 3),
             "usd": round(self.usd, 2),
-        }  # fmt: skip
+        }
 
 
 def lifetime(led: Ledger, name: str) -> Lifetime:
@@ -132,19 +142,22 @@ def lifetime(led: Ledger, name: str) -> Lifetime:
     model = served(led, name)
     out = Lifetime(model, [Part("training"), Part(SERVING)])
     with led.session() as s:
-        for r in s.scalars(select(RunRecord).where(RunRecord.id.in_(model.runs),
-                                                   RunRecord.dry_run.is_(False))):  # fmt: skip
+        for r in s.scalars(
+            select(RunRecord).where(RunRecord.id.in_(model.runs), RunRecord.dry_run.is_(False))
+        ):
             out.parts[0].add(r.gpu_hours, r.cost_usd, r.started_at, r.ended_at or r.heartbeat_at)
         ref = cast(CostEntry.id, String)
         mine: ColumnElement[bool]
         if model.runs:
-            mine = exists().where(Tag.kind == "cost", Tag.ref == ref, Tag.key == "run",
-                                  Tag.value.in_(model.runs))  # fmt: skip
+            mine = exists().where(
+                Tag.kind == "cost", Tag.ref == ref, Tag.key == "run", Tag.value.in_(model.runs)
+            )
         else:
             has_run = exists().where(Tag.kind == "cost", Tag.ref == ref, Tag.key == "run")
             mine = tagged("cost", ref, model.tags)[0] & ~has_run
-        costs = s.scalars(select(CostEntry).where(mine, CostEntry.run_id.is_(None))
-                          .order_by(CostEntry.at))  # fmt: skip
+        costs = s.scalars(
+            select(CostEntry).where(mine, CostEntry.run_id.is_(None)).order_by(CostEntry.at)
+        )
         kinds = {p.what: p for p in out.parts}
         for c in costs:
             part = kinds.get(c.kind) or kinds.setdefault(c.kind, Part(c.kind))

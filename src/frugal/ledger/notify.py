@@ -44,8 +44,9 @@ def deliver(events: list[AlertEvent]) -> list[str]:
         try:
             _mail(events)
         except Exception as err:  # a bad port, a refused login, a server away
-            problems.append(f"alert e-mail via {os.environ['FRUGAL_SMTP_HOST']} failed: "
-                            f"{_why(err)}")  # fmt: skip
+            problems.append(
+                f"alert e-mail via {os.environ['FRUGAL_SMTP_HOST']} failed: {_why(err)}"
+            )
     return problems
 
 

@@ -70,12 +70,18 @@ class RunQuality:
     group: str = ""  # its task on its data: only runs of one group are compared
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "group": self.group, "rank": self.rank,
-                "frontier": self.frontier,
-                "value": self.value, "best_eval_loss": self.best_eval_loss,
-                "cost_usd": round(self.cost_usd, 4),
-                "hours": round(self.hours, 4), "outcome": self.outcome,
-                "settings": self.settings}  # fmt: skip
+        return {
+            "run_id": self.run_id,
+            "group": self.group,
+            "rank": self.rank,
+            "frontier": self.frontier,
+            "value": self.value,
+            "best_eval_loss": self.best_eval_loss,
+            "cost_usd": round(self.cost_usd, 4),
+            "hours": round(self.hours, 4),
+            "outcome": self.outcome,
+            "settings": self.settings,
+        }
 
 
 @dataclass
@@ -88,9 +94,14 @@ class Effect:
     group: str = ""  # the runs it was measured over
 
     def to_json(self) -> dict[str, Any]:
-        return {"setting": self.setting, "group": self.group, "moved": round(self.moved, 6),
-                "by_value": [{"value": v, "best": best, "runs": n}
-                             for v, best, n in self.best_by_value]}  # fmt: skip
+        return {
+            "setting": self.setting,
+            "group": self.group,
+            "moved": round(self.moved, 6),
+            "by_value": [
+                {"value": v, "best": best, "runs": n} for v, best, n in self.best_by_value
+            ],
+        }
 
 
 @dataclass
@@ -106,10 +117,15 @@ class QualityReport:
         return METRICS[self.metric][1]
 
     def to_json(self) -> dict[str, Any]:
-        return {"scope": self.scope, "metric": self.metric, "label": self.label,
-                "higher_is_better": METRICS[self.metric][2],
-                "runs": [r.to_json() for r in self.runs],
-                "effects": [e.to_json() for e in self.effects], "notes": self.notes}  # fmt: skip
+        return {
+            "scope": self.scope,
+            "metric": self.metric,
+            "label": self.label,
+            "higher_is_better": METRICS[self.metric][2],
+            "runs": [r.to_json() for r in self.runs],
+            "effects": [e.to_json() for e in self.effects],
+            "notes": self.notes,
+        }
 
 
 def quality(led: Ledger, scope: Mapping[str, str], metric: str = "eval_loss") -> QualityReport:
@@ -136,12 +152,17 @@ def quality(led: Ledger, scope: Mapping[str, str], metric: str = "eval_loss") ->
         notes += [f"{g}: {n}" if len(groups) > 1 else n for n in said]
     effects.sort(key=lambda e: -e.moved)
     if len(groups) > 1:
-        notes.insert(0, f"runs of {len(groups)} tasks or datasets ({'; '.join(groups)}): "
-                        "ranked and compared within each, never across")  # fmt: skip
+        notes.insert(
+            0,
+            f"runs of {len(groups)} tasks or datasets ({'; '.join(groups)}): "
+            "ranked and compared within each, never across",
+        )
     unranked = [r for r in runs if r.value is None]
     if unranked:
-        notes.append(f"{len(unranked)} run(s) have no {METRICS[metric][1]} (no evaluation "
-                     "reached, or not a classifier): listed, not ranked")  # fmt: skip
+        notes.append(
+            f"{len(unranked)} run(s) have no {METRICS[metric][1]} (no evaluation "
+            "reached, or not a classifier): listed, not ranked"
+        )
     if not runs:
         notes.append("no runs in this scope on the books")
     return QualityReport(dict(scope), metric, ranked + unranked, effects, notes)
@@ -160,9 +181,16 @@ def _of(r: RunRecord, metric_key: str) -> RunQuality:
     loss, value = actual.get("best_eval_loss"), actual.get(metric_key)
     task = (config.get("job") or {}).get("task") or "causal"
     data = (config.get("data") or {}).get("path") or "no data file"
-    return RunQuality(r.id, settings, None if loss is None else float(loss), r.cost_usd,
-                      r.hours, r.outcome or "running", None if value is None else float(value),
-                      group=f"{task} on {data}")  # fmt: skip
+    return RunQuality(
+        r.id,
+        settings,
+        None if loss is None else float(loss),
+        r.cost_usd,
+        r.hours,
+        r.outcome or "running",
+        None if value is None else float(value),
+        group=f"{task} on {data}",
+    )
 
 
 def _score(r: RunQuality, sign: float) -> float:
@@ -176,10 +204,12 @@ def _ranked(runs: list[RunQuality], sign: float) -> list[RunQuality]:
     for r in runs:
         s = _score(r, sign)
         r.frontier = not any(
-            o is not r and _score(o, sign) <= s and o.cost_usd <= r.cost_usd
+            o is not r
+            and _score(o, sign) <= s
+            and o.cost_usd <= r.cost_usd
             and (_score(o, sign) < s or o.cost_usd < r.cost_usd)
             for o in runs
-        )  # fmt: skip
+        )
     order = sorted(runs, key=lambda r: (not r.frontier, _score(r, sign), r.cost_usd))
     for i, r in enumerate(order, start=1):
         r.rank = i
@@ -206,9 +236,12 @@ def _effects(runs: list[RunQuality], sign: float) -> tuple[list[Effect], list[st
         return {tuple(_key(r.settings[n]) for n in names) for r in runs}
 
     # two settings changed together when each value of one goes with one value of the other
-    notes = [f"{a} and {b} changed together: their effects cannot be told apart"
-             for i, a in enumerate(varied) for b in varied[i + 1 :]
-             if len(values(a, b)) == len(values(a)) == len(values(b))]  # fmt: skip
+    notes = [
+        f"{a} and {b} changed together: their effects cannot be told apart"
+        for i, a in enumerate(varied)
+        for b in varied[i + 1 :]
+        if len(values(a, b)) == len(values(a)) == len(values(b))
+    ]
     return effects, notes
 
 
@@ -234,17 +267,23 @@ class Measured:
 
 
 def measured(
-    led: Ledger, metric: str, *, runs: tuple[str, ...] = (), model: str | None = None,
-    task: str = "causal", data: str | None = None,
-) -> Measured | None:  # fmt: skip
+    led: Ledger,
+    metric: str,
+    *,
+    runs: tuple[str, ...] = (),
+    model: str | None = None,
+    task: str = "causal",
+    data: str | None = None,
+) -> Measured | None:
     """The newest finished run's `metric` (a key of MODEL_METRICS): among `runs` (the runs
     that made a model), else among those that trained `model` for `task` (on `data`)."""
     keys = MODEL_METRICS[metric][0]
     with led.session() as s:
         rows = s.scalars(
-            select(RunRecord).where(RunRecord.dry_run.is_(False), RunRecord.outcome.is_not(None))
+            select(RunRecord)
+            .where(RunRecord.dry_run.is_(False), RunRecord.outcome.is_not(None))
             .order_by(RunRecord.started_at.desc())
-        ).all()  # fmt: skip
+        ).all()
     for r in rows:
         config = r.config or {}
         if runs:

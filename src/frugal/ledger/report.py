@@ -1,5 +1,5 @@
 """Reports over the books: spend grouped by project, team, model, GPU, provider, method,
-outcome or any tag; a month-end projection; spend anomalies; a weekly showback.
+outcome or any tag, with the month-end projection and the spend anomalies (`forecast.py`).
 
 **Attribution.** A run counts, with all its dollars, in the period its start (`started_at`)
 falls in, however long it ran; another cost counts by its date (`at`, the start of its
@@ -14,16 +14,7 @@ runs, and the estimate error: over *completed* runs with an estimate (`est_cost_
 median of |actual / estimate - 1| and the median of actual / estimate - 1, in percent (a
 stopped run's dollars say nothing about its estimate).
 
-**Projection**: this calendar month's spend so far + the daily rate of the last 7 days
-(fewer when the books are younger, at least one) x the days left in the month.
-
-**Anomalies**: a day's spend is anomalous when it exceeds the median of the 14 days
-before it by more than 3.5 x max(1.4826 x MAD, 10% of the median) and by at least $10
-(MAD: the median absolute deviation of those 14 days; days without spend count as $0;
-a day needs 7 days of books before it). 1.4826 x MAD estimates the standard deviation
-of normal data, and 3.5 is Iglewicz and Hoaglin's cut on the modified z-score: the
-median and MAD ignore earlier spikes, which a mean and a standard deviation would absorb.
-The floors keep flat or sparse spend (MAD = 0) from flagging every small rise.
+**Projection** and **anomalies**: `forecast.py`.
 
 Everything is aggregated in SQL (GROUP BY, a join on tags for tag groupings, made once);
 the estimate ratios of a group come back as one comma-separated text, for the medians. No
@@ -33,21 +24,20 @@ run is loaded as an object. Weeks start on Monday 00:00 UTC.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, String, and_, case, cast, func, literal_column, select
 from sqlalchemy.orm import Session, aliased
 
 from frugal.errors import FrugalError
-from frugal.ledger.budgets import daily_spend, spend, utc_day
+from frugal.ledger.budgets import utc_day
+from frugal.ledger.forecast import ANOMALY_RULE, Anomaly, Projection, anomalies, projection
 from frugal.ledger.periods import (
     Period,
     parse_period,
-    period_end,
-    period_start,
 )
 from frugal.ledger.schema import CostEntry, RunRecord, Tag
 from frugal.ledger.store import Ledger, aware, now
@@ -60,14 +50,6 @@ NONE = "(none)"  # the group of spend without the tag (or a cost, by a run-only 
 TOTAL = "(total)"
 RUN_COLUMNS = ("gpu", "provider", "method", "outcome")
 BY_FORMS = "project, team, model, gpu, provider, method, outcome or tag:NAME"
-
-PROJECTION_DAYS = 7
-ANOMALY_WINDOW_DAYS = 14
-ANOMALY_MIN_HISTORY_DAYS = 7
-ANOMALY_K = 3.5  # Iglewicz-Hoaglin modified z-score cut
-MAD_TO_SIGMA = 1.4826  # 1 / the normal's 0.75 quantile
-ANOMALY_FLOOR_FRAC = 0.10  # the scale is at least this share of the median
-ANOMALY_MIN_EXCESS_USD = 10.0
 
 
 # -- grouping --------------------------------------------------------------------------------
@@ -161,61 +143,28 @@ class Group:
 
 
 CSV_COLUMNS = (
-    "group", "spend_usd", "run_spend_usd", "other_spend_usd", "gpu_hours", "tokens",
-    "usd_per_million_tokens", "runs", *(o.replace("-", "_") for o in OUTCOMES), RUNNING,
-    "other_costs", "lost_usd", "est_error_median_abs_pct", "est_error_median_pct",
+    "group",
+    "spend_usd",
+    "run_spend_usd",
+    "other_spend_usd",
+    "gpu_hours",
+    "tokens",
+    "usd_per_million_tokens",
+    "runs",
+    *(o.replace("-", "_") for o in OUTCOMES),
+    RUNNING,
+    "other_costs",
+    "lost_usd",
+    "est_error_median_abs_pct",
+    "est_error_median_pct",
     "est_error_runs",
-)  # fmt: skip
+)
 
 
 def csv_row(g: Group) -> list[Any]:
     j = g.to_json()
     out = j | {o.replace("-", "_"): n for o, n in g.outcomes.items()}
     return ["" if out[c] is None else out[c] for c in CSV_COLUMNS]
-
-
-@dataclass
-class Projection:
-    month: str
-    spent_usd: float
-    rate_days: float
-    rate_usd_per_day: float
-    days_left: float
-    projected_usd: float
-
-    @property
-    def how(self) -> str:
-        return (
-            f"${self.spent_usd:,.2f} so far in {self.month} + ${self.rate_usd_per_day:,.2f} a day "
-            f"(the last {self.rate_days:g} days' mean) x {self.days_left:.1f} days left"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "month": self.month,
-            "spent_usd": _r(self.spent_usd),
-            "usd_per_day": _r(self.rate_usd_per_day),
-            "rate_days": self.rate_days,
-            "days_left": round(self.days_left, 3),
-            "projected_usd": _r(self.projected_usd),
-            "how": self.how,
-        }
-
-
-@dataclass
-class Anomaly:
-    day: date
-    spend_usd: float
-    baseline_usd: float  # the median of the days before
-    threshold_usd: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "day": self.day.isoformat(),
-            "spend_usd": _r(self.spend_usd),
-            "baseline_usd": _r(self.baseline_usd),
-            "threshold_usd": _r(self.threshold_usd),
-        }
 
 
 @dataclass
@@ -240,15 +189,13 @@ class SpendReport:
         }
 
 
-ANOMALY_RULE = (
-    f"spend above the median of the {ANOMALY_WINDOW_DAYS} days before by more than "
-    f"{ANOMALY_K:g} x max({MAD_TO_SIGMA} x MAD, {ANOMALY_FLOOR_FRAC:.0%} of the median) "
-    f"and ${ANOMALY_MIN_EXCESS_USD:g}"
-)
-
-
-def report(led: Ledger, by: str = "project", period: str = "this-month",
-           at: datetime | None = None, extras: bool = True) -> SpendReport:  # fmt: skip
+def report(
+    led: Ledger,
+    by: str = "project",
+    period: str = "this-month",
+    at: datetime | None = None,
+    extras: bool = True,
+) -> SpendReport:
     """The report of `period` grouped `by`; `extras` adds the month-end projection and the
     anomalies of the period's days."""
     at = aware(at or now()).astimezone(UTC)
@@ -307,8 +254,9 @@ def _join_cost_tag(q: Any, g: Grouping, c: Any) -> Any:
     return q.outerjoin(c, and_(c.kind == "cost", c.ref == ref, c.key == g.key))
 
 
-def daily_spend_by(led: Ledger, by: str, period: str,
-                   at: datetime | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
+def daily_spend_by(
+    led: Ledger, by: str, period: str, at: datetime | None = None
+) -> dict[str, dict[str, float]]:
     """Dollars per group and UTC day of `period` (day as YYYY-MM-DD), counted as reports
     count them: runs on the day they started, unmatched costs on their date."""
     g, p = parse_by(by), parse_period(period, at)
@@ -332,27 +280,49 @@ def daily_spend_by(led: Ledger, by: str, period: str,
     return out
 
 
-def group_spend(s: Session, g: Grouping, start: datetime | None,
-                end: datetime | None) -> dict[str, Group]:  # fmt: skip
+def group_spend(
+    s: Session, g: Grouping, start: datetime | None, end: datetime | None
+) -> dict[str, Group]:
     """Spend in [start, end) by group: runs by start, unmatched costs by date."""
     groups: dict[str, Group] = {}
 
     def group(name: str) -> Group:
         return groups.setdefault(name, Group(name))
 
+    _add_runs(s, g, start, end, group)
+    _add_costs(s, g, start, end, group)
+    return groups
+
+
+def _add_runs(
+    s: Session,
+    g: Grouping,
+    start: datetime | None,
+    end: datetime | None,
+    group: Callable[[str], Group],
+) -> None:
+    """Each group's runs of [start, end): dollars, GPU-hours, tokens, outcomes, estimate
+    errors."""
     t = aliased(Tag)
     run_key = _run_key(g, t)
     lost = case((RunRecord.outcome.in_(LOST), RunRecord.cost_usd), else_=0.0)
     # the estimate's ratios ride along as text, so the join on tags is made once
     ratio = case(
-        (and_(RunRecord.outcome == "completed", RunRecord.est_cost_usd > 0),
-         RunRecord.cost_usd / RunRecord.est_cost_usd),
-    )  # fmt: skip
+        (
+            and_(RunRecord.outcome == "completed", RunRecord.est_cost_usd > 0),
+            RunRecord.cost_usd / RunRecord.est_cost_usd,
+        ),
+    )
     q = select(
-        run_key, func.count(), func.sum(RunRecord.cost_usd),
-        func.sum(RunRecord.hours * RunRecord.gpus), func.sum(RunRecord.tokens),
-        func.sum(lost), _concat(ratio, s.get_bind().dialect.name), RunRecord.outcome,
-    ).where(*within(RunRecord.started_at, start, end))  # fmt: skip
+        run_key,
+        func.count(),
+        func.sum(RunRecord.cost_usd),
+        func.sum(RunRecord.hours * RunRecord.gpus),
+        func.sum(RunRecord.tokens),
+        func.sum(lost),
+        _concat(ratio, s.get_bind().dialect.name),
+        RunRecord.outcome,
+    ).where(*within(RunRecord.started_at, start, end))
     q = _join_run_tag(q, g, t)
     for key, n, usd, gpu_h, tokens, lost_usd, ratios, outcome in s.execute(
         q.group_by(run_key, RunRecord.outcome)
@@ -367,12 +337,23 @@ def group_spend(s: Session, g: Grouping, start: datetime | None,
         if ratios:
             x.errors_pct += [(float(r) - 1.0) * 100.0 for r in ratios.split(",")]
 
+
+def _add_costs(
+    s: Session,
+    g: Grouping,
+    start: datetime | None,
+    end: datetime | None,
+    group: Callable[[str], Group],
+) -> None:
+    """Each group's costs of [start, end) not matched to a run."""
     c = aliased(Tag)
     cost_key = _cost_key(g, c)
     cq = select(
-        *([cost_key] if cost_key is not None else []), func.count(),
-        func.sum(CostEntry.amount_usd), func.sum(CostEntry.gpu_hours),
-    ).where(CostEntry.run_id.is_(None), *within(CostEntry.at, start, end))  # fmt: skip
+        *([cost_key] if cost_key is not None else []),
+        func.count(),
+        func.sum(CostEntry.amount_usd),
+        func.sum(CostEntry.gpu_hours),
+    ).where(CostEntry.run_id.is_(None), *within(CostEntry.at, start, end))
     cq = _join_cost_tag(cq, g, c)
     if cost_key is not None:
         cq = cq.group_by(cost_key)
@@ -385,33 +366,6 @@ def group_spend(s: Session, g: Grouping, start: datetime | None,
         x.other_costs += n
         x.other_usd += usd or 0.0
         x.gpu_hours += gpu_h or 0.0
-    return groups
-
-
-# -- projection and anomalies ----------------------------------------------------------------
-
-
-def first_spend(s: Session) -> datetime | None:
-    """When the first dollar on the books was spent (a run's start or a cost's date)."""
-    firsts = [s.scalar(select(func.min(RunRecord.started_at))),
-              s.scalar(select(func.min(CostEntry.at)))]  # fmt: skip
-    found = [aware(t).astimezone(UTC) for t in firsts if t is not None]
-    return min(found) if found else None
-
-
-def projection(s: Session, at: datetime) -> Projection:
-    """This month's spend at month end, if the last days' daily rate goes on."""
-    m0 = period_start("month", at)
-    m1 = period_end("month", m0)
-    assert m1 is not None
-    spent = spend(s, {}, m0, m1)
-    first = first_spend(s)
-    days = float(PROJECTION_DAYS)
-    if first is not None and at - first < timedelta(days=PROJECTION_DAYS):
-        days = float(max(1, (at - first).days + 1))  # young books: the days they cover
-    rate = spend(s, {}, at - timedelta(days=days), at) / days
-    left = (m1 - at).total_seconds() / 86400
-    return Projection(m0.strftime("%Y-%m"), spent, days, rate, left, spent + rate * left)
 
 
 def _concat(expr: Any, dialect: str) -> Any:
@@ -420,49 +374,6 @@ def _concat(expr: Any, dialect: str) -> Any:
     if dialect == "postgresql":
         return func.string_agg(cast(expr, String), literal_column("','"))
     return func.group_concat(expr, literal_column("','"))
-
-
-def detect_anomalies(daily: dict[date, float], first: date, last: date,
-                     history_from: date) -> list[Anomaly]:  # fmt: skip
-    """Days in [first, last] whose spend is above the trailing baseline (module docstring);
-    the books begin on `history_from` (earlier days are not zeros, they are unknown)."""
-    out = []
-    d = first
-    while d <= last:
-        window = [d - timedelta(days=k) for k in range(1, ANOMALY_WINDOW_DAYS + 1)]
-        hist = [daily.get(x, 0.0) for x in window if x >= history_from]
-        if len(hist) >= ANOMALY_MIN_HISTORY_DAYS:
-            med = statistics.median(hist)
-            mad = statistics.median(abs(x - med) for x in hist)
-            scale = max(MAD_TO_SIGMA * mad, ANOMALY_FLOOR_FRAC * med)
-            threshold = med + max(ANOMALY_K * scale, ANOMALY_MIN_EXCESS_USD)
-            usd = daily.get(d, 0.0)
-            if usd > threshold:
-                out.append(Anomaly(d, usd, med, threshold))
-        d += timedelta(days=1)
-    return out
-
-
-def anomalies(s: Session, start: datetime | None, end: datetime | None,
-              at: datetime) -> list[Anomaly]:  # fmt: skip
-    """The anomalous days of [start, end), up to today."""
-    first_at = first_spend(s)
-    if first_at is None:
-        return []
-    history_from = first_at.date()
-    first = max(start.date(), history_from) if start is not None else history_from
-    stop = min(end, at) if end is not None else at
-    last = (stop - timedelta(microseconds=1)).date()  # the last day with any of [start, stop)
-    if last < first:
-        return []
-    since: datetime | None = datetime.combine(
-        first - timedelta(days=ANOMALY_WINDOW_DAYS), datetime.min.time(), UTC
-    )
-    until: datetime | None = datetime.combine(last + timedelta(days=1), datetime.min.time(), UTC)
-    # bounds that cut nothing are left out: a scan beats an index walk over most of the rows
-    since = since if since is not None and since > first_at else None
-    until = until if until is not None and until <= at else None
-    return detect_anomalies(daily_spend(s, {}, since, until), first, last, history_from)
 
 
 # -- formatting helpers ----------------------------------------------------------------------

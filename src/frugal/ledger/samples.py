@@ -102,8 +102,10 @@ class Sample:
         return m.peak_allocated / GIB, m.peak_reserved / GIB
 
 
-def samples(runs: Iterable[RunRecord], profiles: Profiles | None = None,
-            ) -> tuple[list[Sample], Counter[str]]:  # fmt: skip
+def samples(
+    runs: Iterable[RunRecord],
+    profiles: Profiles | None = None,
+) -> tuple[list[Sample], Counter[str]]:
     """The runs with a measured figure the estimator can be checked against, and why the
     others that measured something were left out."""
     profiles = profiles or Profiles()

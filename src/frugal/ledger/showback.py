@@ -89,26 +89,35 @@ def showback(led: Ledger, week: str = "last", at: datetime | None = None) -> Sho
         this = group_spend(s, team, w0, w1)
         prev = group_spend(s, team, before, w0)
         top = top_runs(s, "team", w0, w1, TOP_RUNS)
-    names = sorted(this.keys() | prev.keys(),
-                   key=lambda n: (-this.get(n, Group(n)).spend_usd, n))  # fmt: skip
+    names = sorted(this.keys() | prev.keys(), key=lambda n: (-this.get(n, Group(n)).spend_usd, n))
     teams = [(this.get(n, Group(n)), prev.get(n, Group(n))) for n in names]
     return Showback(w0, teams, top, totals(this.values()), totals(prev.values()))
 
 
-def top_runs(s: Session, key: str, start: datetime, end: datetime,
-             n: int) -> dict[str, list[TopRun]]:  # fmt: skip
+def top_runs(
+    s: Session, key: str, start: datetime, end: datetime, n: int
+) -> dict[str, list[TopRun]]:
     """The `n` costliest runs started in [start, end) of each value of tag `key`."""
     t = aliased(Tag)
     rank = func.row_number().over(
         partition_by=t.value, order_by=(RunRecord.cost_usd.desc(), RunRecord.id)
     )
     inner = (
-        select(t.value.label("g"), RunRecord.id, RunRecord.model, RunRecord.gpu, RunRecord.gpus,
-               RunRecord.outcome, RunRecord.hours, RunRecord.cost_usd, rank.label("rank"))
+        select(
+            t.value.label("g"),
+            RunRecord.id,
+            RunRecord.model,
+            RunRecord.gpu,
+            RunRecord.gpus,
+            RunRecord.outcome,
+            RunRecord.hours,
+            RunRecord.cost_usd,
+            rank.label("rank"),
+        )
         .outerjoin(t, and_(t.kind == "run", t.ref == RunRecord.id, t.key == key))
         .where(*within(RunRecord.started_at, start, end))
         .subquery()
-    )  # fmt: skip
+    )
     q = select(inner).where(inner.c.rank <= n).order_by(inner.c.g, inner.c.rank)
     out: dict[str, list[TopRun]] = {}
     for row in s.execute(q):

@@ -102,19 +102,29 @@ class Ledger:
     def _tag(self, s: Session, kind: str, ref: str, tags: dict[str, str]) -> None:
         s.add_all(Tag(kind=kind, ref=ref, key=k, value=str(v)[:300]) for k, v in tags.items())
 
-    def record_plan(self, plan: dict[str, Any], model: str, tokens: float,
-                    tags: dict[str, str] | None = None) -> int:  # fmt: skip
+    def record_plan(
+        self, plan: dict[str, Any], model: str, tokens: float, tags: dict[str, str] | None = None
+    ) -> int:
         """Record a plan: what `frugal plan --json` prints (its `recommendation` fills the
         columns), or the recommendation object alone."""
         whole, plan = plan, plan.get("recommendation", plan)
         with self.session() as s:
             rec = PlanRecord(
-                created_at=now(), model=model, method=plan["method"], provider=plan["provider"],
-                instance=plan["instance"], region=plan.get("region") or "", gpu=plan["gpu"],
-                gpus=plan["gpus"], spot=plan["spot"],
-                price_per_hour_usd=plan["price_per_hour_usd"], est_hours=plan["est_hours"],
-                est_cost_usd=plan["est_cost_usd"], tokens=tokens, record=whole,
-            )  # fmt: skip
+                created_at=now(),
+                model=model,
+                method=plan["method"],
+                provider=plan["provider"],
+                instance=plan["instance"],
+                region=plan.get("region") or "",
+                gpu=plan["gpu"],
+                gpus=plan["gpus"],
+                spot=plan["spot"],
+                price_per_hour_usd=plan["price_per_hour_usd"],
+                est_hours=plan["est_hours"],
+                est_cost_usd=plan["est_cost_usd"],
+                tokens=tokens,
+                record=whole,
+            )
             s.add(rec)
             s.flush()
             self._tag(s, "plan", str(rec.id), tags or {})
@@ -133,18 +143,37 @@ class Ledger:
                 return rid
             if plan_id is not None and s.get(PlanRecord, plan_id) is None:
                 plan_id = None  # planned against another ledger: not on these books
-            s.add(RunRecord(
-                id=rid, plan_id=plan_id, started_at=t, heartbeat_at=t, ended_at=None,
-                outcome=None, dry_run=run.get("dry_run", False), model=run["model"],
-                method=run["method"], provider=run.get("provider", "local"),
-                instance=run.get("instance", ""), region=run.get("region", ""),
-                gpu=run.get("gpu", ""), gpus=run.get("gpus", 1), spot=run.get("spot", False),
-                price_per_hour_usd=run["price_per_hour_usd"], step=0, tokens=0.0, cost_usd=0.0,
-                hours=0.0, config=run["config"], predicted=predicted, actual={},
-                resource_id=run.get("resource_id", "")[:300],
-                output_dir=run.get("output_dir", "")[:1000],
-                est_hours=predicted.get("hours"), est_cost_usd=predicted.get("cost_usd"),
-            ))  # fmt: skip
+            s.add(
+                RunRecord(
+                    id=rid,
+                    plan_id=plan_id,
+                    started_at=t,
+                    heartbeat_at=t,
+                    ended_at=None,
+                    outcome=None,
+                    dry_run=run.get("dry_run", False),
+                    model=run["model"],
+                    method=run["method"],
+                    provider=run.get("provider", "local"),
+                    instance=run.get("instance", ""),
+                    region=run.get("region", ""),
+                    gpu=run.get("gpu", ""),
+                    gpus=run.get("gpus", 1),
+                    spot=run.get("spot", False),
+                    price_per_hour_usd=run["price_per_hour_usd"],
+                    step=0,
+                    tokens=0.0,
+                    cost_usd=0.0,
+                    hours=0.0,
+                    config=run["config"],
+                    predicted=predicted,
+                    actual={},
+                    resource_id=run.get("resource_id", "")[:300],
+                    output_dir=run.get("output_dir", "")[:1000],
+                    est_hours=predicted.get("hours"),
+                    est_cost_usd=predicted.get("cost_usd"),
+                )
+            )
             s.flush()
             self._tag(s, "run", rid, run.get("tags") or {})
         return rid
@@ -158,8 +187,15 @@ class Ledger:
                 run.ended_at = run.outcome = None
                 run.heartbeat_at = stored(at)
 
-    def heartbeat(self, run_id: str, step: int, tokens: float, cost_usd: float,
-                  at: datetime | None = None, total_steps: int | None = None) -> None:  # fmt: skip
+    def heartbeat(
+        self,
+        run_id: str,
+        step: int,
+        tokens: float,
+        cost_usd: float,
+        at: datetime | None = None,
+        total_steps: int | None = None,
+    ) -> None:
         """A run's progress at `at` (default now). The same heartbeat sent twice (a spool
         flushed again after a crash) is kept once."""
         explicit, t = at is not None, stored(at)
@@ -175,8 +211,14 @@ class Ledger:
                 if total_steps is not None:
                     run.total_steps = total_steps
 
-    def end_run(self, run_id: str, outcome: str, actual: dict[str, Any],
-                at: datetime | None = None, **end: Unpack[RunEnd]) -> None:  # fmt: skip
+    def end_run(
+        self,
+        run_id: str,
+        outcome: str,
+        actual: dict[str, Any],
+        at: datetime | None = None,
+        **end: Unpack[RunEnd],
+    ) -> None:
         """A run's end; `predicted` replaces the start's prediction (refined once the run
         knew its micro-batch and device)."""
         predicted = end.get("predicted")
@@ -192,18 +234,31 @@ class Ledger:
             run.step, run.tokens = end["step"], end["tokens"]
             run.cost_usd, run.hours = end["cost_usd"], end["hours"]
 
-    def add_cost(self, amount_usd: float, kind: str, description: str = "",
-                 resource_id: str = "", source: str = "manual", at: datetime | None = None,
-                 **more: Unpack[CostMore]) -> int:  # fmt: skip
+    def add_cost(
+        self,
+        amount_usd: float,
+        kind: str,
+        description: str = "",
+        resource_id: str = "",
+        source: str = "manual",
+        at: datetime | None = None,
+        **more: Unpack[CostMore],
+    ) -> int:
         """Put a cost on the books (at `at`, default now); returns its id."""
         end = more.get("period_end")
         with self.session() as s:
             c = CostEntry(
-                at=stored(at), kind=kind, amount_usd=amount_usd, description=description[:500],
-                resource_id=resource_id[:300], source=source[:300], run_id=more.get("run_id"),
-                provider=more.get("provider", "")[:50], gpu_hours=more.get("gpu_hours", 0.0),
+                at=stored(at),
+                kind=kind,
+                amount_usd=amount_usd,
+                description=description[:500],
+                resource_id=resource_id[:300],
+                source=source[:300],
+                run_id=more.get("run_id"),
+                provider=more.get("provider", "")[:50],
+                gpu_hours=more.get("gpu_hours", 0.0),
                 period_end=None if end is None else stored(end),
-            )  # fmt: skip
+            )
             s.add(c)
             s.flush()
             self._tag(s, "cost", str(c.id), more.get("tags") or {})

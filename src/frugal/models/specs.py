@@ -137,8 +137,11 @@ def resolved_text_config(inner: dict[str, Any]) -> dict[str, Any]:
     # not the per-layer lists a class derives from its own default depth (Gemma 3's 26
     # layer types beside the 62 layers of the 27B): its __init__ derives them again
     derived = ("layer_types",)
-    keep = {k: v for k, v in defaults.items()
-            if not k.startswith("_") and v is not None and k not in derived}  # fmt: skip
+    keep = {
+        k: v
+        for k, v in defaults.items()
+        if not k.startswith("_") and v is not None and k not in derived
+    }
     return dict(json.loads(json.dumps({**keep, **inner})))  # as a bundled file holds it
 
 

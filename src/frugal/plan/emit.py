@@ -117,15 +117,22 @@ def hf_script(cfg: RunConfig, step_time_s: float) -> str:
     modules, fused, ranks = _adapters(spec.config, j)
     base_dtype, _ = weight_dtypes(j)
     return render(
-        "train_hf.py.j2", cfg=cfg, j=j, t=t, step_time_s=step_time_s,
-        modules=modules, fused=fused, ranks=ranks,
+        "train_hf.py.j2",
+        cfg=cfg,
+        j=j,
+        t=t,
+        step_time_s=step_time_s,
+        modules=modules,
+        fused=fused,
+        ranks=ranks,
         dtype=str(base_dtype).removeprefix("torch."),
         compute={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[j.compute_dtype],
         attention=attention_kernel(spec.config, j),
-        every=save_steps(cfg, step_time_s), schedule=HF_SCHEDULE[t.schedule],
+        every=save_steps(cfg, step_time_s),
+        schedule=HF_SCHEDULE[t.schedule],
         optim=HF_OPTIM[j.optimizer],
         minutes=(cfg.plan.checkpoint_interval_min if cfg.plan else None) or DEFAULT_CHECKPOINT_MIN,
-    )  # fmt: skip
+    )
 
 
 def _adapters(config: dict[str, Any], j: TrainJob) -> tuple[Any, list[str], dict[str, int]]:
@@ -154,9 +161,12 @@ def render(template: str, **values: Any) -> str:
 def _templates() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("frugal.plan", "templates"),
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined, autoescape=False,  # Python and shell, not HTML
-    )  # fmt: skip
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # Python and shell, not HTML
+    )
     env.filters["py"] = repr
     return env
 
@@ -335,9 +345,14 @@ def modal_app(plan: Plan, run_config: str) -> str:
             f"the plan needs {plan.gpus} on {plan.nodes} machine(s): plan with --providers modal"
         )
     return render(
-        "modal_app.py.j2", plan=plan, run_config=run_config, config=Path(run_config).name,
-        gpu=f"{name}:{plan.gpus}", extras="[train]" if needs_bitsandbytes(plan.job) else "",
+        "modal_app.py.j2",
+        plan=plan,
+        run_config=run_config,
+        config=Path(run_config).name,
+        gpu=f"{name}:{plan.gpus}",
+        extras="[train]" if needs_bitsandbytes(plan.job) else "",
         cores=MODAL_CORES_PER_GPU * plan.gpus,
-        memory_mib=int(MODAL_GIB_PER_GPU * plan.gpus * 1024), timeout_s=MODAL_TIMEOUT_S,
+        memory_mib=int(MODAL_GIB_PER_GPU * plan.gpus * 1024),
+        timeout_s=MODAL_TIMEOUT_S,
         attempts=math.ceil(plan.hours * 3600 / MODAL_TIMEOUT_S) + 2,  # a cut each day, 2 spare
-    )  # fmt: skip
+    )

@@ -114,9 +114,16 @@ class Fitter:
         where the logits hold the micro-batch below the GPU's share, the chunked loss, kept
         if it fits a larger micro-batch that is faster."""
         key = (
-            s.gpu.name, s.n, s.per_node, s.method, s.node_gbps if s.nodes > 1 else 0.0,
-            base.loss_chunks, base.offload_activations, base.optimizer, base.optimizer_in_backward,
-        )  # fmt: skip
+            s.gpu.name,
+            s.n,
+            s.per_node,
+            s.method,
+            s.node_gbps if s.nodes > 1 else 0.0,
+            base.loss_chunks,
+            base.offload_activations,
+            base.optimizer,
+            base.optimizer_in_backward,
+        )
         if key not in self.memo:
             self.memo[key] = self._best(s, base, because)
         return self.memo[key]
@@ -170,9 +177,13 @@ class Fitter:
                         out.floor = min(out.floor, _floor(at_one))
                         continue
                     speed = step_time(
-                        fit.profile, fit.job, s.gpu, s.per_node,
-                        0.0 if s.nodes == 1 else s.node_gbps, sc,
-                    )  # fmt: skip
+                        fit.profile,
+                        fit.job,
+                        s.gpu,
+                        s.per_node,
+                        0.0 if s.nodes == 1 else s.node_gbps,
+                        sc,
+                    )
                     if speed is not None and (
                         out.best is None or speed.tokens_per_s > out.best.speed.tokens_per_s
                     ):
@@ -202,8 +213,9 @@ class Fitter:
         gpu = plan.offer.gpu
         one = j.model_copy(update={"batch": 1, "grad_accum": j.batch * j.grad_accum})
         node_gbps = node_network(plan.offer, self.k)[0] if plan.nodes > 1 else 0.0
-        at_one = step_time(prof, one, gpu, plan.offer.gpus, node_gbps,
-                           self.calibrated(gpu, j.method)[0])  # fmt: skip
+        at_one = step_time(
+            prof, one, gpu, plan.offer.gpus, node_gbps, self.calibrated(gpu, j.method)[0]
+        )
         if at_one is None or at_one.bound != "launch":
             return None
         return (
@@ -222,9 +234,14 @@ class Fitter:
         return (base.optimizer,) if lean else tuple(k.optimizers[:1])
 
     def _with_technique(
-        self, s: SetUp, base: TrainJob, more: TrainJob | None, tried: _Tried, cap: float,
+        self,
+        s: SetUp,
+        base: TrainJob,
+        more: TrainJob | None,
+        tried: _Tried,
+        cap: float,
         share: int,
-    ) -> Config | Rejected | None:  # fmt: skip
+    ) -> Config | Rejected | None:
         """The set-up with the next technique `more` on, where it is worth it: nothing fit
         without it (unless the weights alone do not fit: no technique helps), or the logits
         hold the micro-batch down and the chunked loss buys a larger, faster one. None:
@@ -244,9 +261,12 @@ class Fitter:
         added = next(t for t in TECHNIQUES if getattr(more, t) != getattr(base, t))
         flag = f"--{added.replace('_', '-')}"
         found = self.best(
-            s, more, f"{flag}: nothing fit without it" if best is None
+            s,
+            more,
+            f"{flag}: nothing fit without it"
+            if best is None
             else f"{flag}: the logits held the micro-batch to {best.job.batch}",
-        )  # fmt: skip
+        )
         if best is not None and (
             isinstance(found, Rejected)
             or found.job.batch <= best.job.batch
@@ -288,20 +308,32 @@ def _job(
     lora = (
         {}
         if s.method == "full"
-        else {"lora_r": base.lora_r, "lora_alpha": base.lora_alpha,
-              "lora_targets": base.lora_targets, "lora_dropout": base.lora_dropout}
-    )  # fmt: skip
+        else {
+            "lora_r": base.lora_r,
+            "lora_alpha": base.lora_alpha,
+            "lora_targets": base.lora_targets,
+            "lora_dropout": base.lora_dropout,
+        }
+    )
     return TrainJob.model_validate(
         {
             **base.task_settings(),
-            "method": s.method, "precision": precision, "optimizer": optimizer,
-            "seq": base.seq, "grad_checkpointing": ckpt, "attention": base.attention,
-            "packing": base.packing, "loss": base.loss, "loss_chunks": base.loss_chunks,
+            "method": s.method,
+            "precision": precision,
+            "optimizer": optimizer,
+            "seq": base.seq,
+            "grad_checkpointing": ckpt,
+            "attention": base.attention,
+            "packing": base.packing,
+            "loss": base.loss,
+            "loss_chunks": base.loss_chunks,
             "offload_activations": base.offload_activations,
-            "optimizer_in_backward": base.optimizer_in_backward, "gpus": s.n,
-            "sharding": sharding, **lora,
+            "optimizer_in_backward": base.optimizer_in_backward,
+            "gpus": s.n,
+            "sharding": sharding,
+            **lora,
         }
-    )  # fmt: skip
+    )
 
 
 def _floor(m: Memory) -> float:

@@ -59,10 +59,16 @@ SOURCES = {  # as an answer names them; the full references: this docstring, doc
 }
 # where each setting lives in the run config
 WHERE = {
-    "lora_r": "job", "lora_alpha": "job", "lora_dropout": "job", "lora_targets": "job",
-    "learning_rate": "training", "schedule": "training", "warmup_ratio": "training",
-    "effective_batch": "training", "epochs": "data",
-}  # fmt: skip
+    "lora_r": "job",
+    "lora_alpha": "job",
+    "lora_dropout": "job",
+    "lora_targets": "job",
+    "learning_rate": "training",
+    "schedule": "training",
+    "warmup_ratio": "training",
+    "effective_batch": "training",
+    "epochs": "data",
+}
 SMALL_DATA_TOKENS = 20e6  # below: a few passes, as Alpaca's 52K examples had
 LARGE_DATA_TOKENS = 1e9  # above: beyond what a rank-16 adapter was shown to hold
 MIN_STEPS_PER_EPOCH = 8
@@ -88,9 +94,14 @@ class Choice:
         return f"{where}: {why}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"setting": f"{WHERE[self.name]}.{self.name}", "value": self.value,
-                "reason": self.reason, "source": SOURCES[self.source], "yours": self.yours,
-                **({"frugal_would_choose": self.ours} if self.yours else {})}  # fmt: skip
+        return {
+            "setting": f"{WHERE[self.name]}.{self.name}",
+            "value": self.value,
+            "reason": self.reason,
+            "source": SOURCES[self.source],
+            "yours": self.yours,
+            **({"frugal_would_choose": self.ours} if self.yours else {}),
+        }
 
 
 def _shown(value: Any) -> str:
@@ -98,9 +109,13 @@ def _shown(value: Any) -> str:
 
 
 def choose(
-    config: dict[str, Any], method: str, task: str, tokens: float, seq: int,
+    config: dict[str, Any],
+    method: str,
+    task: str,
+    tokens: float,
+    seq: int,
     given: dict[str, Any],
-) -> list[Choice]:  # fmt: skip
+) -> list[Choice]:
     """The settings of a fine-tune of the model of `config` with `method` ("full", "lora",
     "qlora") on `tokens` tokens an epoch in sequences of `seq`; `given`: the user's
     settings by name (None: not given)."""
@@ -119,9 +134,11 @@ def choose(
         and tokens * _value(chosen, given, "epochs") > (LARGE_DATA_TOKENS)
     ):
         chosen["lora_r"] = Choice(
-            "lora_r", 64, "a dataset this large can outgrow a rank-16 adapter; rank 64 as "
-            "QLoRA trained", "regret",
-        )  # fmt: skip
+            "lora_r",
+            64,
+            "a dataset this large can outgrow a rank-16 adapter; rank 64 as QLoRA trained",
+            "regret",
+        )
     chosen["effective_batch"] = _batch(chosen["effective_batch"], tokens, seq, task)
     return [
         Choice(c.name, given[c.name], c.reason, c.source, yours=True, ours=c.value)
@@ -141,26 +158,44 @@ def _moe_targets(config: dict[str, Any], method: str, given: dict[str, Any]) -> 
     the experts in 4 bits, where PEFT cannot add them."""
     k, n = experts_per_token(config), routed_experts(config)
     if method == "lora" and given.get("lora_dropout"):
-        return ("all-linear", f"adapters on every linear layer; the {n} routed experts get "
-                "none: PEFT's adapters on them take no dropout (--lora-dropout 0 adds them)",
-                "frugal")  # fmt: skip
+        return (
+            "all-linear",
+            f"adapters on every linear layer; the {n} routed experts get "
+            "none: PEFT's adapters on them take no dropout (--lora-dropout 0 adds them)",
+            "frugal",
+        )
     if method == "qlora":
-        return ("all-linear", f"adapters on every linear layer; the {n} routed experts stay "
-                "frozen in 4 bits, where PEFT cannot add adapters (--method lora adapts them)",
-                "frugal")  # fmt: skip
+        return (
+            "all-linear",
+            f"adapters on every linear layer; the {n} routed experts stay "
+            "frozen in 4 bits, where PEFT cannot add adapters (--method lora adapts them)",
+            "frugal",
+        )
     rank = given.get("lora_r") or 16
-    return ("all-linear", f"adapters on every linear layer and each of the {n} routed experts, "
-            f"at rank {max(1, rank // k)} each (the rank over the {k} experts a token meets): "
-            "adapters on the MLP, experts included, are what match full fine-tuning; "
-            "q_proj,k_proj,v_proj,o_proj is cheaper, attention only", "regret")  # fmt: skip
+    return (
+        "all-linear",
+        f"adapters on every linear layer and each of the {n} routed experts, "
+        f"at rank {max(1, rank // k)} each (the rank over the {k} experts a token meets): "
+        "adapters on the MLP, experts included, are what match full fine-tuning; "
+        "q_proj,k_proj,v_proj,o_proj is cheaper, attention only",
+        "regret",
+    )
 
 
 def _epochs(tokens: float) -> Rule:
     if tokens < SMALL_DATA_TOKENS:
-        return (3.0, f"a small dataset ({tokens / 1e6:.3g}M tokens): 3 passes, as Alpaca made "
-                "over its 52K examples", "alpaca")  # fmt: skip
-    return (1.0, "one pass: a dataset this size is seen once (each pass costs as much again, "
-            "and no source here says a second pays)", "frugal")  # fmt: skip
+        return (
+            3.0,
+            f"a small dataset ({tokens / 1e6:.3g}M tokens): 3 passes, as Alpaca made "
+            "over its 52K examples",
+            "alpaca",
+        )
+    return (
+        1.0,
+        "one pass: a dataset this size is seen once (each pass costs as much again, "
+        "and no source here says a second pays)",
+        "frugal",
+    )
 
 
 def _batch(c: Choice, tokens: float, seq: int, task: str) -> Choice:
@@ -172,5 +207,10 @@ def _batch(c: Choice, tokens: float, seq: int, task: str) -> Choice:
     if batch == c.value:
         return c
     rows = f"{sequences:,.0f} {task_of(task).rows}"
-    return Choice(c.name, batch, f"{c.value} halved to {batch}: an epoch of {rows} still takes "
-                  f"{MIN_STEPS_PER_EPOCH} steps or more", "frugal")  # fmt: skip
+    return Choice(
+        c.name,
+        batch,
+        f"{c.value} halved to {batch}: an epoch of {rows} still takes "
+        f"{MIN_STEPS_PER_EPOCH} steps or more",
+        "frugal",
+    )

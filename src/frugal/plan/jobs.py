@@ -153,8 +153,11 @@ class VM:
     def slack_h(self) -> float:
         """How long the VM could start later and still meet every deadline on it."""
         ends = self.timeline()
-        slack = [r.deadline_h - end for r, (_, end) in zip(self.runs, ends, strict=True)
-                 if r.deadline_h is not None]  # fmt: skip
+        slack = [
+            r.deadline_h - end
+            for r, (_, end) in zip(self.runs, ends, strict=True)
+            if r.deadline_h is not None
+        ]
         return max(min(slack), 0.0) if slack else NO_DEADLINE_WAIT_H
 
     def to_json(self) -> dict[str, Any]:
@@ -266,8 +269,10 @@ def time_spot(vms: list[VM], history: list[PricePoint] | None, now: datetime) ->
     if not spot:
         return notes
     if history is None:
-        return ["start times: spot VMs start now; choosing a cheaper window needs its price "
-                "history (--price-history)"]  # fmt: skip
+        return [
+            "start times: spot VMs start now; choosing a cheaper window needs its price "
+            "history (--price-history)"
+        ]
     for vm in spot:
         o = vm.offer
         w = best_start(history, o.provider, o.instance, o.region, vm.hours, vm.slack_h(), now)

@@ -81,8 +81,13 @@ def _matplotlib_chart(result: Result, k: Constraints, path: str) -> None:
     if k.budget_usd:
         ax.axhline(k.budget_usd, ls=":", c="#6e7781", lw=1, label=f"budget ${k.budget_usd:g}")
     ax.set_xscale("log")
-    _save(plt, fig, ax, path, ("expected wall time (h)", "expected total cost (USD)",
-                               "frugal plan: cost vs time"))  # fmt: skip
+    _save(
+        plt,
+        fig,
+        ax,
+        path,
+        ("expected wall time (h)", "expected total cost (USD)", "frugal plan: cost vs time"),
+    )
 
 
 def _save(plt: Any, fig: Any, ax: Any, path: str, words: tuple[str, str, str]) -> None:
@@ -240,8 +245,9 @@ def write_points(path: str, points: list[Point], title: str, x_label: str, y_lab
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     ax.scatter([p.x for p in points], [p.y for p in points], s=24, c="#9aa5b1")
     front = sorted((p for p in points if p.marked), key=lambda p: p.x)
-    ax.plot([p.x for p in front], [p.y for p in front], "o-", c="#1f6feb", ms=6,
-            label="Pareto frontier")  # fmt: skip
+    ax.plot(
+        [p.x for p in front], [p.y for p in front], "o-", c="#1f6feb", ms=6, label="Pareto frontier"
+    )
     for p in points:
         ax.annotate(p.label, (p.x, p.y), xytext=(6, 6), textcoords="offset points", fontsize=8)
     _save(plt, fig, ax, path, (x_label, y_label, title))
@@ -263,21 +269,26 @@ def _points_page(points: list[Point], title: str, x_label: str, y_label: str) ->
     for v in _ticks(*yr):
         y = sy(v)
         svg.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" class="g"/>')
-        svg.append(f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" class="t" text-anchor="end">'
-                   f"${v:g}</text>")  # fmt: skip
+        svg.append(
+            f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" class="t" text-anchor="end">${v:g}</text>'
+        )
     for i in range(6):
         v = x0 + (x1 - x0) * i / 5
-        svg.append(f'<text x="{sx(v):.1f}" y="{H - PAD_B + 16}" class="t" '
-                   f'text-anchor="middle">{v:.3g}</text>')  # fmt: skip
+        svg.append(
+            f'<text x="{sx(v):.1f}" y="{H - PAD_B + 16}" class="t" '
+            f'text-anchor="middle">{v:.3g}</text>'
+        )
     front = sorted((p for p in points if p.marked), key=lambda p: p.x)
     line = " ".join(f"{sx(p.x):.1f},{sy(p.y):.1f}" for p in front)
     svg.append(f'<polyline points="{line}" class="f"/>')
     for p in points:
         tip = html.escape(f"{p.label}: {p.x:g}, ${p.y:,.4g}")
-        svg.append(f'<circle cx="{sx(p.x):.1f}" cy="{sy(p.y):.1f}" r="{6 if p.marked else 4}" '
-                   f'class="{"fp" if p.marked else "p"}"><title>{tip}</title></circle>'
-                   f'<text x="{sx(p.x) + 8:.1f}" y="{sy(p.y) - 8:.1f}">'
-                   f"{html.escape(p.label)}</text>")  # fmt: skip
+        svg.append(
+            f'<circle cx="{sx(p.x):.1f}" cy="{sy(p.y):.1f}" r="{6 if p.marked else 4}" '
+            f'class="{"fp" if p.marked else "p"}"><title>{tip}</title></circle>'
+            f'<text x="{sx(p.x) + 8:.1f}" y="{sy(p.y) - 8:.1f}">'
+            f"{html.escape(p.label)}</text>"
+        )
     axes = (
         f'<text x="{(PAD_L + W - PAD_R) / 2}" y="{H - 10}" text-anchor="middle">'
         f"{html.escape(x_label)}</text>"
@@ -292,5 +303,7 @@ def _points_page(points: list[Point], title: str, x_label: str, y_label: str) ->
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style><h3 style='font-family:sans-serif'>{html.escape(title)}</h3>"
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}">'
-        + "".join(svg) + axes + "</svg>\n"
-    )  # fmt: skip
+        + "".join(svg)
+        + axes
+        + "</svg>\n"
+    )

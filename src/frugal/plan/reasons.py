@@ -9,8 +9,13 @@ from frugal.plan.constraints import Constraints, node_network
 from frugal.plan.plans import Plan, Rejected
 
 
-def give_reasons(best: Plan, feasible: list[Plan], frontier: list[Plan], k: Constraints,
-                 launch: str | None = None) -> None:  # fmt: skip
+def give_reasons(
+    best: Plan,
+    feasible: list[Plan],
+    frontier: list[Plan],
+    k: Constraints,
+    launch: str | None = None,
+) -> None:
     """Give the recommended plan its reasons, in the order a reader asks: does it fit, how
     fast (`launch`: where the host's dispatch bounds its step, or would at a smaller
     micro-batch: `Fitter.launch_note`), what the plan turned on, the data, why this one,

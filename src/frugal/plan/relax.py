@@ -98,9 +98,13 @@ def suggest(e: Infeasible, ask: Ask, every_offer: list[Offer] | None = None) -> 
     if not e.plans:  # nothing fits
         tried(_unpinned(ask))
         tried(_shorter_seqs(ask), first_only=True)
-        tried([_Trial({"--methods": m}, _with(ask, methods=(m,)))
-               for m in ("qlora", "lora") if m not in k.methods
-               and _leaner(m, k.methods)])  # fmt: skip
+        tried(
+            [
+                _Trial({"--methods": m}, _with(ask, methods=(m,)))
+                for m in ("qlora", "lora")
+                if m not in k.methods and _leaner(m, k.methods)
+            ]
+        )
         if "full" in k.methods and "paged-adamw-8bit" not in k.optimizers:
             opt = ("paged-adamw-8bit",)
             tried([_Trial({"--optimizers": opt[0]}, _with(ask, optimizers=opt))])
@@ -119,8 +123,7 @@ def suggest(e: Infeasible, ask: Ask, every_offer: list[Offer] | None = None) -> 
             tried([_Trial({"--budget": f"{usd:g}"}, _with(ask, budget_usd=usd))])
             if k.deadline_h is not None and cheapest.cost_usd <= (k.budget_usd or 0):
                 hours = _up(cheapest.hours)
-                tried([_Trial({"--deadline": f"{hours:g}h"},
-                              _with(ask, deadline_h=hours))])  # fmt: skip
+                tried([_Trial({"--deadline": f"{hours:g}h"}, _with(ask, deadline_h=hours))])
             if "qlora" not in k.methods:
                 tried([_Trial({"--methods": "qlora"}, _with(ask, methods=("qlora",)))])
     if more_gpus > k.max_gpus:
@@ -136,8 +139,10 @@ def explain(e: Infeasible, ask: Ask, every_offer: list[Offer] | None = None) -> 
     """One line: the closest miss, then each change that makes a plan and what it gives."""
     found = suggest(e, ask, every_offer)
     if not found:
-        return f"{e}; no single change tried makes a plan (shorter --seq, other --methods, " \
-            "more GPUs, more providers, a smaller model)"  # fmt: skip
+        return (
+            f"{e}; no single change tried makes a plan (shorter --seq, other --methods, "
+            "more GPUs, more providers, a smaller model)"
+        )
     return f"{e}; these would give a plan: " + "; ".join(f"{s.text} ({s.gives()})" for s in found)
 
 

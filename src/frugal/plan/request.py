@@ -60,16 +60,24 @@ def _about(model: type[BaseModel], name: str) -> Any:
     """A request field that is `model.name`, with its default, description and range (a
     request holds what was given; the schema checks the rest: a name, a duration)."""
     f = model.model_fields[name]
-    bounds = {k: getattr(m, k) for m in f.metadata for k in ("ge", "gt", "le", "lt")
-              if getattr(m, k, None) is not None}  # fmt: skip
+    bounds = {
+        k: getattr(m, k)
+        for m in f.metadata
+        for k in ("ge", "gt", "le", "lt")
+        if getattr(m, k, None) is not None
+    }
     return Field(f.get_default(call_default_factory=True), description=f.description, **bounds)
 
 
 def _unset(model: type[BaseModel], name: str) -> Any:
     """A request field that is `model.name`, not given: the plan picks (with its range)."""
     f = model.model_fields[name]
-    bounds = {k: getattr(m, k) for m in f.metadata for k in ("ge", "gt", "le", "lt")
-              if getattr(m, k, None) is not None}  # fmt: skip
+    bounds = {
+        k: getattr(m, k)
+        for m in f.metadata
+        for k in ("ge", "gt", "le", "lt")
+        if getattr(m, k, None) is not None
+    }
     return Field(None, description=f.description, **bounds)
 
 
@@ -148,19 +156,30 @@ class PlanRequest(BaseModel):
         methods = self.methods or (self.method,)
         # the adapters' settings ride on the first adapter method compared (a full job has none)
         lora = {k: v for k, v in (chosen or {}).items() if k in LORA_FIELDS} or {
-            "lora_r": self.lora_r, "lora_alpha": self.lora_alpha,
-            "lora_dropout": self.lora_dropout, "lora_targets": self.lora_targets,
-        }  # fmt: skip
+            "lora_r": self.lora_r,
+            "lora_alpha": self.lora_alpha,
+            "lora_dropout": self.lora_dropout,
+            "lora_targets": self.lora_targets,
+        }
         base = make_job(
-            task=self.task, num_labels=self.num_labels, preference=self.preference,
-            teacher=self.teacher, teacher_logits=self.teacher_logits,
+            task=self.task,
+            num_labels=self.num_labels,
+            preference=self.preference,
+            teacher=self.teacher,
+            teacher_logits=self.teacher_logits,
             teacher_top_k=self.teacher_top_k,
-            reference=self.reference, method=_adapters_first(methods),
-            precision=self.precision, seq=self.seq,
-            attention=self.attention, packing=self.packing, loss=self.loss,
-            loss_chunks=self.loss_chunks, offload_activations=self.offload_activations,
-            optimizer_in_backward=self.optimizer_in_backward, **lora,
-        )  # fmt: skip
+            reference=self.reference,
+            method=_adapters_first(methods),
+            precision=self.precision,
+            seq=self.seq,
+            attention=self.attention,
+            packing=self.packing,
+            loss=self.loss,
+            loss_chunks=self.loss_chunks,
+            offload_activations=self.offload_activations,
+            optimizer_in_backward=self.optimizer_in_backward,
+            **lora,
+        )
         for m in methods:
             make_job(method=m)  # names a bad method in --methods
         for o in self.optimizers:
@@ -176,14 +195,22 @@ class PlanRequest(BaseModel):
             auto_loss_chunks=self.loss_chunks is None and task_of(self.task).chunked_loss,
             auto_offload=self.offload_activations is None,
             auto_in_backward=self.optimizer_in_backward is None,
-            data=self.data, data_gb=data_gb, tokens=tokens,
-            effective_batch=effective_batch, budget_usd=self.budget,
-            deadline_h=self.deadline, max_gpus=self.max_gpus,
+            data=self.data,
+            data_gb=data_gb,
+            tokens=tokens,
+            effective_batch=effective_batch,
+            budget_usd=self.budget,
+            deadline_h=self.deadline,
+            max_gpus=self.max_gpus,
             spot=spot_mode(self.spot),
-            methods=self.methods or (self.method,), optimizers=self.optimizers,
-            margin=self.margin, mtbi_h=self.spot_mtbi_hours, objective=self.optimize,
-            value_of_time_usd_h=self.value_of_time, network_gbps=self.network_gbps,
-        )  # fmt: skip
+            methods=self.methods or (self.method,),
+            optimizers=self.optimizers,
+            margin=self.margin,
+            mtbi_h=self.spot_mtbi_hours,
+            objective=self.optimize,
+            value_of_time_usd_h=self.value_of_time,
+            network_gbps=self.network_gbps,
+        )
 
     def settings(self, spec: ModelSpec, method: str, tokens_per_epoch: float) -> list[Choice]:
         """The training settings of `method` on this request's data, each with its reason:
@@ -194,10 +221,13 @@ class PlanRequest(BaseModel):
     def select(self, every_provider: bool = False) -> list[Offer]:
         """The offers this request plans with (all providers': what a change would give)."""
         return select_offers(
-            self.offers, self.discount, self.local, self.kwh_usd,
+            self.offers,
+            self.discount,
+            self.local,
+            self.kwh_usd,
             None if every_provider or not self.providers else ",".join(self.providers),
             include_suspicious=self.include_suspicious,
-        )  # fmt: skip
+        )
 
 
 @dataclass
@@ -230,8 +260,12 @@ class PlanOutcome:
             "notes": r.notes,
             "prices": self.basis.to_json(),
         }
-        keys = {"run config": "wrote", "hf": "wrote_hf", "skypilot": "wrote_skypilot",
-                "modal": "wrote_modal"}  # fmt: skip
+        keys = {
+            "run config": "wrote",
+            "hf": "wrote_hf",
+            "skypilot": "wrote_skypilot",
+            "modal": "wrote_modal",
+        }
         out.update({keys.get(what, f"wrote_{what}"): p for what, p in (wrote or {}).items()})
         return out
 
@@ -239,8 +273,15 @@ class PlanOutcome:
         """The run config that trains the recommendation (`frugal train` reads it)."""
         q = self.request
         epochs = self.k.tokens / self.tokens_per_epoch if self.tokens_per_epoch else 1.0
-        cfg = to_run_config(self.spec.id, self.result.recommendation, self.k, q.dataset,
-                            self.tokens_per_epoch, epochs, self.settings)  # fmt: skip
+        cfg = to_run_config(
+            self.spec.id,
+            self.result.recommendation,
+            self.k,
+            q.dataset,
+            self.tokens_per_epoch,
+            epochs,
+            self.settings,
+        )
         cfg.tags = parse_tags(q.tag)  # what was asked for; defaults apply when it runs
         if cfg.plan:
             cfg.plan.ledger_id = self.plan_id

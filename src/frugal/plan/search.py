@@ -78,17 +78,22 @@ def _plans_on(
             continue
         if k.effective_batch % n:  # each GPU takes an equal share of the step
             if nodes == 1:
-                rejected.append(Rejected(
-                    f"{offer.provider} {offer.instance}",
-                    f"{n} GPUs cannot share an effective batch of {k.effective_batch} "
-                    f"sequences equally: use a multiple of {n}", "batch",
-                ))  # fmt: skip
+                rejected.append(
+                    Rejected(
+                        f"{offer.provider} {offer.instance}",
+                        f"{n} GPUs cannot share an effective batch of {k.effective_batch} "
+                        f"sequences equally: use a multiple of {n}",
+                        "batch",
+                    )
+                )
             continue
         for method in k.methods:
             label = f"{offer.provider} {f'{nodes}x ' if nodes > 1 else ''}{offer.instance} {method}"
             if offer.gpu.vendor != "nvidia" and method == "qlora":
-                refused = (f"QLoRA needs bitsandbytes' CUDA kernels; on {offer.gpu.name} "
-                           "(AMD, ROCm) frugal's trainer runs full and LoRA")  # fmt: skip
+                refused = (
+                    f"QLoRA needs bitsandbytes' CUDA kernels; on {offer.gpu.name} "
+                    "(AMD, ROCm) frugal's trainer runs full and LoRA"
+                )
                 rejected.append(Rejected(label, refused, "method"))
                 continue
             found = fitter.best(SetUp(offer.gpu, n, offer.gpus, nodes, method, node_gb_s), base)
@@ -157,12 +162,26 @@ class _Bill:
         o, c, mem = self.offer, self.cfg, self.cfg.memory
         storage = self.disk_gb * o.terms.storage_usd_gb_month * hours / HOURS_PER_MONTH
         return Plan(
-            o, self.nodes, c.job, c.speed, mem.peak_reserved / GIB, mem.device_total / GIB,
-            spot, hours, compute_usd, self.setup_h, storage, self.egress_usd,
-            value_of_time_usd_h=self.k.value_of_time_usd_h, output_gb=self.output_gb,
-            data_in=self.data_in, data_out=self.data_out, host_offload_gib=mem.host / GIB,
-            why_on=c.why_on, profile=c.profile,
-        )  # fmt: skip
+            o,
+            self.nodes,
+            c.job,
+            c.speed,
+            mem.peak_reserved / GIB,
+            mem.device_total / GIB,
+            spot,
+            hours,
+            compute_usd,
+            self.setup_h,
+            storage,
+            self.egress_usd,
+            value_of_time_usd_h=self.k.value_of_time_usd_h,
+            output_gb=self.output_gb,
+            data_in=self.data_in,
+            data_out=self.data_out,
+            host_offload_gib=mem.host / GIB,
+            why_on=c.why_on,
+            profile=c.profile,
+        )
 
 
 def _bill(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> _Bill:
@@ -180,7 +199,10 @@ def _bill(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> _Bill:
     where = parse_location(k.data)
     data_in, data_out = move_in(where, k.data_gb, offer), move_out(output_gb, offer, where)
     return _Bill(
-        offer, nodes, cfg, k,
+        offer,
+        nodes,
+        cfg,
+        k,
         solve_h=k.tokens / cfg.speed.tokens_per_s / 3600,
         setup_h=setup_h + data_in.hours,
         delta_h=(ckpt / (DISK_GBPS * 1e9) + 10) / 3600,
@@ -190,7 +212,7 @@ def _bill(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> _Bill:
         egress_usd=data_in.usd + data_out.usd,
         data_in=data_in if k.data_gb else NO_MOVE,  # no dataset size: not priced, nor said
         data_out=data_out,
-    )  # fmt: skip
+    )
 
 
 def _priced(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]:
@@ -206,8 +228,9 @@ def _priced(offer: Offer, nodes: int, cfg: Config, k: Constraints) -> list[Plan]
 
 def _repriced(b: _Bill, spot: bool, factor: float) -> Plan | None:
     """The plan of `b` (on spot or not) with `factor` times its hours of work."""
-    return next((p for p in _priced_at(replace(b, solve_h=b.solve_h * factor)) if p.spot == spot),
-                None)  # fmt: skip
+    return next(
+        (p for p in _priced_at(replace(b, solve_h=b.solve_h * factor)) if p.spot == spot), None
+    )
 
 
 def _priced_at(b: _Bill) -> list[Plan]:

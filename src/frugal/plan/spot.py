@@ -59,9 +59,13 @@ def measured() -> dict[tuple[str, str], Measured]:
     out = {}
     for _, r in data_rows(text, "spot_traces.csv"):
         out[r["provider"], r["instance"]] = Measured(
-            r["instance"], float(r["rate_per_h"]), float(r["held_hours"]),
-            int(r["preemptions"]), r["kind"], r["source"],
-        )  # fmt: skip
+            r["instance"],
+            float(r["rate_per_h"]),
+            float(r["held_hours"]),
+            int(r["preemptions"]),
+            r["kind"],
+            r["source"],
+        )
     return out
 
 

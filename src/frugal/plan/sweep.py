@@ -139,8 +139,9 @@ def _alone(p: Planned, offers: list[Offer], spot: str, memo: dict[Any, Any]) -> 
             tokens=p.tokens, methods=(job.method,), spot=spot, data=job.data, data_gb=p.size_gb
         )
         try:
-            memo[key] = [x for x in search(load_spec(job.model), base, offers, k).plans
-                         if x.nodes == 1]  # fmt: skip
+            memo[key] = [
+                x for x in search(load_spec(job.model), base, offers, k).plans if x.nodes == 1
+            ]
         except Infeasible:
             memo[key] = []
     return list(memo[key])
@@ -150,8 +151,10 @@ def runs_of(p: Planned, offers: list[Offer], spot: str, memo: dict[Any, Any]) ->
     """The job alone on every single-machine offer, on-demand and spot, with its data."""
     job, model = p.job, load_spec(p.job.model).id
     dataset = job.dataset or f"{job.name} (tokens)"
-    return [JobQuote(job.name, model, dataset, job.deadline, plan)
-            for plan in _alone(p, offers, spot, memo)]  # fmt: skip
+    return [
+        JobQuote(job.name, model, dataset, job.deadline, plan)
+        for plan in _alone(p, offers, spot, memo)
+    ]
 
 
 def plan_jobs(

@@ -291,9 +291,17 @@ def best_start(
     start = best * step_h
     p90, days = steps.spread(best)
     expected, now_usd = costs[best], costs[0]
-    w = Window(start_h=start, run_h=run_h, expected_usd=expected, now_usd=now_usd,
-               saving_usd=now_usd - expected, p90_usd=p90,
-               slack_left_h=max(slack_h, 0.0) - start, days=days, reason="")  # fmt: skip
+    w = Window(
+        start_h=start,
+        run_h=run_h,
+        expected_usd=expected,
+        now_usd=now_usd,
+        saving_usd=now_usd - expected,
+        p90_usd=p90,
+        slack_left_h=max(slack_h, 0.0) - start,
+        days=days,
+        reason="",
+    )
     at = (now + timedelta(hours=start)).strftime("%H:%M UTC")
     return replace(w, reason=_reason(w, f"{where}: start", at, slack_h, step_h))
 

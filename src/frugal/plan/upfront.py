@@ -41,9 +41,13 @@ class Upfront:
 
 
 def cheaper_upfront(
-    spec: ModelSpec, base: TrainJob, offers: list[Offer], k: Constraints, per_epoch: float,
+    spec: ModelSpec,
+    base: TrainJob,
+    offers: list[Offer],
+    k: Constraints,
+    per_epoch: float,
     result: Result,
-) -> Upfront:  # fmt: skip
+) -> Upfront:
     """`result` (the plan of `base` under `k`) or, cheaper, the plan of the task's step with
     its pass before training (`Task.upfront`), with a note on both."""
     task = task_of(base.task)
@@ -57,8 +61,9 @@ def cheaper_upfront(
     share = max(f_asked - f_alt, 0.0) / max(f_alt, 1.0)
     passes = task.passes(alt)
     disk_gb = sum(p.disk_bytes(per_epoch) for p in passes) / 1e9
-    k_alt = k.model_copy(update={"tokens": k.tokens + per_epoch * share,
-                                 "scratch_gb": k.scratch_gb + disk_gb})  # fmt: skip
+    k_alt = k.model_copy(
+        update={"tokens": k.tokens + per_epoch * share, "scratch_gb": k.scratch_gb + disk_gb}
+    )
     pass_note = f"one pass before training priced as {share:.0%} of an epoch of steps"
     if disk_gb:
         pass_note += f", its {disk_gb:,.1f} GB on disk through the run"
@@ -76,10 +81,14 @@ def cheaper_upfront(
     if theirs.cost_usd < mine.cost_usd:
         saved = mine.cost_usd - theirs.cost_usd
         saves = f"saves {usd(saved)}" if saved >= 0.01 else "less than a cent cheaper"
-        note = (f"{what}: {usd(theirs.cost_usd)} where the step as asked costs "
-                f"{usd(mine.cost_usd)} ({saves}): {task.upfront_why(base)}; "
-                f"{pass_note}")  # fmt: skip
+        note = (
+            f"{what}: {usd(theirs.cost_usd)} where the step as asked costs "
+            f"{usd(mine.cost_usd)} ({saves}): {task.upfront_why(base)}; "
+            f"{pass_note}"
+        )
         return Upfront(other, alt, k_alt, note)
-    note = (f"{what} would cost {usd(theirs.cost_usd)}, not less than {usd(mine.cost_usd)} "
-            f"({pass_note}): the step kept as asked")  # fmt: skip
+    note = (
+        f"{what} would cost {usd(theirs.cost_usd)}, not less than {usd(mine.cost_usd)} "
+        f"({pass_note}): the step kept as asked"
+    )
     return Upfront(result, base, k, note)

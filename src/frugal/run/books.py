@@ -61,9 +61,12 @@ class Preflight:
 
 
 def preflight(
-    cfg: RunConfig, tag_flags: list[str], force: bool = False, out: Path | None = None,
+    cfg: RunConfig,
+    tag_flags: list[str],
+    force: bool = False,
+    out: Path | None = None,
     dry_run: bool = False,
-) -> Preflight:  # fmt: skip
+) -> Preflight:
     """Before any work: the run's tags and the budgets its estimate must fit. The estimate
     of a run that was on the books before (in `out`) is what is left of it; a dry run is
     checked only against stop budgets already spent."""
@@ -99,9 +102,14 @@ class Cap:
 
 class RunBooks:
     def __init__(
-        self, cfg: RunConfig, tags: dict[str, str], out: Path, dry_run: bool,
-        say: Callable[[str], None], url: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: RunConfig,
+        tags: dict[str, str],
+        out: Path,
+        dry_run: bool,
+        say: Callable[[str], None],
+        url: str | None = None,
+    ) -> None:
         self.cfg, self.tags, self.out, self.dry_run, self.say = cfg, tags, out, dry_run, say
         self.recorder = Recorder(out / SPOOL_NAME, url)
         self.interval_s = 60 * (cfg.training.heartbeat_min or 1.0)
@@ -129,15 +137,24 @@ class RunBooks:
         gpu = plan.gpu if plan else _catalog_name(device)
         self.recorder.send(
             "start_run",
-            run_id=self.run_id, model=cfg.model, method=cfg.job.method,
-            config=cfg.model_dump(mode="json"), price_per_hour_usd=cfg.hourly_usd,
-            provider=plan.provider if plan else "local", instance=plan.instance if plan else "",
-            region=plan.region if plan else "", gpu=gpu, gpus=cfg.job.gpus,
-            spot=plan.spot if plan else False, plan_id=plan.ledger_id if plan else None,
-            dry_run=self.dry_run, predicted=prediction.model_dump(), tags=self.tags,
+            run_id=self.run_id,
+            model=cfg.model,
+            method=cfg.job.method,
+            config=cfg.model_dump(mode="json"),
+            price_per_hour_usd=cfg.hourly_usd,
+            provider=plan.provider if plan else "local",
+            instance=plan.instance if plan else "",
+            region=plan.region if plan else "",
+            gpu=gpu,
+            gpus=cfg.job.gpus,
+            spot=plan.spot if plan else False,
+            plan_id=plan.ledger_id if plan else None,
+            dry_run=self.dry_run,
+            predicted=prediction.model_dump(),
+            tags=self.tags,
             resource_id=os.environ.get("FRUGAL_RESOURCE_ID") or socket.gethostname(),
             output_dir=str(self.out.resolve()),
-        )  # fmt: skip
+        )
         before = (0.0, 0.0)
         if known:
             self.recorder.send("resume_run", run_id=self.run_id)
@@ -166,9 +183,16 @@ class RunBooks:
             return True
         return self.cap is not None and reach_usd > self.cap.usd and self.recorder.down is None
 
-    def beat(self, now: float, step: int, tokens: float, spent_usd: float,
-             total_steps: int | None = None, lag_s: float = 0.0,
-             usd_per_s: float = 0.0) -> None:  # fmt: skip
+    def beat(
+        self,
+        now: float,
+        step: int,
+        tokens: float,
+        spent_usd: float,
+        total_steps: int | None = None,
+        lag_s: float = 0.0,
+        usd_per_s: float = 0.0,
+    ) -> None:
         """Record progress; check the budgets' alerts, and reserve of each stop budget what
         the run spends, at `usd_per_s`, until the next heartbeat, due in an interval or
         after the `lag_s` of work under way then, and while it asks again."""
@@ -179,12 +203,23 @@ class RunBooks:
             finally:
                 self.beat_s.append(time.monotonic() - t0)
 
-    def _beat(self, step: int, tokens: float, spent_usd: float, total_steps: int | None,
-              lag_s: float, usd_per_s: float) -> None:  # fmt: skip
+    def _beat(
+        self,
+        step: int,
+        tokens: float,
+        spent_usd: float,
+        total_steps: int | None,
+        lag_s: float,
+        usd_per_s: float,
+    ) -> None:
         on_books = self.recorder.send(
-            "heartbeat", run_id=self.run_id, step=step, tokens=tokens, cost_usd=spent_usd,
+            "heartbeat",
+            run_id=self.run_id,
+            step=step,
+            tokens=tokens,
+            cost_usd=spent_usd,
             total_steps=total_steps,
-        )  # fmt: skip
+        )
         if not on_books:
             self._note_down()
             return  # the budgets cannot be read: the run's own budget guard still holds
@@ -209,29 +244,47 @@ class RunBooks:
 
     def end(self, s: RunSummary) -> None:
         a = s.actual
-        extra = {"best_eval_loss": s.best_eval_loss, "best_step": s.best_step,
-                 **headline(s.best_metrics), "steps": s.steps,
-                 "total_steps": s.total_steps, "micro_batch": s.micro_batch,
-                 "grad_accum": s.grad_accum, "reason": s.reason}  # fmt: skip
+        extra = {
+            "best_eval_loss": s.best_eval_loss,
+            "best_step": s.best_step,
+            **headline(s.best_metrics),
+            "steps": s.steps,
+            "total_steps": s.total_steps,
+            "micro_batch": s.micro_batch,
+            "grad_accum": s.grad_accum,
+            "reason": s.reason,
+        }
         self.recorder.send(
-            "end_run", run_id=self.run_id, outcome=s.outcome, actual=a.model_dump() | extra,
-            predicted=s.predicted.model_dump(), step=s.steps, tokens=float(a.tokens),
-            cost_usd=a.cost_usd, hours=a.hours,
-        )  # fmt: skip
+            "end_run",
+            run_id=self.run_id,
+            outcome=s.outcome,
+            actual=a.model_dump() | extra,
+            predicted=s.predicted.model_dump(),
+            step=s.steps,
+            tokens=float(a.tokens),
+            cost_usd=a.cost_usd,
+            hours=a.hours,
+        )
         self._finish_note()
 
-    def end_failed(self, outcome: str, reason: str, spent_usd: float, hours: float, step: int,
-                   tokens: float) -> None:  # fmt: skip
+    def end_failed(
+        self, outcome: str, reason: str, spent_usd: float, hours: float, step: int, tokens: float
+    ) -> None:
         """A run that stopped on an error (or hung, or stalled past its money) is ended on
         the books as such."""
         if not self.run_id:
             return
         with self.lock:
             self.recorder.send(
-                "end_run", run_id=self.run_id, outcome=outcome,
+                "end_run",
+                run_id=self.run_id,
+                outcome=outcome,
                 actual={"hours": hours, "cost_usd": spent_usd, "reason": reason},
-                step=step, tokens=tokens, cost_usd=spent_usd, hours=hours,
-            )  # fmt: skip
+                step=step,
+                tokens=tokens,
+                cost_usd=spent_usd,
+                hours=hours,
+            )
         self._finish_note()
 
     def _finish_note(self) -> None:

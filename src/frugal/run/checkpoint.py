@@ -369,8 +369,10 @@ class Checkpoints:
                     aside = d.with_name(f"damaged-{d.name}")
                     shutil.rmtree(aside, ignore_errors=True)  # damaged there before, again
                     d.rename(aside)
-                return p, [f"skipped checkpoint {d.name}: {w} (moved to damaged-{d.name})"
-                           for d, w in damaged]  # fmt: skip
+                return p, [
+                    f"skipped checkpoint {d.name}: {w} (moved to damaged-{d.name})"
+                    for d, w in damaged
+                ]
             damaged.append((p, why))
         return None, [f"checkpoint {d.name}: {w}" for d, w in damaged]
 

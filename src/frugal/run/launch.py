@@ -121,8 +121,10 @@ def _meet(nodes: Nodes, n: int, forward: _Forward) -> tuple[Rendezvous, dict[str
         if not isinstance(e, _Stopped):
             raise
         why = f"stopped by {e.name} while waiting for the other nodes"
-        print(f"{why}, before anything started: run the same command again on every node",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{why}, before anything started: run the same command again on every node",
+            file=sys.stderr,
+        )
         return None
 
 
@@ -169,6 +171,11 @@ def _run(
             err.close()
     finally:
         shutil.rmtree(logs, ignore_errors=True)
+    return _launcher_code(codes, forward, err)
+
+
+def _launcher_code(codes: dict[int, int], forward: _Forward, err: _Stderr) -> int:
+    """The launcher's exit code from its workers' (0, resumable, bad input, a bug)."""
     if all(c == 0 for c in codes.values()):
         return 0
     # a worker that a stop signal passed on to ended outright was still starting (its own
@@ -177,8 +184,11 @@ def _run(
     if RESUMABLE_EXIT in codes.values() or early:
         if early and RESUMABLE_EXIT not in codes.values():
             names = sorted({signal.Signals(-codes[r]).name for r in early})
-            print(f"stopped by {', '.join(names)} while the processes were starting, before "
-                  "training began: run the same command again", file=sys.stderr)  # fmt: skip
+            print(
+                f"stopped by {', '.join(names)} while the processes were starting, before "
+                "training began: run the same command again",
+                file=sys.stderr,
+            )
         return RESUMABLE_EXIT
     if err.errors:
         return 2

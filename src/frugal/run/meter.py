@@ -114,8 +114,9 @@ class Sinks:
                 self.mlflow.log_params(_flat(config))
         if "wandb" in names:
             self.wandb = importlib.import_module("wandb")
-            run = self.wandb.init(project="frugal", name=out.name, config=config,
-                                  id=ids.get("wandb"), resume="allow")  # fmt: skip
+            run = self.wandb.init(
+                project="frugal", name=out.name, config=config, id=ids.get("wandb"), resume="allow"
+            )
             ids["wandb"] = run.id
         if ids:
             write_text_atomic(ids_file, json.dumps(ids))

@@ -113,14 +113,27 @@ def setup(cfg: RunConfig) -> TrainingRun:
     micro, why = auto_micro_batch(cfg, per_rank)
     pad = tok.pad_token_id
     return TrainingRun(
-        cfg=cfg, out=Path(cfg.output_dir), acc=acc, model=model, tokenizer=tok,
-        optimizer=optimizer, scheduler=scheduler, batches=Batcher(rows, pad, cfg.job.packing),
-        val_batches=Batcher(val_rows, pad, cfg.job.packing), schedule=sched_data,
-        precision=precision, precision_reason=reason, micro=micro, eval_micro=micro,
-        total_steps=total, params=params, sharded=sharded,
-        notes=[f"micro-batch {micro}: {why}", *notes], class_weights=weights,
+        cfg=cfg,
+        out=Path(cfg.output_dir),
+        acc=acc,
+        model=model,
+        tokenizer=tok,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        batches=Batcher(rows, pad, cfg.job.packing),
+        val_batches=Batcher(val_rows, pad, cfg.job.packing),
+        schedule=sched_data,
+        precision=precision,
+        precision_reason=reason,
+        micro=micro,
+        eval_micro=micro,
+        total_steps=total,
+        params=params,
+        sharded=sharded,
+        notes=[f"micro-batch {micro}: {why}", *notes],
+        class_weights=weights,
         extra_model=extra,
-    )  # fmt: skip
+    )
 
 
 def _accelerator(cfg: RunConfig, precision: str) -> Accelerator:
@@ -209,23 +222,22 @@ def train(
 
 
 def _session(
-    cfg: RunConfig, out: Path, pre: Preflight | None, source: Path | None, notes: list[str],
+    cfg: RunConfig,
+    out: Path,
+    pre: Preflight | None,
+    source: Path | None,
+    notes: list[str],
     drive: Driving,
-) -> RunSummary:  # fmt: skip
+) -> RunSummary:
     """One session of the run in `out`, from `source` (a checkpoint, or None: fresh): set
     up, start or resume, train, save, summarize, with its books kept (`pre`: the
     preflight's tags and warnings, on the main process)."""
-    dry_run, clock = drive.dry_run, drive.clock
-    if dry_run and pre is not None:
+    if drive.dry_run and pre is not None:
         shutil.rmtree(out, ignore_errors=True)  # measurements only: the run's files stay
-    meter = CostMeter(cfg.hourly_usd, cfg.budget_usd, clock=clock,
-                      max_hours=cfg.training.max_hours)  # bills setup too  # fmt: skip
-    books = None
-    if pre is not None:  # on the books before setup, so a budget's other runs see it
-        books = RunBooks(cfg, pre.tags, out, bool(dry_run), Progress(0, False).alert)
-        for w in pre.warnings:
-            books.say(f"[yellow]{w}[/]")
-        usd, hours = books.start(predict(cfg, 0, 0, None), _cuda_device())
+    meter = CostMeter(
+        cfg.hourly_usd, cfg.budget_usd, clock=drive.clock, max_hours=cfg.training.max_hours
+    )  # bills setup too
+    books, (usd, hours) = _books(cfg, pre, out, bool(drive.dry_run))
     loop: Loop | None = None
     try:
         with Stop() as stop:  # held through the final save: a second SIGTERM must not cut it
@@ -237,30 +249,16 @@ def _session(
                 meter.before_usd = max(meter.before_usd, usd)
                 meter.before_s = max(meter.before_s, 3600 * hours)
             loop = Loop(run, state, meter, stop, drive, books)
-            idle_s = 60 * (cfg.training.idle_stop_min or float("inf"))
-            guard = MoneyGuard(  # the same limits by the clock, while a step stalls
-                meter, loop.money_stop, cap=lambda: books.cap if books else None,
-                renew=loop.renew, down=lambda: bool(books and books.recorder.down),
-            )  # fmt: skip
-            loop.guard_s = guard.reach_s
-            with Watchdog(idle_s, loop.hung) as loop.dog, guard:
-                summary = loop.train()
+            summary = _guarded(loop, meter, books, cfg)
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, the last checkpoint intact
         if loop is None:
-            if books is not None:
-                books.end_failed("preempted", "interrupted before the first step",
-                                 round(meter.spent_usd(), 4), round(meter.elapsed_s() / 3600, 5),
-                                 0, 0.0)  # fmt: skip
+            _end_failed(books, meter, None, "preempted", "interrupted before the first step")
             raise
         summary = loop.interrupted()
     except BaseException as e:
         lost = _peer_lost(e, out)
-        if books is not None:
-            step, tokens = (loop.state.step, loop.state.tokens) if loop else (0, 0.0)
-            why = str(lost) if lost else f"{type(e).__name__}: {e}"
-            outcome: Outcome = "preempted" if lost else "failed"
-            books.end_failed(outcome, why, round(meter.spent_usd(), 4),
-                             round(meter.elapsed_s() / 3600, 5), step, tokens)  # fmt: skip
+        why = str(lost) if lost else f"{type(e).__name__}: {e}"
+        _end_failed(books, meter, loop, "preempted" if lost else "failed", why)
         if lost:
             raise lost from e
         raise
@@ -269,10 +267,56 @@ def _session(
     return summary
 
 
+def _books(
+    cfg: RunConfig, pre: Preflight | None, out: Path, dry_run: bool
+) -> tuple[RunBooks | None, tuple[float, float]]:
+    """The run on the books (the main process's, `pre`), before setup, so that a budget's
+    other runs see it; and what the books hold of it already (dollars, hours)."""
+    if pre is None:
+        return None, (0.0, 0.0)
+    books = RunBooks(cfg, pre.tags, out, dry_run, Progress(0, False).alert)
+    for w in pre.warnings:
+        books.say(f"[yellow]{w}[/]")
+    return books, books.start(predict(cfg, 0, 0, None), _cuda_device())
+
+
+def _guarded(loop: Loop, meter: CostMeter, books: RunBooks | None, cfg: RunConfig) -> RunSummary:
+    """The loop, trained under the idle watchdog and the money guard, which hold the
+    run's limits by the clock while a step stalls."""
+    idle_s = 60 * (cfg.training.idle_stop_min or float("inf"))
+    guard = MoneyGuard(
+        meter,
+        loop.money_stop,
+        cap=lambda: books.cap if books else None,
+        renew=loop.renew,
+        down=lambda: bool(books and books.recorder.down),
+    )
+    loop.guard_s = guard.reach_s
+    with Watchdog(idle_s, loop.hung) as loop.dog, guard:
+        return loop.train()
+
+
+def _end_failed(
+    books: RunBooks | None, meter: CostMeter, loop: Loop | None, outcome: Outcome, why: str
+) -> None:
+    """A session that ended without its summary, on the books with what it had done."""
+    if books is None:
+        return
+    step, tokens = (loop.state.step, loop.state.tokens) if loop else (0, 0.0)
+    spent, hours = round(meter.spent_usd(), 4), round(meter.elapsed_s() / 3600, 5)
+    books.end_failed(outcome, why, spent, hours, step, tokens)
+
+
 # what gloo and NCCL say when the other end of an exchange is gone, or never answered (not
 # their other errors, a CUDA fault say, which are no reason to resume)
-PEER_GONE = ("connection reset", "connection closed", "closed by peer", "broken pipe",
-             "timed out", "timeout")  # fmt: skip
+PEER_GONE = (
+    "connection reset",
+    "connection closed",
+    "closed by peer",
+    "broken pipe",
+    "timed out",
+    "timeout",
+)
 
 
 def peer_gone(e: BaseException) -> bool:
@@ -296,8 +340,11 @@ def _peer_lost(e: BaseException, out: Path) -> PeerLost | None:
         return None
     text = str(e)
     newest = ckpt.latest(out / "checkpoints")
-    kept = f"its newest complete checkpoint ({newest.name}) is intact" if newest else (
-        "it has no checkpoint yet")  # fmt: skip
+    kept = (
+        f"its newest complete checkpoint ({newest.name}) is intact"
+        if newest
+        else ("it has no checkpoint yet")
+    )
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     first = re.sub(r"^\[[^\]]*\]\s*", "", first)  # the C++ source line torch puts first
     return PeerLost(
@@ -309,12 +356,19 @@ def _peer_lost(e: BaseException, out: Path) -> PeerLost | None:
 def _run_key(run: TrainingRun) -> dict[str, Any]:
     """What a checkpoint's weights, optimizer state and data position depend on."""
     c = run.cfg
-    return {"job.method": c.job.method, "job.optimizer": c.job.optimizer,
-            "job.seq": c.job.seq, "job.lora_r": c.job.lora_r, "data.path": c.data.path,
-            "job.packing": c.job.packing, "rows": len(run.batches),
-            "training.effective_batch": c.training.effective_batch,
-            "training.learning_rate": c.training.learning_rate,
-            "training.seed": c.training.seed, "total steps": run.total_steps}  # fmt: skip
+    return {
+        "job.method": c.job.method,
+        "job.optimizer": c.job.optimizer,
+        "job.seq": c.job.seq,
+        "job.lora_r": c.job.lora_r,
+        "data.path": c.data.path,
+        "job.packing": c.job.packing,
+        "rows": len(run.batches),
+        "training.effective_batch": c.training.effective_batch,
+        "training.learning_rate": c.training.learning_rate,
+        "training.seed": c.training.seed,
+        "total steps": run.total_steps,
+    }
 
 
 def find_source(

@@ -98,8 +98,10 @@ class Rendezvous:
             store.set(f"frugal/node/{self.group}", mine)
             said = [store.get(f"frugal/node/{g}").decode().split() for g in range(count)]
         except Exception as e:  # the store's host stopped: its own message says why
-            raise FrugalError(f"the node hosting the rendezvous stopped ({str(e)[:80]}): see "
-                              "its message, then start every node again") from None  # fmt: skip
+            raise FrugalError(
+                f"the node hosting the rendezvous stopped ({str(e)[:80]}): see "
+                "its message, then start every node again"
+            ) from None
         with contextlib.suppress(Exception):
             store.set(f"frugal/read/{self.group}", "1")
             store.wait([f"frugal/read/{g}" for g in range(count)], timedelta(seconds=60))

@@ -68,8 +68,9 @@ def pair_rows(cfg: RunConfig, tok: Any) -> tuple[PairRows, PairRows, list[str]]:
     if cut := rows.cut + val_rows.cut:
         notes.append(f"{cut:,} sequences longer than job.seq={seq} were cut to it")
     if dropped := rows.dropped + val_rows.dropped:
-        notes.append(f"{dropped:,} rows kept no completion token within job.seq={seq} and "
-                     "were left out")  # fmt: skip
+        notes.append(
+            f"{dropped:,} rows kept no completion token within job.seq={seq} and were left out"
+        )
     return rows, val_rows, notes
 
 

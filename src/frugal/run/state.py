@@ -65,11 +65,23 @@ class TrainState(Strict):
     @classmethod
     def fresh(cls, micro_batch: int, world: int, run_key: dict[str, Any]) -> TrainState:
         return cls(
-            version=VERSION, step=0, spent_usd=0.0, elapsed_s=0.0, micro_batch=micro_batch,
-            world=world, run_key=run_key, best_eval=None, best_step=None, bad_evals=0,
-            tokens=0.0, train_tokens=0.0, train_time_s=0.0, step_times=[], findings=[],
+            version=VERSION,
+            step=0,
+            spent_usd=0.0,
+            elapsed_s=0.0,
+            micro_batch=micro_batch,
+            world=world,
+            run_key=run_key,
+            best_eval=None,
+            best_step=None,
+            bad_evals=0,
+            tokens=0.0,
+            train_tokens=0.0,
+            train_time_s=0.0,
+            step_times=[],
+            findings=[],
             diagnostics=None,
-        )  # fmt: skip
+        )
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=1)

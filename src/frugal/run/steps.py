@@ -307,11 +307,18 @@ def write_predictions(run: TrainingRun) -> Path:
             for i, p in zip(idx, probs.tolist(), strict=True):
                 e = rows.examples[i]
                 texts = dict(zip(("text",) if len(e.texts) == 1 else PAIR, e.texts, strict=True))
-                lines.append(json.dumps({
-                    **texts, "label": names[e.label], "predicted": names[max(range(len(p)),
-                    key=p.__getitem__)], "probabilities": {n: round(x, 6)
-                    for n, x in zip(names, p, strict=True)},
-                }))  # fmt: skip
+                lines.append(
+                    json.dumps(
+                        {
+                            **texts,
+                            "label": names[e.label],
+                            "predicted": names[max(range(len(p)), key=p.__getitem__)],
+                            "probabilities": {
+                                n: round(x, 6) for n, x in zip(names, p, strict=True)
+                            },
+                        }
+                    )
+                )
     path = run.out / "predictions.jsonl"
     write_text_atomic(path, "".join(line + "\n" for line in lines))
     return path

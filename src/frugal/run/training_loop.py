@@ -5,12 +5,10 @@ exports and summarizes."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 import torch
 
@@ -23,6 +21,7 @@ from frugal.plan.spot import DEFAULT_CHECKPOINT_MIN
 from frugal.run import checkpoint as ckpt
 from frugal.run.books import Cap, RunBooks, Watchdog
 from frugal.run.diagnose import Diagnostics, Finding
+from frugal.run.export import export
 from frugal.run.interrupt import Stop, orphaned
 from frugal.run.meter import CostMeter, Progress, Sinks
 from frugal.run.predict import expected_step_s, predict
@@ -68,9 +67,14 @@ class Loop:
     then `step`, `evaluate` or `checkpoint`; `finish` saves and summarizes."""
 
     def __init__(
-        self, run: TrainingRun, state: TrainState, meter: CostMeter, stop: Stop,
-        drive: Driving, books: RunBooks | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        run: TrainingRun,
+        state: TrainState,
+        meter: CostMeter,
+        stop: Stop,
+        drive: Driving,
+        books: RunBooks | None = None,
+    ) -> None:
         self.run, self.state, self.meter, self.stop = run, state, meter, stop
         self.clock, self.dry_run, self.on_step = drive.clock, drive.dry_run, drive.on_step
         dry_run, quiet = drive.dry_run, drive.quiet
@@ -114,8 +118,11 @@ class Loop:
         self.guard_s = 0.0  # what the money guard reads ahead (MoneyGuard.reach_s)
 
     def train(self) -> RunSummary:
-        act = {Action.STEP: self.step, Action.EVALUATE: self.evaluate,
-               Action.CHECKPOINT: self.checkpoint}  # fmt: skip
+        act = {
+            Action.STEP: self.step,
+            Action.EVALUATE: self.evaluate,
+            Action.CHECKPOINT: self.checkpoint,
+        }
         while (action := self.decide()) is not Action.STOP:
             if self.dog:  # steps are watched; evaluations and checkpoints take what they take
                 self.dog.watch(action is Action.STEP)
@@ -181,8 +188,11 @@ class Loop:
         slow = 2 * max(recent) - min(recent) if recent else self.expected_s
         if self.eval_due:
             per = max(1, self.run.cfg.training.effective_batch)
-            nxt = self.eval_s if self.eval_s is not None else (
-                slow * len(self.run.val_batches) / per / 2)  # fmt: skip
+            nxt = (
+                self.eval_s
+                if self.eval_s is not None
+                else (slow * len(self.run.val_batches) / per / 2)
+            )
         else:
             nxt = slow if self.state.step < self.total else 0.0
         return nxt, 2 * self.save_s * (max(recent) / min(recent) if recent else 1.0)
@@ -221,8 +231,9 @@ class Loop:
         if self.books is None:
             return None
         m, st = self.meter, self.state
-        self.books.beat(self.clock(), st.step, st.tokens, m.spent_usd(), self.total, ahead_s,
-                        m.rate)  # fmt: skip
+        self.books.beat(
+            self.clock(), st.step, st.tokens, m.spent_usd(), self.total, ahead_s, m.rate
+        )
         return self.books.cap
 
     def money_stop(self, why: str) -> None:
@@ -233,8 +244,14 @@ class Loop:
         reason = f"{why} at step {st.step}; {kept} is kept"
         self.progress.alert(f"[red]budget:[/] {reason}")
         if self.books is not None:
-            self.books.end_failed("budget-stopped", reason, round(m.spent_usd(), 4),
-                                  round(m.elapsed_s() / 3600, 5), st.step, st.tokens)  # fmt: skip
+            self.books.end_failed(
+                "budget-stopped",
+                reason,
+                round(m.spent_usd(), 4),
+                round(m.elapsed_s() / 3600, 5),
+                st.step,
+                st.tokens,
+            )
 
     def hung(self) -> None:
         """The watchdog's last word: no progress for twice idle_stop_min (a hang)."""
@@ -242,10 +259,13 @@ class Loop:
         if self.books is not None:
             m, st = self.meter, self.state
             self.books.end_failed(
-                "idle-stopped", f"no progress for {minutes:g} min: hung; resume from the "
-                "last checkpoint", round(m.spent_usd(), 4), round(m.elapsed_s() / 3600, 5),
-                st.step, st.tokens,
-            )  # fmt: skip
+                "idle-stopped",
+                f"no progress for {minutes:g} min: hung; resume from the last checkpoint",
+                round(m.spent_usd(), 4),
+                round(m.elapsed_s() / 3600, 5),
+                st.step,
+                st.tokens,
+            )
 
     def _stop(self, outcome: Outcome, reason: str) -> Action:
         self.outcome, self.reason, self.stopped = outcome, reason, True
@@ -271,8 +291,13 @@ class Loop:
         if step != self.start_step + 1:  # a session's first step warms up: not typical
             st.train_tokens += m["tokens"]
             st.train_time_s += dt
-        m.update(tokens_per_s=m["tokens"] / dt, step_time_s=dt, micro_batch=run.micro,
-                 grad_accum=run.accum, spent_usd=round(self.meter.spent_usd(), 6))  # fmt: skip
+        m.update(
+            tokens_per_s=m["tokens"] / dt,
+            step_time_s=dt,
+            micro_batch=run.micro,
+            grad_accum=run.accum,
+            spent_usd=round(self.meter.spent_usd(), 6),
+        )
         if torch.cuda.is_available():
             self.peak_alloc = max(self.peak_alloc, torch.cuda.max_memory_allocated() / 2**30)
             self.peak_res = max(self.peak_res, torch.cuda.max_memory_reserved() / 2**30)
@@ -392,52 +417,11 @@ def _plan_interval(cfg: RunConfig) -> float | None:
 # -- the end ---------------------------------------------------------------------------------
 
 
-def _export(run: TrainingRun, best_step: int | None) -> dict[str, str]:
-    """The adapter (or the full model) in HF format, from the best evaluation if there was
-    one; with training.merge, the adapter merged into the model as well. Every process
-    calls it (under FSDP each sends its shards); the main process writes."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress line is enough
-    model = run.unwrapped
-    best = run.out / "best" / "trainable.safetensors"
-    if best_step is not None and best.exists():
-        ckpt.load_trainable(model, best)
-    whole: dict[str, Any] = {}  # the weights to save, gathered from the shards
-    if run.sharded and run.cfg.job.method == "full":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        sd = get_model_state_dict(model, options=opts)
-        # a tied weight (the head sharing the embeddings) is saved once, as transformers does
-        tied = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-        tied -= {n for n, _ in model.named_parameters()}
-        whole = {"state_dict": {k: v for k, v in sd.items() if k not in tied}}
-    elif run.sharded:  # an adapter: its weights are all PEFT saves
-        whole = {"state_dict": ckpt.trainable_state(model, keep=run.main)}
-    if not run.main:
-        return {}
-    final, tmp = run.out / "final", run.out / ".tmp-final"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True, **whole)
-    run.tokenizer.save_pretrained(str(tmp))
-    ckpt.swap_in(tmp, final)
-    outputs = {"adapter" if run.cfg.job.method != "full" else "model": str(final)}
-    if run.cfg.training.merge and run.cfg.job.method != "full":
-        merged, tmp = model.merge_and_unload(), run.out / ".tmp-merged"
-        shutil.rmtree(tmp, ignore_errors=True)
-        merged.save_pretrained(str(tmp), safe_serialization=True)
-        run.tokenizer.save_pretrained(str(tmp))
-        ckpt.swap_in(tmp, run.out / "merged")
-        outputs["merged"] = str(run.out / "merged")
-    return outputs
-
-
 def _summary(loop: Loop) -> RunSummary:
     run, st, meter, cfg = loop.run, loop.state, loop.meter, loop.run.cfg
     outputs: dict[str, str] = {}
     if not loop.dry_run and loop.outcome in ("completed", "budget-stopped"):
-        outputs = _export(run, st.best_step)
+        outputs = export(run, st.best_step)
         if run.classes is not None and len(run.val_batches) and run.main and not run.sharded:
             outputs["predictions"] = str(write_predictions(run))  # by the exported weights
     times = st.step_times

@@ -140,7 +140,7 @@ class Launch:
 
 def adapter_dir(path: str | Path) -> Path:
     """The PEFT adapter directory: `path` itself, or `path/final`, where `frugal train`
-    saves the adapter of a LoRA or QLoRA run (run/recipe.py `_export`)."""
+    saves the adapter of a LoRA or QLoRA run (run/export.py)."""
     p = Path(path).expanduser()
     for d in (p, p / "final"):
         if (d / "adapter_config.json").is_file():
@@ -277,10 +277,13 @@ def _argv(d: Launch, where: dict[str, str]) -> list[str]:
     at = where.get(loaded, loaded)
     served = Path(d.model).name if _is_local(d.model) else d.model
     args = [
-        "--tensor-parallel-size", str(d.gpus_per_replica),
-        "--max-model-len", str(d.max_model_len),
-        "--max-num-seqs", str(d.max_num_seqs),
-    ]  # fmt: skip
+        "--tensor-parallel-size",
+        str(d.gpus_per_replica),
+        "--max-model-len",
+        str(d.max_model_len),
+        "--max-num-seqs",
+        str(d.max_num_seqs),
+    ]
     if d.max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(d.max_num_batched_tokens)]
     args += ["--gpu-memory-utilization", f"{d.gpu_memory_utilization:g}"]

@@ -223,9 +223,17 @@ def estimate(
             f"{sp.capacity_requests_per_s:.2f}: the queue grows without bound (add replicas)"
         )
     return ServeEstimate(
-        d, p, kv, mem, sp, input_len, output_len,
-        price[0] if price else None, price[1] if price else "", tuple(notes),
-    )  # fmt: skip
+        d,
+        p,
+        kv,
+        mem,
+        sp,
+        input_len,
+        output_len,
+        price[0] if price else None,
+        price[1] if price else "",
+        tuple(notes),
+    )
 
 
 def memory(

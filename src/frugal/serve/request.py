@@ -117,12 +117,20 @@ class ServeRequest(BaseModel):
             peak = mean * self.peak_factor
         kept = 1 - self.response_cache_hit
         return ServeAsk(
-            spec=spec, rate=peak * kept, input_len=self.input_len, output_len=self.output_len,
+            spec=spec,
+            rate=peak * kept,
+            input_len=self.input_len,
+            output_len=self.output_len,
             ttft_s=self.ttft_ms / 1e3 if self.ttft_ms else None,
-            itl_s=self.itl_ms / 1e3 if self.itl_ms else None, quants=self.quant,
-            engines=self.engine, kv_dtype=kv, prefix_hit=self.prefix_hit, offline=self.offline,
-            commitments=self.commitment_months, mean_rate=mean * kept,
-        )  # fmt: skip
+            itl_s=self.itl_ms / 1e3 if self.itl_ms else None,
+            quants=self.quant,
+            engines=self.engine,
+            kv_dtype=kv,
+            prefix_hit=self.prefix_hit,
+            offline=self.offline,
+            commitments=self.commitment_months,
+            mean_rate=mean * kept,
+        )
 
 
 @dataclass

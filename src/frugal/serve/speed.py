@@ -186,6 +186,12 @@ def _burst(s: Steps, q: Shape, limit: int, budget: int, n: int) -> Speed:
     b = min(n, limit)
     itl = decode_sum / n
     return Speed(
-        b, limit, n * q.o / start, n / start, n / start,
-        s.eng.request_ms / 1e3 + ttft_sum / n, itl, n > limit,
-    )  # fmt: skip
+        b,
+        limit,
+        n * q.o / start,
+        n / start,
+        n / start,
+        s.eng.request_ms / 1e3 + ttft_sum / n,
+        itl,
+        n > limit,
+    )

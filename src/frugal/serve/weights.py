@@ -51,15 +51,23 @@ FORMATS: dict[str, Format] = {
         Format("gptq", 4 + 20 / 128, 16, "fp16", True, "no published figure in our sources"),
         Format("nf4", 4 + 0.127, 16, "bf16", True, "no published figure in our sources"),
         Format(
-            "gguf-q4_k_m", 4.89, 4.89, "fp16", True,
+            "gguf-q4_k_m",
+            4.89,
+            4.89,
+            "fp16",
+            True,
             "+0.1754 perplexity on Llama-3-8B (llama.cpp tools/quantize)",
         ),
         Format(
-            "gguf-q8_0", 8.5, 8.5, "fp16", True,
+            "gguf-q8_0",
+            8.5,
+            8.5,
+            "fp16",
+            True,
             "+0.0026 perplexity on Llama-3-8B (llama.cpp tools/quantize)",
         ),
     )
-}  # fmt: skip
+}
 KV_DTYPES = {"auto": 2, "fp8": 1}  # bytes per KV element: the model's 16-bit dtype, or FP8
 
 

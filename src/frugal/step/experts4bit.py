@@ -163,9 +163,7 @@ class _Dequantized(torch.autograd.Function):
     backward for the input's gradient (a frozen stack needs no gradient of its own)."""
 
     @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, layer: Experts4bit, name: str, offsets: Any
-    ) -> Any:  # fmt: skip
+    def forward(ctx: Any, x: torch.Tensor, layer: Experts4bit, name: str, offsets: Any) -> Any:
         ctx.layer, ctx.name = layer, name
         ctx.save_for_backward(offsets)
         with marks.function_forward():

@@ -49,9 +49,13 @@ def _checkpoint(want: ExtraModel, job: TrainJob, dtype: torch.dtype, depth: Dept
     16-bit compute dtype, cast after), no adapters, no checkpointing, the job's attention."""
     precision = "fp32" if dtype == torch.float32 else "bf16-true"
     as_built = TrainJob.model_validate(
-        {"method": "full", "precision": precision, "grad_checkpointing": False,
-         "attention": job.attention}
-    )  # fmt: skip
+        {
+            "method": "full",
+            "precision": precision,
+            "grad_checkpointing": False,
+            "attention": job.attention,
+        }
+    )
     if depth is not None:
         n, whole = depth
         layers = n + int(want.config["num_hidden_layers"]) - whole

@@ -180,8 +180,13 @@ class TrainJob(BaseModel):
     def _check(self) -> TrainJob:
         task = task_of(self.task)
         for other in TASKS.values():  # a setting only another task reads: a mistake
-            given = [f for f in other.fields if f in self.model_fields_set and other is not task
-                     and getattr(self, f) != type(self).model_fields[f].default]  # fmt: skip
+            given = [
+                f
+                for f in other.fields
+                if f in self.model_fields_set
+                and other is not task
+                and getattr(self, f) != type(self).model_fields[f].default
+            ]
             if given:
                 raise ValueError(
                     f"{_flag(given[0])} is for --task {other.name}: drop it, or give --task "

@@ -104,8 +104,12 @@ def _shallow(d: dict[str, Any], n_layers: int) -> None:
     for key, value in d.items():  # per-layer lists (Gemma 3n's widths, NoPE layers)
         if isinstance(value, list) and len(value) == depth and key != "layer_types":
             d[key] = value[:n_layers]
-        elif isinstance(value, dict) and value and key != "id2label" \
-                and all(_layer_index(k) for k in value):  # fmt: skip
+        elif (
+            isinstance(value, dict)
+            and value
+            and key != "id2label"
+            and all(_layer_index(k) for k in value)
+        ):
             d[key] = {k: v for k, v in value.items() if int(k) < n_layers}  # by layer
     d["num_hidden_layers"] = n_layers
     if types:
@@ -200,8 +204,11 @@ def _check_targets(model: torch.nn.Module, modules: list[str], job: TrainJob) ->
             f"layers are {layers} (or give all-linear)"
         )
     for t in modules:
-        kinds = {type(m).__name__ for n, m in found.items()
-                 if (n == t or n.endswith("." + t)) and not isinstance(m, LORA_LAYERS)}  # fmt: skip
+        kinds = {
+            type(m).__name__
+            for n, m in found.items()
+            if (n == t or n.endswith("." + t)) and not isinstance(m, LORA_LAYERS)
+        }
         if kinds:
             raise FrugalError(
                 f"--lora-targets {t}: a {', '.join(sorted(kinds))}, not a linear layer; its "
@@ -445,17 +452,23 @@ _SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
 def _sdpa_as_cuda(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
-    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
     enable_gqa: bool = False,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """torch's SDPA, but the memory-efficient kernel CUDA takes for a narrower value head
     where the tensors have no data (the CPU has no such kernel)."""
     from transformers.utils.import_utils import is_fake_tensor
 
     if query.shape[-1] == value.shape[-1] or enable_gqa or not is_fake_tensor(query):
-        return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                     enable_gqa=enable_gqa)  # fmt: skip
+        return _SDPA(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
     if attn_mask is not None and attn_mask.dtype == torch.bool:  # the kernel takes a bias
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
             attn_mask.logical_not(), float("-inf")

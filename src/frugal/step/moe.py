@@ -142,8 +142,9 @@ def adapter_targets(
     layer but heads and routers, and the routed experts when `adapt_experts`: LoRA on a
     16-bit base without dropout, which PEFT's expert adapters cannot take) or a list of
     names, of linear layers or `experts` (every routed expert's weights)."""
-    fused = sorted({f"{name.rpartition('.')[2]}.{w}" for name, m in experts(model)
-                    for w in expert_weights(m)})  # fmt: skip
+    fused = sorted(
+        {f"{name.rpartition('.')[2]}.{w}" for name, m in experts(model) for w in expert_weights(m)}
+    )
     if wanted == "all-linear":
         return linear_names(model), fused if adapt_experts else []
     modules = [w for w in wanted if w != "experts"]

@@ -72,22 +72,41 @@ def run_row(r: RunRecord, tags: dict[str, str]) -> dict[str, Any]:
     """A run as the pages list it: what was predicted beside what happened."""
     p, a = r.predicted or {}, r.actual or {}
     return {
-        "id": r.id, "model": r.model, "method": r.method, "provider": r.provider,
-        "instance": r.instance, "gpu": r.gpu, "gpus": r.gpus, "spot": r.spot,
-        "dry_run": r.dry_run, "outcome": r.outcome or "running",
+        "id": r.id,
+        "model": r.model,
+        "method": r.method,
+        "provider": r.provider,
+        "instance": r.instance,
+        "gpu": r.gpu,
+        "gpus": r.gpus,
+        "spot": r.spot,
+        "dry_run": r.dry_run,
+        "outcome": r.outcome or "running",
         "started_at": aware(r.started_at).isoformat(),
         "heartbeat_at": aware(r.heartbeat_at).isoformat(),
         "ended_at": aware(r.ended_at).isoformat() if r.ended_at else None,
-        "price_per_hour_usd": r.price_per_hour_usd, "step": r.step, "tokens": r.tokens,
-        "cost_usd": r.cost_usd, "hours": r.hours, "gpu_hours": r.gpu_hours,
-        "predicted": {"hours": p.get("hours"), "cost_usd": p.get("cost_usd"),
-                      "tokens_per_s": p.get("tokens_per_s"),
-                      "peak_reserved_gib": p.get("peak_reserved_gib")},
-        "actual": {"hours": a.get("hours"), "cost_usd": a.get("cost_usd"),
-                   "tokens_per_s": a.get("tokens_per_s"),
-                   "peak_reserved_gib": a.get("peak_reserved_gib")},
-        "plan_id": r.plan_id, "tags": tags, "total_steps": r.total_steps,
-    }  # fmt: skip
+        "price_per_hour_usd": r.price_per_hour_usd,
+        "step": r.step,
+        "tokens": r.tokens,
+        "cost_usd": r.cost_usd,
+        "hours": r.hours,
+        "gpu_hours": r.gpu_hours,
+        "predicted": {
+            "hours": p.get("hours"),
+            "cost_usd": p.get("cost_usd"),
+            "tokens_per_s": p.get("tokens_per_s"),
+            "peak_reserved_gib": p.get("peak_reserved_gib"),
+        },
+        "actual": {
+            "hours": a.get("hours"),
+            "cost_usd": a.get("cost_usd"),
+            "tokens_per_s": a.get("tokens_per_s"),
+            "peak_reserved_gib": a.get("peak_reserved_gib"),
+        },
+        "plan_id": r.plan_id,
+        "tags": tags,
+        "total_steps": r.total_steps,
+    }
 
 
 @router.get("/runs")
@@ -151,17 +170,25 @@ def run(request: Request, run_id: str) -> dict[str, Any]:
         if r is None:
             raise HTTPException(status_code=404, detail=f"no run {run_id!r} on the books")
         beats = [
-            {"at": aware(h.at).isoformat(), "step": h.step, "tokens": h.tokens,
-             "cost_usd": h.cost_usd}
+            {
+                "at": aware(h.at).isoformat(),
+                "step": h.step,
+                "tokens": h.tokens,
+                "cost_usd": h.cost_usd,
+            }
             for h in s.scalars(
                 select(Heartbeat).where(Heartbeat.run_id == run_id).order_by(Heartbeat.at)
             )
-        ]  # fmt: skip
+        ]
     row = run_row(r, led.tags("run", run_id))
-    row.update(config=r.config, heartbeats=beats, metrics=_metrics(r.output_dir),
-               budgets=[s.to_json() for s in B.statuses(led, row["tags"])],
-               total_steps=r.total_steps,
-               **(pace(beats, r.total_steps) if r.outcome is None else {}))  # fmt: skip
+    row.update(
+        config=r.config,
+        heartbeats=beats,
+        metrics=_metrics(r.output_dir),
+        budgets=[s.to_json() for s in B.statuses(led, row["tags"])],
+        total_steps=r.total_steps,
+        **(pace(beats, r.total_steps) if r.outcome is None else {}),
+    )
     return row
 
 
@@ -208,11 +235,15 @@ def budgets(request: Request) -> dict[str, Any]:
     alerts that fired."""
     led = ledger(request)
     fired = [
-        {"budget": name, "threshold_pct": a.threshold, "spend_usd": a.spend_usd,
-         "period_start": aware(a.period_start).isoformat(),
-         "fired_at": aware(a.fired_at).isoformat()}
+        {
+            "budget": name,
+            "threshold_pct": a.threshold,
+            "spend_usd": a.spend_usd,
+            "period_start": aware(a.period_start).isoformat(),
+            "fired_at": aware(a.fired_at).isoformat(),
+        }
         for name, a in B.alerts(led)
-    ]  # fmt: skip
+    ]
     rows = []
     with led.session() as ses:
         for st in B.statuses(led):
@@ -236,8 +267,14 @@ def plan(request: Request, plan_id: int) -> dict[str, Any]:
         p = s.get(PlanRecord, plan_id)
         if p is None:
             raise HTTPException(status_code=404, detail=f"no plan {plan_id} on the books")
-    return {"id": p.id, "created_at": aware(p.created_at).isoformat(), "model": p.model,
-            "tokens": p.tokens, "tags": led.tags("plan", str(p.id)), "plan": p.record}  # fmt: skip
+    return {
+        "id": p.id,
+        "created_at": aware(p.created_at).isoformat(),
+        "model": p.model,
+        "tokens": p.tokens,
+        "tags": led.tags("plan", str(p.id)),
+        "plan": p.record,
+    }
 
 
 def json_body(request: Request) -> None:
@@ -256,8 +293,7 @@ PLAN_SCHEMA = PlanRequest.model_json_schema()  # the body, described as the mode
 PLAN_BODY = {"required": True, "content": {"application/json": {"schema": PLAN_SCHEMA}}}
 
 
-@router.post("/plans", dependencies=[Depends(json_body)],
-             openapi_extra={"requestBody": PLAN_BODY})  # fmt: skip
+@router.post("/plans", dependencies=[Depends(json_body)], openapi_extra={"requestBody": PLAN_BODY})
 def new_plan(request: Request, asked: Annotated[Any, Body()]) -> dict[str, Any]:
     """Plan a fine-tune, as `frugal plan` does (the same request, named as its options are;
     the same JSON out), and record the plan on these books. A bad request is one line, as
@@ -310,8 +346,12 @@ def calibration(request: Request) -> dict[str, Any]:
             pairs = {k: (_num(p.get(k)), _num(a.get(k))) for k in MEASURED}
             if not any(pr and ac for pr, ac in pairs.values()):
                 continue
-            point: dict[str, Any] = {"run_id": r.id, "gpu": r.gpu, "method": r.method,
-                                     "dry_run": r.dry_run}  # fmt: skip
+            point: dict[str, Any] = {
+                "run_id": r.id,
+                "gpu": r.gpu,
+                "method": r.method,
+                "dry_run": r.dry_run,
+            }
             group = ratios.setdefault(f"{r.gpu}/{r.method}", {k: [] for k in MEASURED})
             for k, (pr, ac) in pairs.items():
                 point[f"predicted_{k}"], point[f"actual_{k}"] = pr, ac
@@ -319,11 +359,16 @@ def calibration(request: Request) -> dict[str, Any]:
                     group[k].append(ac / pr)
             points.append(point)
     groups = [
-        {"group": name, "runs": max(len(v) for v in rs.values()),
-         **{f"median_actual_over_predicted_{k}": (statistics.median(v) if v else None)
-            for k, v in rs.items()}}
+        {
+            "group": name,
+            "runs": max(len(v) for v in rs.values()),
+            **{
+                f"median_actual_over_predicted_{k}": (statistics.median(v) if v else None)
+                for k, v in rs.items()
+            },
+        }
         for name, rs in sorted(ratios.items())
-    ]  # fmt: skip
+    ]
     return {"points": points, "groups": groups}
 
 

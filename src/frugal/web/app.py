@@ -59,22 +59,26 @@ def create_app(url: str | None = None, token: str | None = None) -> FastAPI:
     return app
 
 
-def _require(token: str) -> Callable[[Request, Callable[[Request], Awaitable[Response]]],
-                                     Awaitable[Response]]:  # fmt: skip
+def _require(
+    token: str,
+) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
     expected = token.encode()
 
-    async def check(request: Request, call_next: Callable[[Request], Awaitable[Response]]
-                    ) -> Response:  # fmt: skip
+    async def check(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         auth = request.headers.get("authorization", "")
         given = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
         from_query = request.query_params.get("token", "")
         given = given or from_query or request.cookies.get(COOKIE, "")
         if not hmac.compare_digest(given.encode(), expected):
             return JSONResponse(
-                {"detail": "this dashboard needs its token: ?token=... or an Authorization "
-                 "header (FRUGAL_DASHBOARD_TOKEN)"},
+                {
+                    "detail": "this dashboard needs its token: ?token=... or an Authorization "
+                    "header (FRUGAL_DASHBOARD_TOKEN)"
+                },
                 status_code=401,
-            )  # fmt: skip
+            )
         response = await call_next(request)
         if from_query:
             response.set_cookie(COOKIE, token, httponly=True, samesite="strict")

@@ -20,28 +20,38 @@ LIVE_S = 3  # how often a live run's page asks again
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 def overview(request: Request, period: str = "this-month", by: str = "project") -> HTMLResponse:
     return templates.TemplateResponse(
-        request, "overview.html",
+        request,
+        "overview.html",
         {"title": "Overview", "page": "overview", "period": period, "by": by},
-    )  # fmt: skip
+    )
 
 
 @router.get("/runs", response_class=HTMLResponse, include_in_schema=False)
-def runs(request: Request, period: str = "all", outcome: str = "", gpu: str = "",
-         tag: str = "") -> HTMLResponse:  # fmt: skip
+def runs(
+    request: Request, period: str = "all", outcome: str = "", gpu: str = "", tag: str = ""
+) -> HTMLResponse:
     return templates.TemplateResponse(
-        request, "runs.html",
-        {"title": "Runs", "page": "runs", "period": period, "outcome": outcome, "gpu": gpu,
-         "tag": tag},
-    )  # fmt: skip
+        request,
+        "runs.html",
+        {
+            "title": "Runs",
+            "page": "runs",
+            "period": period,
+            "outcome": outcome,
+            "gpu": gpu,
+            "tag": tag,
+        },
+    )
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
 def run(request: Request, run_id: str) -> HTMLResponse:
     """A run, live while it trains: the page asks the API again every few seconds."""
     return templates.TemplateResponse(
-        request, "run.html",
+        request,
+        "run.html",
         {"title": f"Run {run_id[:8]}", "page": "run", "run_id": run_id, "every_s": LIVE_S},
-    )  # fmt: skip
+    )
 
 
 @router.get("/budgets", response_class=HTMLResponse, include_in_schema=False)

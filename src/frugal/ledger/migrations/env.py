@@ -12,8 +12,7 @@ from frugal.ledger.schema import Base
 target_metadata = Base.metadata
 connection = context.config.attributes.get("connection")
 if connection is not None:
-    context.configure(connection=connection, target_metadata=target_metadata,
-                      render_as_batch=True)  # fmt: skip
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
     with context.begin_transaction():
         context.run_migrations()
 else:

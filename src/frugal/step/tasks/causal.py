@@ -122,29 +122,52 @@ class Causal(Task):
         if method == "full":
             large = params > FULL_LARGE_B
             return {
-                "learning_rate": (1e-5 if large else 2e-5, f"full fine-tuning of {size}: "
-                                  f"{'13B' if large else '7B'}-class rate", "alpaca"),
+                "learning_rate": (
+                    1e-5 if large else 2e-5,
+                    f"full fine-tuning of {size}: {'13B' if large else '7B'}-class rate",
+                    "alpaca",
+                ),
                 "schedule": ("cosine", "cosine decay after warm-up", "alpaca"),
                 "warmup_ratio": (0.03, "3% of the steps warm up", "alpaca"),
-                "effective_batch": (16, "16 sequences a step, as the adapters' recipe, so "
-                                    "methods compare step for step (Llama 2's SFT took 64)",
-                                    "qlora"),
-            }  # fmt: skip
+                "effective_batch": (
+                    16,
+                    "16 sequences a step, as the adapters' recipe, so "
+                    "methods compare step for step (Llama 2's SFT took 64)",
+                    "qlora",
+                ),
+            }
         large = params > LARGE_B
         return {
-            "lora_targets": ("all-linear", "adapters on every linear layer, the MLP's too: "
-                             "needed to match full fine-tuning", "qlora"),
-            "lora_r": (16, "the rank mattered little once every linear layer had adapters; "
-                       "16 keeps the adapter and its optimizer state small", "qlora"),
-            "lora_alpha": (32, "fixed at 32, the best learning rate hardly moves with the "
-                           "rank", "regret"),
-            "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's "
-                             "input in memory (QLoRA used 0.1 up to 13B, 0.05 above)",
-                             "frugal"),
-            "learning_rate": (1e-4 if large else 2e-4, f"adapters on {size}: about 10x full "
-                              f"fine-tuning's rate, QLoRA's "
-                              f"{'from 33B' if large else 'to 13B'}", "qlora"),
+            "lora_targets": (
+                "all-linear",
+                "adapters on every linear layer, the MLP's too: needed to match full fine-tuning",
+                "qlora",
+            ),
+            "lora_r": (
+                16,
+                "the rank mattered little once every linear layer had adapters; "
+                "16 keeps the adapter and its optimizer state small",
+                "qlora",
+            ),
+            "lora_alpha": (
+                32,
+                "fixed at 32, the best learning rate hardly moves with the rank",
+                "regret",
+            ),
+            "lora_dropout": (
+                0.0,
+                "no dropout, which keeps a copy of each adapted layer's "
+                "input in memory (QLoRA used 0.1 up to 13B, 0.05 above)",
+                "frugal",
+            ),
+            "learning_rate": (
+                1e-4 if large else 2e-4,
+                f"adapters on {size}: about 10x full "
+                f"fine-tuning's rate, QLoRA's "
+                f"{'from 33B' if large else 'to 13B'}",
+                "qlora",
+            ),
             "schedule": ("cosine", "cosine decay after warm-up", "alpaca"),
             "warmup_ratio": (0.03, "3% of the steps warm up", "qlora"),
             "effective_batch": (16, "16 sequences a step (4 x 4)", "qlora"),
-        }  # fmt: skip
+        }

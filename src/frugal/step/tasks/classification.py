@@ -139,14 +139,19 @@ class Classification(Task):
     def settings(self, method: str, params: int) -> dict[str, Rule]:
         """BERT's fine-tuning grid, and LoRA's sentiment recipe for adapters."""
         if method == "full":
-            return {"learning_rate": (2e-5, "the low end of BERT's classification grid",
-                                      "bert"), **EVERY_METHOD}  # fmt: skip
+            return {
+                "learning_rate": (2e-5, "the low end of BERT's classification grid", "bert"),
+                **EVERY_METHOD,
+            }
         return {
             "lora_targets": ("all-linear", "adapters on every linear layer", "qlora"),
             "lora_r": (8, "rank 8 for a sentiment classifier", "lora"),
             "lora_alpha": (16, "alpha 16 with rank 8", "lora"),
-            "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's "
-                             "input in memory", "frugal"),
+            "lora_dropout": (
+                0.0,
+                "no dropout, which keeps a copy of each adapted layer's input in memory",
+                "frugal",
+            ),
             "learning_rate": (4e-4, "4e-4 for adapters on a classifier", "lora"),
             **EVERY_METHOD,
-        }  # fmt: skip
+        }

@@ -86,9 +86,12 @@ class DistillLoss(Loss):
 
 
 def distill_loss(
-    student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, loss: DistillLoss,
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    labels: torch.Tensor,
+    loss: DistillLoss,
     top_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The summed loss of the module doc over the trained tokens (labels unshifted, as
     `loss.causal_lm_loss` reads them), and the summed cross-entropy alone. `teacher`: its
     whole logits, or (with `top_ids`, their token ids) its top k of each token."""

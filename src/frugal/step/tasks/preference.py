@@ -61,9 +61,14 @@ if TYPE_CHECKING:
 
 STATS = ("chosen_reward", "rejected_reward", "correct", "kl", "desirable")  # summed per step
 PREFERENCE_METRICS = (  # what `Preference.metrics` makes of them
-    "preference_accuracy", "reward_margin", "reward_chosen", "reward_rejected",
-    "reward_desirable", "reward_undesirable", "kl",
-)  # fmt: skip
+    "preference_accuracy",
+    "reward_margin",
+    "reward_chosen",
+    "reward_rejected",
+    "reward_desirable",
+    "reward_undesirable",
+    "kl",
+)
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,11 @@ class Method:
         lp.mean  # noqa: B018 (first: the step computes it before any method's terms)
         per, reward = self.scores(lp, loss)
         chosen, rejected = reward.detach()[: lp.half], reward.detach()[lp.half :]
-        return per, {"chosen_reward": chosen.sum(), "rejected_reward": rejected.sum(),
-                     "correct": (chosen > rejected).sum().to(chosen.dtype)}  # fmt: skip
+        return per, {
+            "chosen_reward": chosen.sum(),
+            "rejected_reward": rejected.sum(),
+            "correct": (chosen > rejected).sum().to(chosen.dtype),
+        }
 
     def scores(self, lp: Logps, loss: PreferenceLoss) -> tuple[torch.Tensor, torch.Tensor]:
         """Each pair's loss and each row's implicit reward."""
@@ -214,9 +222,11 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     rows, width, vocab = logits.shape
     target = F.pad(labels[:, 1:], (0, 1), value=IGNORE)
     nll = F.cross_entropy(
-        logits.reshape(-1, vocab).float(), target.reshape(-1), ignore_index=IGNORE,
+        logits.reshape(-1, vocab).float(),
+        target.reshape(-1),
+        ignore_index=IGNORE,
         reduction="none",
-    )  # fmt: skip
+    )
     return -nll.view(rows, width).sum(-1), (target != IGNORE).sum(-1)
 
 
@@ -253,8 +263,11 @@ class Preference(Task):
     peft_task_type = "CAUSAL_LM"
     fields: ClassVar[tuple[str, ...]] = ("preference", "reference")
     training_fields: ClassVar[tuple[str, ...]] = (
-        "beta", "simpo_gamma", "kto_desirable_weight", "kto_undesirable_weight",
-    )  # fmt: skip
+        "beta",
+        "simpo_gamma",
+        "kto_desirable_weight",
+        "kto_undesirable_weight",
+    )
     packs = False
     rows = "pairs"
     chunked_loss = False  # each sequence's log-probability from whole logits
@@ -292,10 +305,18 @@ class Preference(Task):
         method = METHODS[job.preference]
         beta = given.get("beta") or method.beta
         gamma = given.get("simpo_gamma")
-        weights = given_settings(given, desirable_weight="kto_desirable_weight",
-                                 undesirable_weight="kto_undesirable_weight")  # fmt: skip
-        return PreferenceLoss(method, beta, method.gamma(beta) if gamma is None else gamma,
-                              reference=self.mode(job), **weights)  # fmt: skip
+        weights = given_settings(
+            given,
+            desirable_weight="kto_desirable_weight",
+            undesirable_weight="kto_undesirable_weight",
+        )
+        return PreferenceLoss(
+            method,
+            beta,
+            method.gamma(beta) if gamma is None else gamma,
+            reference=self.mode(job),
+            **weights,
+        )
 
     def extra_model(self, job: JobFields) -> ExtraModel | None:
         """A full fine-tune's reference: a frozen copy of the policy as built."""
@@ -348,14 +369,20 @@ class Preference(Task):
             good, bad = sums["desirable"], max(count - sums["desirable"], 0.0)
             chosen = sums["chosen_reward"] / max(good, 1.0)
             rejected = sums["rejected_reward"] / max(bad, 1.0)
-            return {"reward_desirable": chosen, "reward_undesirable": rejected,
-                    "reward_margin": chosen - rejected,
-                    "kl": sums["kl"] / max(count, 1.0)}  # fmt: skip
+            return {
+                "reward_desirable": chosen,
+                "reward_undesirable": rejected,
+                "reward_margin": chosen - rejected,
+                "kl": sums["kl"] / max(count, 1.0),
+            }
         n = max(count, 1.0)
         chosen, rejected = sums["chosen_reward"] / n, sums["rejected_reward"] / n
-        return {"reward_chosen": chosen, "reward_rejected": rejected,
-                "reward_margin": chosen - rejected,
-                "preference_accuracy": sums["correct"] / n}  # fmt: skip
+        return {
+            "reward_chosen": chosen,
+            "reward_rejected": rejected,
+            "reward_margin": chosen - rejected,
+            "preference_accuracy": sums["correct"] / n,
+        }
 
     def headline(self, job: JobFields) -> str | None:
         return f"{job.preference.upper()}, reference {self.mode(job)}"
@@ -364,27 +391,34 @@ class Preference(Task):
         """What the reference costs, and what would be cheaper."""
         mode = self.mode(job)
         if mode == "none":
-            return (f"{job.preference.upper()} has no reference model: one forward of the "
-                    "chosen and rejected sequences a step")  # fmt: skip
+            return (
+                f"{job.preference.upper()} has no reference model: one forward of the "
+                "chosen and rejected sequences a step"
+            )
         if mode == "copy":
-            return ("the reference is a frozen copy of the model in the compute dtype (in "
-                    "frozen_weights) and one more forward a step; --reference precomputed "
-                    "drops both for one forward pass over the data before training")  # fmt: skip
+            return (
+                "the reference is a frozen copy of the model in the compute dtype (in "
+                "frozen_weights) and one more forward a step; --reference precomputed "
+                "drops both for one forward pass over the data before training"
+            )
         if mode == "adapter-off":
-            return ("the reference is the model with its adapter off: no second copy of the "
-                    "weights, one more forward a step; --reference precomputed drops that "
-                    "forward for one pass over the data before training (cheaper from the "
-                    "second epoch on)")  # fmt: skip
-        return ("reference log-probabilities computed in one forward pass over the data "
-                "before training: no copy and no reference forward in the step")  # fmt: skip
+            return (
+                "the reference is the model with its adapter off: no second copy of the "
+                "weights, one more forward a step; --reference precomputed drops that "
+                "forward for one pass over the data before training (cheaper from the "
+                "second epoch on)"
+            )
+        return (
+            "reference log-probabilities computed in one forward pass over the data "
+            "before training: no copy and no reference forward in the step"
+        )
 
     def upfront(self, job: JobFields) -> dict[str, Any] | None:
         return {"reference": "precomputed"} if self.mode(job) in ("copy", "adapter-off") else None
 
     def upfront_why(self, job: JobFields) -> str:
         if self.mode(job) == "copy":
-            return ("the reference's frozen copy leaves memory and its forward leaves every "
-                    "step")  # fmt: skip
+            return "the reference's frozen copy leaves memory and its forward leaves every step"
         return "the reference's forward (the model with its adapter off) leaves every step"
 
     def settings(self, method: str, params: int) -> dict[str, Rule]:
@@ -394,20 +428,22 @@ class Preference(Task):
             "schedule": ("linear", "linear decay after warm-up, as Zephyr's DPO", "zephyr"),
             "warmup_ratio": (0.1, "10% of the steps warm up", "zephyr"),
             "effective_batch": (32, "32 pairs a step", "zephyr"),
-            "epochs": (1.0, "one pass: preference tuning over-fits its pairs in a few",
-                       "zephyr"),
-        }  # fmt: skip
+            "epochs": (1.0, "one pass: preference tuning over-fits its pairs in a few", "zephyr"),
+        }
         if method == "full":
             return {"learning_rate": (5e-7, "Zephyr's full DPO rate", "zephyr"), **every}
         return {
             "lora_targets": ("all-linear", "adapters on every linear layer", "qlora"),
             "lora_r": (16, "rank 16, as the supervised recipe", "qlora"),
             "lora_alpha": (32, "fixed at 32", "regret"),
-            "lora_dropout": (0.0, "no dropout, which keeps a copy of each adapted layer's "
-                             "input in memory", "frugal"),
+            "lora_dropout": (
+                0.0,
+                "no dropout, which keeps a copy of each adapted layer's input in memory",
+                "frugal",
+            ),
             "learning_rate": (5e-6, "about 10x the full rate for adapters", "regret"),
             **every,
-        }  # fmt: skip
+        }
 
 
 class ReferencePass(Pass):
