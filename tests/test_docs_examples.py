@@ -72,7 +72,9 @@ def test_the_quickstart_is_two_make_targets() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     # `make test` itself sets up the system packages its tests drive (not only CI)
     test_recipe = makefile[makefile.index("\ntest:") :].split("\n\n")[0]
-    assert "scripts/system-packages" in test_recipe
+    assert "system-packages" in test_recipe
+    target = makefile[makefile.index("\nsystem-packages:") :].split("\n\n")[0]
+    assert "scripts/system-packages" in target
 
 
 def test_make_test_says_exactly_why_it_cannot_install_a_browser(tmp_path: Path) -> None:
