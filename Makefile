@@ -35,9 +35,11 @@ demo: $(STAMP)
 
 # the suite in $(WORKERS) processes; a worker takes the next test as it finishes one. The
 # system packages its tests drive (PostgreSQL, Chromium) are installed where missing, while
-# the Python packages install.
+# the Python packages install. frugal's own modules are compiled first: where
+# PYTHONDONTWRITEBYTECODE is set, each of the suite's processes would compile them again.
 test:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) system-packages
+	@$(BIN)/python -m compileall -q src tests > /dev/null
 	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal --durations=15
 
 system-packages:
